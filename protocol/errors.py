@@ -1,0 +1,62 @@
+"""The protocol layer's exceptions: one hierarchy, each class carrying the Kafka code it maps to.
+
+A `DecodeError` means the peer sent bytes that are not a valid Kafka message; the proxy ends the
+connection. Policy rejections are never exceptions (they are values in `policies`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from protocol import error_codes
+
+
+class ProtocolError(Exception):
+    """Base of every error raised by `protocol`."""
+
+    error_code: ClassVar[int] = error_codes.UNKNOWN_SERVER_ERROR
+
+
+class DecodeError(ProtocolError):
+    """Bytes that do not decode as the message they claim to be."""
+
+    error_code: ClassVar[int] = error_codes.INVALID_REQUEST
+
+
+class BufferUnderflow(DecodeError):
+    """The input ended before the value being read did."""
+
+
+class FrameTooLarge(DecodeError):
+    """A size prefix larger than the configured maximum frame size."""
+
+
+class NegativeSize(DecodeError):
+    """A size prefix or length field below zero where none is allowed."""
+
+
+class CorruptRecords(DecodeError):
+    """A record batch or message set that cannot be parsed (bad length, bad varint, bad magic...)."""
+
+    error_code: ClassVar[int] = error_codes.CORRUPT_MESSAGE
+
+
+class UnsupportedCompression(CorruptRecords):
+    """A compression codec id Kafka does not define."""
+
+    error_code: ClassVar[int] = error_codes.UNSUPPORTED_COMPRESSION_TYPE
+
+
+class UnsupportedVersion(ProtocolError):
+    """An (api key, version) pair the codec table does not hold: reported, never guessed."""
+
+    error_code: ClassVar[int] = error_codes.UNSUPPORTED_VERSION
+
+    def __init__(self, api_key: int, api_version: int) -> None:
+        super().__init__(f"no codec for api key {api_key} version {api_version}")
+        self.api_key = api_key
+        self.api_version = api_version
+
+
+class EncodeError(ProtocolError):
+    """A value that cannot be written (out of range, wrong shape)."""
