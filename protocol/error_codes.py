@@ -28,7 +28,9 @@ class KafkaError:
 
 def _build_table() -> MappingProxyType[int, KafkaError]:
     rows = {
-        int(member.value): KafkaError(int(member.value), member.name.upper(), bool(member.retriable))
+        int(member.value): KafkaError(
+            int(member.value), member.name.upper(), bool(member.retriable)
+        )
         for member in _KioErrorCode
     }
     return MappingProxyType(rows)

@@ -36,7 +36,7 @@ class NegativeSize(DecodeError):
 
 
 class CorruptRecords(DecodeError):
-    """A record batch or message set that cannot be parsed (bad length, bad varint, bad magic...)."""
+    """A record batch or message set that cannot be parsed (bad length, varint or magic)."""
 
     error_code: ClassVar[int] = error_codes.CORRUPT_MESSAGE
 
