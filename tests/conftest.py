@@ -1,0 +1,62 @@
+"""Shared fixtures.
+
+Broker fixtures (tests using them are marked ``broker`` automatically):
+
+* ``tansu`` (session): a running Tansu broker on a free 127.0.0.1 port; yields
+  ``Broker(host, port, bootstrap)``. Shared by the whole session: do not restart it. For a broker
+  of your own (restarts, a different advertised address) use ``tests.harness.run_tansu()``.
+* ``make_topic`` (function): ``make_topic(partitions=1, config=None, prefix="t") -> name``
+  creates a fresh uniquely named topic on ``tansu`` via CreateTopics.
+* ``topic`` (function): a fresh uniquely named topic with one partition.
+* ``raw_client`` (function): a ``RawKafkaClient`` connected to ``tansu``; closed afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.harness import (
+    Broker,
+    RawKafkaClient,
+    create_topic,
+    run_tansu,
+    unique_topic_name,
+)
+
+BROKER_FIXTURES = {"tansu", "topic", "make_topic", "raw_client"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[Broker]:
+    with run_tansu() as server:
+        yield server.broker
+
+
+@pytest.fixture
+def make_topic(tansu: Broker) -> Callable[..., str]:
+    def _make(partitions: int = 1, config: dict[str, str] | None = None, prefix: str = "t") -> str:
+        return create_topic(tansu.bootstrap, unique_topic_name(prefix), partitions, config)
+
+    return _make
+
+
+@pytest.fixture
+def topic(make_topic: Callable[..., str]) -> str:
+    return make_topic()
+
+
+@pytest.fixture
+def raw_client(tansu: Broker) -> Iterator[RawKafkaClient]:
+    client = RawKafkaClient(tansu.host, tansu.port)
+    try:
+        yield client
+    finally:
+        client.close()

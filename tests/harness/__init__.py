@@ -1,0 +1,34 @@
+"""Test harness: a real Tansu broker, a raw socket client and a recording relay.
+
+Nothing here imports the code under test (``protocol/``, ``proxy/``, ...).
+"""
+
+from tests.harness.raw_client import (
+    RawClientError,
+    RawKafkaClient,
+    api_versions_v0_request,
+    parse_api_versions_v0_response,
+)
+from tests.harness.tansu import (
+    Broker,
+    TansuError,
+    TansuServer,
+    create_topic,
+    free_port,
+    run_tansu,
+    unique_topic_name,
+)
+
+__all__ = [
+    "Broker",
+    "RawClientError",
+    "RawKafkaClient",
+    "TansuError",
+    "TansuServer",
+    "api_versions_v0_request",
+    "create_topic",
+    "free_port",
+    "parse_api_versions_v0_response",
+    "run_tansu",
+    "unique_topic_name",
+]
