@@ -1,0 +1,607 @@
+"""Record batches (magic 2) and messages (magic 0/1): lazy views, readers and a writer.
+
+A `RecordBatch` is a view over bytes the caller already holds: header fields come straight from
+the buffer with `struct`, nothing is decompressed or parsed until `records()` is asked for. Record
+parsing for magic 2 is aiokafka's C-accelerated reader, fed the (decompressed) batch; the legacy
+formats are small enough to parse here, which also gives us what aiokafka hides (inner attributes,
+inner CRCs, Kafka 0.8's lz4 framing). Library types and exceptions never leave this module: every
+failure is a `protocol.errors.DecodeError`.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import crc32c
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from protocol.compression import CODEC_MASK, Codec, codec_from_id, compress, decompress
+from protocol.errors import BufferUnderflow, CorruptRecords, EncodeError
+
+__all__ = [
+    "Header",
+    "Record",
+    "RecordBatch",
+    "RecordInput",
+    "build_batch",
+    "iter_batches",
+    "read_batch",
+]
+
+Header = tuple[str, bytes | None]
+RecordInput = tuple[bytes | None, bytes | None, Sequence[Header] | None, int | None]
+"""What `build_batch` takes per record: (key, value, headers, timestamp in ms or None for now)."""
+
+# Offset + length prefix shared by every magic: the "log overhead".
+LOG_OVERHEAD = 12
+_PREFIX = struct.Struct(">qi")
+_MAGIC_POS = 16
+
+# Magic 2 header: base offset, length, leader epoch, magic, crc, attributes, last offset delta,
+# first timestamp, max timestamp, producer id, producer epoch, base sequence, record count.
+_V2_HEADER = struct.Struct(">qiibIhiqqqhii")
+V2_HEADER_SIZE = _V2_HEADER.size  # 61
+_V2_ATTRIBUTES_POS = 21
+_V2_CRC_POS = 17
+_V2_COUNT_POS = 57
+
+# Legacy message: offset, length, crc, magic, attributes [, timestamp (magic 1)].
+_V0_HEADER = struct.Struct(">qiIbb")
+_V1_HEADER = struct.Struct(">qiIbbq")
+_INT32 = struct.Struct(">i")
+_LEGACY_CRC_POS = 12
+
+# Smallest value the length field can hold for each magic (everything after the length field).
+_MIN_LENGTH = {0: 14, 1: 22, 2: V2_HEADER_SIZE - LOG_OVERHEAD}
+MIN_LENGTH = _MIN_LENGTH[0]
+
+_TIMESTAMP_TYPE_BIT = 0x08
+_TRANSACTIONAL_BIT = 0x10
+_CONTROL_BIT = 0x20
+
+_tuple_new = tuple.__new__
+
+
+class Record(NamedTuple):
+    """One record as a policy sees it.
+
+    A NamedTuple rather than a frozen dataclass: it is built once per record on the hot path, and
+    a frozen dataclass's `__init__` (one `object.__setattr__` per field) costs about five times
+    as much as `tuple.__new__` and would cap iteration well below a million records/s. It is just
+    as immutable.
+    """
+
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: Kafka's name
+    """0-based position in its batch (Kafka's `batch_index` in record_errors)."""
+    offset_delta: int
+    """Magic 2: the offset delta; magic 0/1 inner message: its stored offset; plain magic 0/1: 0."""
+    timestamp: int
+    """Milliseconds; LogAppendTime batches give the batch's time; -1 when absent (magic 0)."""
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    magic: int
+    attributes: int
+    """Magic 0/1: the message's own attributes (compression bits included). Magic 2: 0 — Kafka
+    defines no record-level attribute bits and the C reader does not surface the byte."""
+
+    @property
+    def has_key(self) -> bool:
+        return self.key is not None
+
+    @property
+    def has_value(self) -> bool:
+        return self.value is not None
+
+
+class RecordBatch:
+    """A lazy view over one magic-2 batch or one magic 0/1 message (maybe a compressed wrapper).
+
+    For magic 0/1, `base_offset` is the stored offset field (for a compressed wrapper Kafka stores
+    the last inner offset there) and `last_offset_delta` is 0: both are readable without
+    decompressing. Producer fields are -1 and the transactional/control flags False.
+    """
+
+    __slots__ = (
+        "_count",
+        "_inner_crcs_valid",
+        "attributes",
+        "base_offset",
+        "base_sequence",
+        "batch_length",
+        "buffer",
+        "codec",
+        "crc",
+        "first_timestamp",
+        "last_offset_delta",
+        "magic",
+        "max_timestamp",
+        "partition_leader_epoch",
+        "producer_epoch",
+        "producer_id",
+    )
+
+    buffer: memoryview
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    codec: Codec
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    _count: int | None
+    _inner_crcs_valid: bool | None
+
+    def __init__(self, buffer: memoryview) -> None:
+        """Wrap exactly one batch's bytes; use `read_batch` rather than calling this directly."""
+        self.buffer = buffer
+        self._inner_crcs_valid = None
+        magic = buffer[_MAGIC_POS]
+        if magic == 2:
+            (
+                self.base_offset,
+                self.batch_length,
+                self.partition_leader_epoch,
+                self.magic,
+                self.crc,
+                self.attributes,
+                self.last_offset_delta,
+                self.first_timestamp,
+                self.max_timestamp,
+                self.producer_id,
+                self.producer_epoch,
+                self.base_sequence,
+                self._count,
+            ) = _V2_HEADER.unpack_from(buffer)
+        else:
+            if magic == 1:
+                offset, length, crc, _, attributes, timestamp = _V1_HEADER.unpack_from(buffer)
+            else:
+                offset, length, crc, _, attributes = _V0_HEADER.unpack_from(buffer)
+                timestamp = -1
+            self.base_offset = offset
+            self.batch_length = length
+            self.partition_leader_epoch = -1
+            self.magic = magic
+            self.crc = crc
+            self.attributes = attributes
+            self.last_offset_delta = 0
+            self.first_timestamp = timestamp
+            self.max_timestamp = timestamp
+            self.producer_id = -1
+            self.producer_epoch = -1
+            self.base_sequence = -1
+            self._count = None if attributes & CODEC_MASK else 1
+        self.codec = codec_from_id(self.attributes & CODEC_MASK)
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordBatch(magic={self.magic}, base_offset={self.base_offset}, "
+            f"size={self.size}, codec={self.codec.name}, crc={self.crc:#010x})"
+        )
+
+    @property
+    def size(self) -> int:
+        """Bytes the batch occupies, offset and length prefix included."""
+        return len(self.buffer)
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 = CreateTime, 1 = LogAppendTime (always 0 for magic 0, which has no timestamps)."""
+        if self.magic == 0:
+            return 0
+        return 1 if self.attributes & _TIMESTAMP_TYPE_BIT else 0
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.magic == 2 and bool(self.attributes & _TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return self.magic == 2 and bool(self.attributes & _CONTROL_BIT)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def record_count(self) -> int:
+        """Magic 2: the header's count. Magic 0/1: 1, or the inner messages of a wrapper."""
+        if self._count is None:
+            self._count = sum(1 for _ in self.records())
+        return self._count
+
+    def computed_crc(self) -> int:
+        """CRC32C over attributes..end (magic 2); CRC32 over magic..end (magic 0/1)."""
+        if self.magic == 2:
+            return int(crc32c.crc32c(self.buffer[_V2_ATTRIBUTES_POS:]))
+        return zlib.crc32(self.buffer[_MAGIC_POS:])
+
+    def crc_valid(self) -> bool:
+        return self.computed_crc() == self.crc
+
+    def inner_crcs_valid(self) -> bool:
+        """Whether every inner message of a compressed magic 0/1 wrapper has a valid CRC.
+
+        True when there are no inner messages (magic 2, or an uncompressed message).
+        """
+        if self.magic == 2 or self.codec is Codec.NONE:
+            return True
+        if self._inner_crcs_valid is None:
+            self._inner_crcs_valid = all(
+                message.crc == zlib.crc32(message.body) for message in self._inner_messages()
+            )
+        return self._inner_crcs_valid
+
+    def records(self) -> Iterator[Record]:
+        """Decode the records, decompressing first when needed; bad bytes raise CorruptRecords."""
+        if self.magic == 2:
+            return self._records_v2()
+        return self._records_legacy()
+
+    # -- magic 2 -------------------------------------------------------------------------------
+
+    def _records_v2(self) -> Iterator[Record]:
+        count = self._count
+        if count is None or count < 0:
+            raise CorruptRecords(f"invalid record count {count} in batch at {self.base_offset}")
+        source: memoryview | bytes = self.buffer
+        if self.codec is not Codec.NONE:
+            payload = decompress(self.codec, self.buffer[V2_HEADER_SIZE:])
+            header = bytearray(self.buffer[:V2_HEADER_SIZE])
+            struct.pack_into(">h", header, _V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
+            source = bytes(header) + payload
+        return self._iter_v2(source, count)
+
+    def _iter_v2(self, source: memoryview | bytes, count: int) -> Iterator[Record]:
+        base_offset = self.base_offset
+        new = _tuple_new
+        index = 0
+        try:
+            for raw in DefaultRecordBatch(source):
+                headers = raw.headers
+                yield new(
+                    Record,
+                    (
+                        index,
+                        raw.offset - base_offset,
+                        raw.timestamp,
+                        raw.key,
+                        raw.value,
+                        tuple(headers) if headers else (),
+                        2,
+                        0,
+                    ),
+                )
+                index += 1
+        except CorruptRecords:
+            raise
+        except Exception as exc:  # aiokafka's CorruptRecordException, UnicodeDecodeError, ...
+            raise CorruptRecords(
+                f"record {index} of batch at offset {base_offset} does not decode: {exc}"
+            ) from exc
+        if index != count:
+            raise CorruptRecords(f"batch at offset {base_offset} holds {index} of {count} records")
+
+    # -- magic 0 / 1 ---------------------------------------------------------------------------
+
+    def _records_legacy(self) -> Iterator[Record]:
+        if self.codec is Codec.NONE:
+            message = _parse_message(self.buffer, 0, len(self.buffer))
+            return iter((_legacy_record(0, 0, message, message.timestamp),))
+        return self._iter_inner()
+
+    def _iter_inner(self) -> Iterator[Record]:
+        log_append = self.magic == 1 and self.attributes & _TIMESTAMP_TYPE_BIT
+        for index, message in enumerate(self._inner_messages()):
+            timestamp = self.max_timestamp if log_append else message.timestamp
+            yield _legacy_record(index, message.offset, message, timestamp)
+
+    def _inner_messages(self) -> Iterator[_Message]:
+        wrapper = _parse_message(self.buffer, 0, len(self.buffer))
+        if wrapper.value is None:
+            raise CorruptRecords(f"compressed message at offset {self.base_offset} has no value")
+        inner = memoryview(
+            decompress(
+                self.codec,
+                wrapper.value,
+                legacy_lz4_checksum=self.magic == 0,
+            )
+        )
+        pos = 0
+        while pos < len(inner):
+            if len(inner) - pos < LOG_OVERHEAD + _MIN_LENGTH[0]:
+                raise CorruptRecords(f"inner message cut off at byte {pos} of the wrapper")
+            (_, length) = _PREFIX.unpack_from(inner, pos)
+            end = pos + LOG_OVERHEAD + length
+            if length < _MIN_LENGTH[0] or end > len(inner):
+                raise CorruptRecords(f"inner message at byte {pos} has bad length {length}")
+            yield _parse_message(inner, pos, end)
+            pos = end
+
+
+class _Message(NamedTuple):
+    offset: int
+    crc: int
+    magic: int
+    attributes: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    body: memoryview  # magic..end, what the CRC covers
+
+
+def _parse_message(buf: memoryview, pos: int, end: int) -> _Message:
+    """One magic 0/1 message occupying buf[pos:end] exactly."""
+    if end - pos < LOG_OVERHEAD + _MIN_LENGTH[0]:
+        raise CorruptRecords(f"message at byte {pos} shorter than the minimum")
+    magic = buf[pos + _MAGIC_POS]
+    if magic == 0:
+        offset, _, crc, _, attributes = _V0_HEADER.unpack_from(buf, pos)
+        timestamp = -1
+        cursor = pos + _V0_HEADER.size
+    elif magic == 1:
+        if end - pos < LOG_OVERHEAD + _MIN_LENGTH[1]:
+            raise CorruptRecords(f"magic 1 message at byte {pos} shorter than the minimum")
+        offset, _, crc, _, attributes, timestamp = _V1_HEADER.unpack_from(buf, pos)
+        cursor = pos + _V1_HEADER.size
+    else:
+        raise CorruptRecords(f"message at byte {pos} has magic {magic} inside a message set")
+    key, cursor = _read_legacy_bytes(buf, cursor, end)
+    value, cursor = _read_legacy_bytes(buf, cursor, end)
+    if cursor != end:
+        raise CorruptRecords(f"message at byte {pos} has {end - cursor} bytes after its value")
+    return _Message(
+        offset, crc, magic, attributes, timestamp, key, value, buf[pos + _MAGIC_POS : end]
+    )
+
+
+def _read_legacy_bytes(buf: memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
+    if pos + 4 > end:
+        raise CorruptRecords(f"length field cut off at byte {pos}")
+    (length,) = _INT32.unpack_from(buf, pos)
+    pos += 4
+    if length == -1:
+        return None, pos
+    if length < 0 or pos + length > end:
+        raise CorruptRecords(f"bytes of length {length} at byte {pos - 4} overrun the message")
+    return bytes(buf[pos : pos + length]), pos + length
+
+
+def _legacy_record(index: int, offset_delta: int, message: _Message, timestamp: int) -> Record:
+    return Record(
+        index=index,
+        offset_delta=offset_delta,
+        timestamp=timestamp if message.magic == 1 else -1,
+        key=message.key,
+        value=message.value,
+        headers=(),
+        magic=message.magic,
+        attributes=message.attributes,
+    )
+
+
+# -- readers -----------------------------------------------------------------------------------
+
+
+def read_batch(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[RecordBatch, int]:
+    """Read the batch (or legacy message) starting at `offset`; returns it and the offset after.
+
+    BufferUnderflow when the buffer ends inside it; CorruptRecords when its header is nonsense
+    (length below the minimum for its magic, magic above 2); UnsupportedCompression for codec
+    ids 5-7.
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    available = len(view) - offset
+    if offset < 0:
+        raise CorruptRecords(f"negative buffer offset {offset}")
+    if available < LOG_OVERHEAD:
+        raise BufferUnderflow(f"batch header at byte {offset} needs 12 bytes, {available} left")
+    (_, length) = _PREFIX.unpack_from(view, offset)
+    if length < MIN_LENGTH:
+        raise CorruptRecords(f"batch at byte {offset} has length {length}, below the minimum")
+    if available > _MAGIC_POS:
+        magic = view[offset + _MAGIC_POS]
+        if magic > 2:
+            raise CorruptRecords(f"batch at byte {offset} has unknown magic {magic}")
+        if length < _MIN_LENGTH[magic]:
+            raise CorruptRecords(
+                f"magic {magic} batch at byte {offset} has length {length}, below the minimum"
+            )
+    end = offset + LOG_OVERHEAD + length
+    if end > len(view):
+        raise BufferUnderflow(
+            f"batch at byte {offset} needs {end - offset} bytes, {available} left"
+        )
+    return RecordBatch(view[offset:end]), end
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, offset: int = 0, *, allow_partial_tail: bool = False
+) -> Iterator[RecordBatch]:
+    """Every batch until the buffer ends.
+
+    A trailing partial batch raises BufferUnderflow, or ends the iteration silently with
+    `allow_partial_tail` (fetch responses and segments being written may end mid-batch).
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    end = len(view)
+    while offset < end:
+        try:
+            batch, offset = read_batch(view, offset)
+        except BufferUnderflow:
+            if allow_partial_tail:
+                return
+            raise
+        yield batch
+
+
+# -- writer ------------------------------------------------------------------------------------
+
+
+def build_batch(
+    records: Sequence[RecordInput],
+    *,
+    magic: int = 2,
+    codec: Codec = Codec.NONE,
+    base_offset: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    timestamp_type: int = 0,
+) -> bytes:
+    """Encode records as one magic-2 batch, or as a magic 0/1 message set.
+
+    Magic 0/1 with a codec gives one compressed wrapper message holding the inner messages (inner
+    offsets relative for magic 1, absolute for magic 0; the wrapper carries the last offset, as
+    the Java producer writes it). Magic 0/1 without a codec gives one message per record.
+    """
+    codec = Codec(codec)
+    if magic == 2:
+        return _build_v2(
+            records,
+            codec=codec,
+            base_offset=base_offset,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            attributes_extra=(_TRANSACTIONAL_BIT if is_transactional else 0)
+            | (_CONTROL_BIT if is_control else 0)
+            | (_TIMESTAMP_TYPE_BIT if timestamp_type else 0),
+        )
+    if magic not in (0, 1):
+        raise EncodeError(f"unknown magic {magic}")
+    if codec is Codec.ZSTD:
+        raise EncodeError("zstd needs magic 2")
+    if producer_id >= 0 or is_transactional or is_control:
+        raise EncodeError(f"magic {magic} has no producer id, transactions or control records")
+    if magic == 0 and timestamp_type:
+        raise EncodeError("magic 0 has no timestamp type")
+    return _build_legacy(
+        records, magic=magic, codec=codec, base_offset=base_offset, timestamp_type=timestamp_type
+    )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _build_v2(
+    records: Sequence[RecordInput],
+    *,
+    codec: Codec,
+    base_offset: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    attributes_extra: int,
+) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        2, 0, 0, producer_id, producer_epoch, base_sequence, 2**31 - 1
+    )
+    now = _now_ms()
+    try:
+        for index, (key, value, headers, timestamp) in enumerate(records):
+            builder.append(
+                index,
+                now if timestamp is None else timestamp,
+                None if key is None else bytes(key),
+                None if value is None else bytes(value),
+                list(headers or ()),
+            )
+        plain = builder.build()
+    except Exception as exc:  # struct.error, TypeError, OverflowError from the C writer
+        raise EncodeError(f"records do not encode as a magic 2 batch: {exc}") from exc
+    header = bytearray(plain[:V2_HEADER_SIZE])
+    body = bytes(plain[V2_HEADER_SIZE:])
+    if codec is not Codec.NONE:
+        body = compress(codec, body)
+    (attributes,) = struct.unpack_from(">h", header, _V2_ATTRIBUTES_POS)
+    attributes = (attributes & ~CODEC_MASK) | int(codec) | attributes_extra
+    struct.pack_into(">q", header, 0, base_offset)
+    struct.pack_into(">i", header, 8, V2_HEADER_SIZE - LOG_OVERHEAD + len(body))
+    struct.pack_into(">h", header, _V2_ATTRIBUTES_POS, attributes)
+    crc = crc32c.crc32c(bytes(header[_V2_ATTRIBUTES_POS:]) + body)
+    struct.pack_into(">I", header, _V2_CRC_POS, crc)
+    return bytes(header) + body
+
+
+def _encode_message(
+    offset: int,
+    magic: int,
+    attributes: int,
+    timestamp: int,
+    kv: tuple[bytes | None, bytes | None],
+) -> bytes:
+    parts = [struct.pack(">bb", magic, attributes)]
+    if magic == 1:
+        parts.append(struct.pack(">q", timestamp))
+    for field in kv:
+        if field is None:
+            parts.append(_INT32.pack(-1))
+        else:
+            parts.append(_INT32.pack(len(field)))
+            parts.append(bytes(field))
+    body = b"".join(parts)
+    crc = zlib.crc32(body)
+    return _PREFIX.pack(offset, 4 + len(body)) + struct.pack(">I", crc) + body
+
+
+def _build_legacy(
+    records: Sequence[RecordInput],
+    *,
+    magic: int,
+    codec: Codec,
+    base_offset: int,
+    timestamp_type: int,
+) -> bytes:
+    now = _now_ms()
+    ts_bit = _TIMESTAMP_TYPE_BIT if timestamp_type else 0
+    messages: list[bytes] = []
+    timestamps: list[int] = []
+    try:
+        for index, (key, value, headers, timestamp) in enumerate(records):
+            if headers:
+                raise EncodeError(f"magic {magic} records cannot carry headers")
+            ts = -1 if magic == 0 else (now if timestamp is None else timestamp)
+            timestamps.append(ts)
+            if codec is Codec.NONE:
+                messages.append(
+                    _encode_message(base_offset + index, magic, ts_bit, ts, (key, value))
+                )
+            else:
+                inner_offset = index if magic == 1 else base_offset + index
+                messages.append(_encode_message(inner_offset, magic, 0, ts, (key, value)))
+    except struct.error as exc:
+        raise EncodeError(f"records do not encode as magic {magic} messages: {exc}") from exc
+    if codec is Codec.NONE:
+        return b"".join(messages)
+    payload = compress(codec, b"".join(messages), legacy_lz4_checksum=magic == 0)
+    wrapper_ts = max(timestamps, default=-1) if magic == 1 else -1
+    return _encode_message(
+        base_offset + max(len(messages) - 1, 0),
+        magic,
+        int(codec) | ts_bit,
+        wrapper_ts,
+        (None, payload),
+    )
