@@ -110,7 +110,8 @@ def _snappy_raw_decode(block: Buffer) -> bytes:
 def _xerial_encode(data: Buffer) -> bytes:
     view = memoryview(data)
     parts = [_XERIAL_HEADER]
-    for start in range(0, len(view), _XERIAL_BLOCK_SIZE):
+    # At least one block: readers that sniff for xerial want more than the 16-byte header.
+    for start in range(0, max(len(view), 1), _XERIAL_BLOCK_SIZE):
         block = bytes(cramjam.snappy.compress_raw(view[start : start + _XERIAL_BLOCK_SIZE]))
         parts.append(_INT32.pack(len(block)))
         parts.append(block)
