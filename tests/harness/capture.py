@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 from tests.harness.tansu import HOST, TansuServer, run_tansu
 
-__all__ = ["RecordedFrame", "RecordingRelay", "recording_tansu"]
+__all__ = [
+    "ProduceSummary",
+    "RecordedFrame",
+    "RecordingRelay",
+    "read_produce_request",
+    "recording_tansu",
+]
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,8 @@ class RecordingRelay:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
@@ -205,3 +213,97 @@ def recording_tansu() -> Iterator[tuple[RecordingRelay, TansuServer]]:
             yield relay, server
     finally:
         relay.close()
+
+
+# -- a minimal, independent Produce request reader (for the capture script's own checks) -----
+
+
+class _Reader:
+    def __init__(self, buf: bytes, pos: int = 0) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def _unpack(self, fmt: str) -> int:
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return int(v)
+
+    def int16(self) -> int:
+        return self._unpack(">h")
+
+    def int32(self) -> int:
+        return self._unpack(">i")
+
+    def uvarint(self) -> int:
+        shift = value = 0
+        while True:
+            b = self.buf[self.pos]
+            self.pos += 1
+            value |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return value
+            shift += 7
+
+    def take(self, n: int) -> bytes:
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def string(self, compact: bool) -> str | None:
+        n = self.uvarint() - 1 if compact else self.int16()
+        return None if n < 0 else self.take(n).decode()
+
+    def bytes_(self, compact: bool) -> bytes | None:
+        n = self.uvarint() - 1 if compact else self.int32()
+        return None if n < 0 else self.take(n)
+
+    def array_len(self, compact: bool) -> int:
+        return self.uvarint() - 1 if compact else self.int32()
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.take(self.uvarint())
+
+
+@dataclass(frozen=True)
+class ProduceSummary:
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    transactional_id: str | None
+    acks: int
+    timeout_ms: int
+    partitions: list[tuple[str, int, bytes | None]]  # (topic, partition, records) in order
+
+
+def read_produce_request(payload: bytes) -> ProduceSummary:
+    """Parse a Produce request (v0-v11, payload without size prefix). Topic names only (< v13)."""
+    r = _Reader(payload)
+    api_key, version, correlation_id = r.int16(), r.int16(), r.int32()
+    if api_key != 0:
+        raise ValueError(f"not a Produce request (api_key {api_key})")
+    flexible = version >= 9
+    client_id = r.string(compact=False)
+    if flexible:
+        r.skip_tags()
+    transactional_id = r.string(compact=flexible) if version >= 3 else None
+    acks, timeout_ms = r.int16(), r.int32()
+    partitions: list[tuple[str, int, bytes | None]] = []
+    for _ in range(r.array_len(flexible)):
+        topic = r.string(flexible)
+        assert topic is not None
+        for _ in range(r.array_len(flexible)):
+            index = r.int32()
+            partitions.append((topic, index, r.bytes_(flexible)))
+            if flexible:
+                r.skip_tags()
+        if flexible:
+            r.skip_tags()
+    if flexible:
+        r.skip_tags()
+    if r.pos != len(payload):
+        raise ValueError(f"{len(payload) - r.pos} trailing bytes after the Produce request")
+    return ProduceSummary(
+        version, correlation_id, client_id, transactional_id, acks, timeout_ms, partitions
+    )
