@@ -3,7 +3,8 @@
 Kafka picks the header version from the message: flexible message versions (KIP-482) use request
 header v2 and response header v1; the rest use request header v1 and response header v0.
 ApiVersions responses always use response header v0 so that a client can read the answer before it
-knows what the broker supports; ControlledShutdown v0 alone uses request header v0 (no client id).
+knows what the broker supports. (Request header v0 served only ControlledShutdown v0, an
+inter-broker API that Kafka 4.0 removed and no client sends.)
 
 Headers are read by hand rather than through kio: the proxy reads one for every frame it relays,
 and needs the raw tagged-field bytes to re-encode a header byte for byte.
@@ -16,13 +17,13 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Final
 
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema
+from kio.index import load_request_schema
+from kio.schema.index import api_key_map, schema_name_map
 
 from protocol.errors import BufferUnderflow, DecodeError, NegativeSize, UnsupportedVersion
 from protocol.legacy_messages import LEGACY_SCHEMAS
 
 _API_VERSIONS: Final = 18
-_CONTROLLED_SHUTDOWN: Final = 7
 
 _PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
 _INT16 = struct.Struct(">h")
@@ -54,16 +55,22 @@ def is_flexible(api_key: int, api_version: int) -> bool:
     legacy = LEGACY_SCHEMAS.get((api_key, api_version))
     if legacy is not None:
         return bool(getattr(legacy[0], "__flexible__", False))
-    try:
-        schema = load_request_schema(api_key, api_version)
-    except (UnknownAPIKey, UnknownEntity):
-        raise UnsupportedVersion(api_key, api_version) from None
-    return bool(schema.__flexible__)
+    versions = _kio_versions(api_key)
+    if not versions or api_version < 0 or api_version > versions[-1]:
+        raise UnsupportedVersion(api_key, api_version)
+    if api_version < versions[0]:
+        # Kafka 4.0 (KIP-896) removed these old versions from its JSON, hence from kio; all
+        # of them predate flexible versions, and old clients and brokers still use them.
+        return False
+    return bool(load_request_schema(api_key, api_version).__flexible__)
+
+
+def _kio_versions(api_key: int) -> list[int]:
+    name = api_key_map.get(api_key)
+    return sorted(schema_name_map[name]) if name is not None else []
 
 
 def request_header_version(api_key: int, api_version: int) -> int:
-    if api_key == _CONTROLLED_SHUTDOWN and api_version == 0:
-        return 0
     return 2 if is_flexible(api_key, api_version) else 1
 
 

@@ -15,7 +15,7 @@ from typing import Any, Final, cast
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_writer
 from kio.serial.errors import BufferUnderflow as _KioBufferUnderflow
 from kio.serial.errors import SerialError as _KioSerialError
 
@@ -31,6 +31,7 @@ from protocol.headers import (
     write_response_header,
 )
 from protocol.legacy_messages import LEGACY_SCHEMAS
+from protocol.schema_reader import entity_reader
 
 PRODUCE: Final = 0
 FETCH: Final = 1
@@ -81,9 +82,9 @@ def _codec(api_key: int, api_version: int, request_type: type, response_type: ty
         api_version,
         request_type,
         response_type,
-        cast(Reader, entity_reader(request_type)),
+        entity_reader(request_type),
         cast(Writer, entity_writer(request_type)),
-        cast(Reader, entity_reader(response_type)),
+        entity_reader(response_type),
         cast(Writer, entity_writer(response_type)),
     )
 
@@ -137,12 +138,11 @@ class Response:
 def _read_body(reader: Reader, buf: bytes | bytearray | memoryview, offset: int) -> tuple[Any, int]:
     """Run a kio reader, turning every library failure into the project's DecodeError."""
     try:
-        body, size = reader(buf, offset)
+        return reader(buf, offset)
     except _KioBufferUnderflow as exc:
         raise BufferUnderflow(str(exc) or "input ended inside the message") from None
     except (_KioSerialError, ValueError, OverflowError, TypeError, UnicodeDecodeError) as exc:
         raise DecodeError(f"{type(exc).__name__}: {exc}") from None
-    return body, offset + size
 
 
 class _Appender:

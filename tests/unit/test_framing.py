@@ -1,0 +1,105 @@
+"""FrameDecoder: the size prefix, the maximum frame size, and input arriving in any chunking."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.errors import DecodeError, FrameTooLarge, NegativeSize
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, frame, write_frame
+
+
+def test_default_maximum_is_kafkas_socket_request_max_bytes() -> None:
+    assert DEFAULT_MAX_FRAME_SIZE == 104_857_600
+    assert FrameDecoder().max_frame_size == DEFAULT_MAX_FRAME_SIZE
+
+
+def test_whole_input_yields_each_frame_then_none() -> None:
+    decoder = FrameDecoder()
+    decoder.receive_data(frame(b"first") + frame(b"") + frame(b"third"))
+    assert decoder.next_frame() == b"first"
+    assert decoder.next_frame() == b""
+    assert decoder.next_frame() == b"third"
+    assert decoder.next_frame() is None
+    assert decoder.buffered == 0
+
+
+def test_one_byte_at_a_time_yields_frames_exactly_when_complete() -> None:
+    payloads = [b"a" * 3, b"", b"xyz" * 100]
+    stream = b"".join(frame(p) for p in payloads)
+    decoder = FrameDecoder()
+    got: list[bytes] = []
+    ends = set()
+    position = 0
+    for payload in payloads:
+        position += 4 + len(payload)
+        ends.add(position)
+    for index in range(len(stream)):
+        decoder.receive_data(stream[index : index + 1])
+        produced = decoder.next_frame()
+        if index + 1 in ends:
+            assert produced is not None
+            got.append(produced)
+        else:
+            assert produced is None
+    assert got == payloads
+
+
+def test_trailing_partial_frame_stays_buffered() -> None:
+    decoder = FrameDecoder()
+    decoder.receive_data(frame(b"done") + struct.pack(">i", 10) + b"part")
+    assert decoder.next_frame() == b"done"
+    assert decoder.next_frame() is None
+    assert decoder.buffered == 8
+    decoder.receive_data(b"ial!!!")
+    assert decoder.next_frame() == b"partial!!!"
+
+
+def test_oversize_prefix_raises_before_the_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame_size=1024)
+    decoder.receive_data(struct.pack(">i", 1025))
+    with pytest.raises(FrameTooLarge, match="1025 is larger than the maximum 1024"):
+        decoder.next_frame()
+
+
+def test_frame_of_exactly_the_maximum_is_accepted() -> None:
+    decoder = FrameDecoder(max_frame_size=16)
+    decoder.receive_data(frame(b"x" * 16))
+    assert decoder.next_frame() == b"x" * 16
+
+
+def test_negative_prefix_raises_decode_error() -> None:
+    decoder = FrameDecoder()
+    decoder.receive_data(struct.pack(">i", -1))
+    with pytest.raises(NegativeSize) as info:
+        decoder.next_frame()
+    assert isinstance(info.value, DecodeError)
+    assert info.value.error_code == 42
+
+
+def test_write_frame_appends_prefix_and_payload() -> None:
+    out = bytearray(b"before")
+    write_frame(out, b"abc")
+    assert bytes(out) == b"before\x00\x00\x00\x03abc"
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
+)
+@settings(max_examples=300, deadline=None)
+def test_any_chunking_yields_the_same_frames(payloads: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(frame(p) for p in payloads)
+    points = sorted({0, len(stream), *(c for c in cuts if c <= len(stream))})
+    decoder = FrameDecoder()
+    got: list[bytes] = []
+    for begin, end in itertools.pairwise(points):
+        decoder.receive_data(stream[begin:end])
+        while (item := decoder.next_frame()) is not None:
+            got.append(item)
+    assert got == payloads
+    assert decoder.buffered == 0
