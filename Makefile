@@ -1,0 +1,41 @@
+# kvproxy: `make demo` and `make test` set up everything they need on a fresh Debian machine
+# (Python 3.11; Java 17 only for the Spark extra).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup system-deps lint test demo clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+		echo "python3 -m venv is unavailable: installing python3-venv"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+system-deps:
+	@command -v kcat >/dev/null 2>&1 || { \
+		echo "kcat is missing: installing it with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y kcat; }
+
+setup: $(STAMP) system-deps
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -q
+
+demo: setup
+	$(BIN)/kvproxy demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
