@@ -195,7 +195,6 @@ def test_preview() -> None:
     assert dump.preview(b"\x00\x01") == "0x0001"
 
 
-@pytest.mark.skipif(not (REPO / "proxy" / "cli.py").exists(), reason="proxy/cli.py not written yet")
 def test_cli_dump_json() -> None:
     result = subprocess.run(
         [
