@@ -17,7 +17,8 @@ from typing import Any
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.static.primitive import Records
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from protocol.error_codes import error_name
 from protocol.framing import FrameDecoder, frame
@@ -77,12 +78,12 @@ class _Connection:
 def _produce(connection: _Connection, batch: bytes) -> str:
     body = ProduceRequest(
         transactional_id=None,
-        acks=-1,
-        timeout=datetime.timedelta(seconds=5),
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
         topic_data=(
             TopicProduceData(
-                name=DEMO_TOPIC,
-                partition_data=(PartitionProduceData(index=0, records=Records(batch)),),
+                name=TopicName(DEMO_TOPIC),
+                partition_data=(PartitionProduceData(index=i32(0), records=Records(batch)),),
             ),
         ),
     )
