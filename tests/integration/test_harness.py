@@ -121,3 +121,27 @@ def test_harness_produce_reader_matches_sidecars(path: Path) -> None:
     got = {(t, str(p)) for t, p, _ in summary.partitions}
     want = {(t, p) for t, parts in expected["topics"].items() for p in parts}
     assert got == want
+
+
+def test_relay_captures_a_real_client_produce() -> None:
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    with recording_tansu() as (relay, _server):
+        producer = Producer({"bootstrap.servers": relay.bootstrap, "linger.ms": 5})
+        reports: list[object] = []
+        for i in range(3):
+            producer.produce(
+                "relayed",
+                key=b"k%d" % i,
+                value=b"v%d" % i,
+                partition=0,
+                on_delivery=lambda err, _msg: reports.append(err),
+            )
+        assert producer.flush(10) == 0
+        assert reports == [None, None, None]
+        del producer  # disconnect before the relay goes away
+        produce = relay.requests(api_key=0)
+    assert produce, "the client bypassed the relay"
+    summary = read_produce_request(produce[0].payload)
+    assert summary.partitions[0][:2] == ("relayed", 0)
+    assert summary.client_id == "rdkafka"
