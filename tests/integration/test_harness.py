@@ -38,7 +38,7 @@ def test_tansu_fixture_answers(tansu: Broker) -> None:
 
 
 def test_make_topic_creates_partitions(tansu: Broker, make_topic: Callable[..., str]) -> None:
-    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+    from confluent_kafka.admin import AdminClient
 
     name = make_topic(partitions=3)
     md = AdminClient({"bootstrap.servers": tansu.bootstrap}).list_topics(name, timeout=5)
@@ -124,7 +124,7 @@ def test_harness_produce_reader_matches_sidecars(path: Path) -> None:
 
 
 def test_relay_captures_a_real_client_produce() -> None:
-    from confluent_kafka import Producer  # noqa: PLC0415
+    from confluent_kafka import Producer
 
     with recording_tansu() as (relay, _server):
         producer = Producer({"bootstrap.servers": relay.bootstrap, "linger.ms": 5})

@@ -19,7 +19,7 @@ RECORDS = [(f"key-{i}".encode(), f"value-{i}".encode()) for i in range(N)]
 
 
 def _consume_confluent(broker: Broker, topic: str, n: int) -> list[tuple[bytes, bytes]]:
-    from confluent_kafka import Consumer, TopicPartition  # noqa: PLC0415
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {
@@ -43,7 +43,7 @@ def _consume_confluent(broker: Broker, topic: str, n: int) -> list[tuple[bytes, 
 
 
 def test_confluent_kafka_produce_and_consume(tansu: Broker, topic: str) -> None:
-    from confluent_kafka import Producer  # noqa: PLC0415
+    from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": tansu.bootstrap, "acks": "all", "linger.ms": 5})
     reports: list[tuple[object, int, int]] = []
@@ -64,7 +64,7 @@ def test_confluent_kafka_produce_and_consume(tansu: Broker, topic: str) -> None:
 
 
 def test_kafka_python_produce_and_consume(tansu: Broker, topic: str) -> None:
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: PLC0415
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, acks="all", linger_ms=5)
     try:
@@ -119,7 +119,7 @@ def test_kcat_produce_and_consume(tansu: Broker, topic: str) -> None:
 
 
 async def test_aiokafka_produce_and_consume(tansu: Broker, topic: str) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: PLC0415
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     # aiokafka's idempotent producer fails on Tansu (InitProducerId v0 only): keep it off.
     producer = AIOKafkaProducer(
