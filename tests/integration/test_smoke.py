@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
-import pytest
+import confluent_kafka
 
 from tests.harness import (
     Broker,
@@ -13,6 +10,7 @@ from tests.harness import (
     api_versions_v0_request,
     parse_api_versions_v0_response,
 )
+from tests.harness.kcat import librdkafka_version, run_kcat
 
 N = 10
 RECORDS = [(f"key-{i}".encode(), f"value-{i}".encode()) for i in range(N)]
@@ -91,30 +89,18 @@ def test_kafka_python_produce_and_consume(tansu: Broker, topic: str) -> None:
     assert got == RECORDS
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed")
 def test_kcat_produce_and_consume(tansu: Broker, topic: str) -> None:
+    assert librdkafka_version() == confluent_kafka.libversion()[0]
     lines = "".join(f"{k.decode()}:{v.decode()}\n" for k, v in RECORDS)
-    produced = subprocess.run(
-        ["kcat", "-b", tansu.bootstrap, "-P", "-t", topic, "-p", "0", "-K:", "-X", "acks=all"],
-        input=lines.encode(),
-        capture_output=True,
-        check=False,
-        timeout=20,
+    produced = run_kcat(
+        ["-b", tansu.bootstrap, "-P", "-t", topic, "-p", "0", "-K:", "-X", "acks=all"],
+        input_bytes=lines.encode(),
     )
-    if produced.returncode != 0 and b"ApiVersionRequest failed" in produced.stderr:
-        # kcat 1.7.1 bundles librdkafka 2.0.2, which cannot parse the tagged fields Tansu 0.6
-        # puts in its ApiVersions v3 answer (FinalizedFeaturesEpoch = -1 sent explicitly):
-        # "Read underflow ... ApiVersion v3 at 274/279". Newer librdkafka (confluent-kafka) works.
-        pytest.xfail("this kcat's librdkafka cannot parse Tansu's ApiVersions v3 response")
     assert produced.returncode == 0, produced.stderr.decode(errors="replace")
-    consume = ["kcat", "-b", tansu.bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning"]
-    out = subprocess.run(
-        [*consume, "-e", "-f", "%k:%s\n"],
-        capture_output=True,
-        check=True,
-        timeout=20,
-    )
-    got = [tuple(line.split(b":", 1)) for line in out.stdout.splitlines()]
+    consume = ["-b", tansu.bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e"]
+    consumed = run_kcat([*consume, "-f", "%k:%s\n"])
+    assert consumed.returncode == 0, consumed.stderr.decode(errors="replace")
+    got = [tuple(line.split(b":", 1)) for line in consumed.stdout.splitlines()]
     assert got == RECORDS
 
 
