@@ -3,10 +3,65 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from proxy import demo, dump
+from proxy.config import ConfigError, ProxyConfig, load_config
+
+
+def _add_serve(subparsers: Any) -> None:
+    parser = subparsers.add_parser("serve", help="run the proxy in the foreground")
+    parser.add_argument("-c", "--config", required=True, help="YAML configuration file")
+    parser.set_defaults(func=_serve)
+
+
+def _add_check(subparsers: Any) -> None:
+    parser = subparsers.add_parser("check", help="validate a configuration file without serving")
+    parser.add_argument("-c", "--config", required=True, help="YAML configuration file")
+    parser.set_defaults(func=_check)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run(load_config(args.config))
+    return 0
+
+
+def describe(config: ProxyConfig) -> list[str]:
+    listen, upstream = config.listen, config.upstream
+    source = (
+        "embedded development broker"
+        if upstream.embedded
+        else ", ".join(upstream.bootstrap_servers)
+    )
+    first = listen.broker_port_base
+    last = first + listen.max_brokers - 1
+    return [
+        f"bootstrap listener: {listen.host}:{listen.port}"
+        + (" (TLS)" if listen.tls else "")
+        + f", advertised as {listen.public_host}",
+        f"broker listeners: node N -> port {first} + (N - {listen.lowest_node_id}), "
+        f"ports {first}-{last}",
+        f"upstream: {source}" + (" (TLS)" if upstream.tls else ""),
+        f"limits: frames up to {config.limits.max_frame_bytes} bytes, "
+        f"{config.limits.max_in_flight_requests} requests in flight per connection",
+        f"shutdown: drain in-flight requests for up to {config.shutdown.drain_timeout_ms} ms",
+    ]
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    print(f"{args.config}: OK")
+    for line in describe(config):
+        print(f"  {line}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvproxy", description="Kafka validation proxy: decode, check and relay Kafka traffic"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(subparsers)
+    _add_check(subparsers)
     demo.add_parser(subparsers)
     dump.add_parser(subparsers)
     return parser
@@ -23,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except ConfigError as exc:
+        print(f"kvproxy: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

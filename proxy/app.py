@@ -1,0 +1,61 @@
+"""Running the proxy: the embedded broker if asked for, uvloop, signals, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+
+from proxy.config import ProxyConfig
+from proxy.embedded import EmbeddedBroker, run_embedded_broker
+from proxy.server import ProxyServer
+
+log = logging.getLogger("kvproxy")
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(config: ProxyConfig) -> AsyncIterator[ProxyServer]:
+    """A started proxy (and its embedded broker when `upstream.embedded`), stopped on exit."""
+    with contextlib.ExitStack() as stack:
+        bootstrap = None
+        if config.upstream.embedded:
+            broker: EmbeddedBroker = stack.enter_context(run_embedded_broker())
+            log.info("embedded broker listening on %s", broker.bootstrap)
+            bootstrap = ((broker.host, broker.port),)
+        server = ProxyServer(config, bootstrap)
+        await server.start()
+        try:
+            yield server
+        finally:
+            await server.stop()
+
+
+async def serve(config: ProxyConfig, on_ready: Callable[[ProxyServer], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain in-flight requests and close."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_proxy(config) as server:
+        log.info(
+            "kvproxy ready: bootstrap %s:%s, broker ports from %s",
+            config.listen.public_host,
+            server.bootstrap_port,
+            config.listen.broker_port_base,
+        )
+        if on_ready is not None:
+            on_ready(server)
+        await stop.wait()
+        log.info("stopping: no new connections, draining in-flight requests")
+
+
+def run(config: ProxyConfig) -> None:
+    """Blocking entry point of `kvproxy serve` (uvloop when installed)."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

@@ -1,0 +1,163 @@
+"""kvproxy's YAML configuration: loaded once, validated with clear errors, frozen.
+
+Every key has a default and unknown keys are errors, so a typo is reported instead of ignored.
+This module holds the keys the proxy acts on today (`listen`, `upstream`, `limits`, `shutdown`);
+`docs/configuration.md` documents each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+
+
+class ConfigError(ValueError):
+    """The configuration file cannot be used; the message says where and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenerTls(_Section):
+    """TLS for client connections: the proxy's certificate chain and key (PEM)."""
+
+    cert_file: Path
+    key_file: Path
+    key_password: str | None = None
+
+
+class ListenConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9192, ge=0, le=65535)
+    advertised_host: str | None = None
+    broker_port_base: int = Field(default=9193, ge=0, le=65535)
+    lowest_node_id: int = Field(default=0, ge=0)
+    max_brokers: int = Field(default=100, ge=1, le=10000)
+    tls: ListenerTls | None = None
+
+    @property
+    def public_host(self) -> str:
+        """The host clients are told to connect to."""
+        return self.advertised_host or self.host
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> ListenConfig:
+        if self.broker_port_base and self.broker_port_base + self.max_brokers - 1 > 65535:
+            raise ValueError(
+                f"broker_port_base {self.broker_port_base} + max_brokers {self.max_brokers} "
+                "runs past port 65535"
+            )
+        if (
+            self.port
+            and self.broker_port_base <= self.port < self.broker_port_base + self.max_brokers
+        ):
+            raise ValueError(
+                f"port {self.port} falls inside the broker port range starting at "
+                f"{self.broker_port_base}"
+            )
+        return self
+
+
+class UpstreamTls(_Section):
+    """TLS to the brokers: the CA to trust and, for mutual TLS, a client certificate."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    check_hostname: bool = True
+
+
+class UpstreamConfig(_Section):
+    bootstrap_servers: tuple[str, ...] = ()
+    embedded: bool = False
+    connect_timeout_ms: int = Field(default=10_000, ge=1)
+    tls: UpstreamTls | None = None
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_port(cls, servers: tuple[str, ...]) -> tuple[str, ...]:
+        for server in servers:
+            parse_host_port(server)
+        return servers
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpstreamConfig:
+        if self.embedded and self.bootstrap_servers:
+            raise ValueError("set either bootstrap_servers or embedded: true, not both")
+        if not self.embedded and not self.bootstrap_servers:
+            raise ValueError("bootstrap_servers is required (or embedded: true for development)")
+        return self
+
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        return tuple(parse_host_port(server) for server in self.bootstrap_servers)
+
+
+class LimitsConfig(_Section):
+    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_SIZE, ge=1024)
+    max_in_flight_requests: int = Field(default=100, ge=1)
+    write_buffer_high_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+
+class ShutdownConfig(_Section):
+    drain_timeout_ms: int = Field(default=10_000, ge=0)
+
+
+class ProxyConfig(_Section):
+    listen: ListenConfig = ListenConfig()
+    upstream: UpstreamConfig
+    limits: LimitsConfig = LimitsConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+
+
+def parse_host_port(server: str) -> tuple[str, int]:
+    host, sep, port = server.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{server!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def parse_config(data: Mapping[str, Any] | None, source: str = "config") -> ProxyConfig:
+    try:
+        return ProxyConfig.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+def load_config(path: str | Path) -> ProxyConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return parse_config(data, str(path))
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s)"]
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""Answers the proxy changes on their way back to the client.
+
+Broker addresses are replaced by proxy addresses (Metadata, FindCoordinator, DescribeCluster,
+Produce v10+ and Fetch v16+ `node_endpoints`), and ApiVersions is trimmed so a client never picks
+a version whose answer would carry an address the proxy does not rewrite, or a Produce version the
+proxy cannot decode. Each function takes the response frame (size prefix removed) and returns the
+new frame plus the upstream addresses it learned, so the caller can open listeners for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final
+
+from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+from kio.static.primitive import i16
+
+from protocol.messages import (
+    API_VERSIONS,
+    DESCRIBE_CLUSTER,
+    FETCH,
+    FIND_COORDINATOR,
+    METADATA,
+    PRODUCE,
+    Response,
+    decode_response,
+    encode_response,
+    make_response,
+    supported_versions,
+)
+
+SASL_HANDSHAKE: Final = 17
+NodeAddress = tuple[str, int]
+PortFor = Callable[[int], int]
+"""Maps an upstream node id to the proxy port that stands for it."""
+
+# APIs whose answers carry broker addresses, and the first version that does (where not all).
+_REWRITTEN_FROM: Final[Mapping[int, int]] = MappingProxyType(
+    {METADATA: 0, FIND_COORDINATOR: 0, DESCRIBE_CLUSTER: 0, PRODUCE: 10, FETCH: 16}
+)
+PRODUCE_MAX_VERSION: Final = 12
+"""Produce v13 names topics by id; the policies route by name, so v13 is not offered."""
+
+# APIs kept out of ApiVersions: their answers carry addresses the proxy does not rewrite (raft
+# and share-group APIs), with the last version that is still address-free (-1: none).
+_ADDRESS_FREE_MAX: Final[Mapping[int, int]] = MappingProxyType(
+    {
+        52: -1,  # Vote
+        53: -1,  # BeginQuorumEpoch
+        54: -1,  # EndQuorumEpoch
+        55: 1,  # DescribeQuorum: nodes[].listeners from v2
+        59: -1,  # FetchSnapshot
+        78: -1,  # ShareFetch: node_endpoints
+        79: -1,  # ShareAcknowledge: node_endpoints
+        82: -1,  # UpdateRaftVoter
+    }
+)
+# SaslHandshake v0 is followed by raw, unframed SASL tokens the relay cannot follow; v1 wraps
+# them in SaslAuthenticate requests, which pass through like any other request.
+_MIN_VERSION: Final[Mapping[int, int]] = MappingProxyType({SASL_HANDSHAKE: 1})
+
+
+def offered_range(api_key: int, broker_min: int, broker_max: int) -> tuple[int, int] | None:
+    """The version range the proxy offers for an API the broker offers; None removes it."""
+    if api_key not in api_key_map:
+        return None  # an API newer than the proxy: it cannot know whether answers carry addresses
+    low = max(broker_min, _MIN_VERSION.get(api_key, broker_min))
+    high = broker_max
+    if api_key in _ADDRESS_FREE_MAX:
+        high = min(high, _ADDRESS_FREE_MAX[api_key])
+    if api_key in _REWRITTEN_FROM:
+        high = min(high, max(supported_versions(api_key)))
+    if api_key == PRODUCE:
+        high = min(high, PRODUCE_MAX_VERSION)
+    if high < low:
+        return None
+    return low, high
+
+
+def needs_rewrite(api_key: int, api_version: int) -> bool:
+    if api_key == API_VERSIONS:
+        return True
+    first = _REWRITTEN_FROM.get(api_key)
+    return first is not None and api_version >= first
+
+
+def trim_api_versions(body: Any) -> Any:
+    kept = []
+    for api in body.api_keys:
+        offered = offered_range(int(api.api_key), int(api.min_version), int(api.max_version))
+        if offered is not None:
+            kept.append(
+                dataclasses.replace(api, min_version=i16(offered[0]), max_version=i16(offered[1]))
+            )
+    return dataclasses.replace(body, api_keys=tuple(kept))
+
+
+def unsupported_api_versions_answer(correlation_id: int) -> bytes:
+    """What Kafka answers an ApiVersions request of a version it does not know: a v0 body with
+    UNSUPPORTED_VERSION and the ApiVersions range it does support, so the client can retry."""
+    versions = supported_versions(API_VERSIONS)
+    body = ApiVersionsResponseV0(
+        error_code=ErrorCode.unsupported_version,
+        api_keys=(
+            ApiVersionV0(
+                api_key=i16(API_VERSIONS),
+                min_version=i16(versions[0]),
+                max_version=i16(versions[-1]),
+            ),
+        ),
+    )
+    return encode_response(API_VERSIONS, 0, make_response(API_VERSIONS, 0, correlation_id, body))
+
+
+def _rewrite_nodes(
+    nodes: tuple[Any, ...], host: str, port_for: PortFor, learned: dict[int, NodeAddress]
+) -> tuple[Any, ...]:
+    rewritten = []
+    for node in nodes:
+        node_id = int(node.node_id)
+        if node_id < 0:
+            rewritten.append(node)
+            continue
+        learned[node_id] = (node.host, int(node.port))
+        rewritten.append(dataclasses.replace(node, host=host, port=port_for(node_id)))
+    return tuple(rewritten)
+
+
+def _rewrite_body(
+    api_key: int,
+    api_version: int,
+    body: Any,
+    *,
+    host: str,
+    port_for: PortFor,
+    learned: dict[int, NodeAddress],
+) -> Any:
+    if api_key == API_VERSIONS:
+        return trim_api_versions(body)
+    if api_key in (METADATA, DESCRIBE_CLUSTER):
+        return dataclasses.replace(
+            body, brokers=_rewrite_nodes(body.brokers, host, port_for, learned)
+        )
+    if api_key == FIND_COORDINATOR:
+        if api_version >= 4:
+            return dataclasses.replace(
+                body, coordinators=_rewrite_nodes(body.coordinators, host, port_for, learned)
+            )
+        if int(body.node_id) < 0:
+            return body
+        (node,) = _rewrite_nodes((body,), host, port_for, learned)
+        return node
+    if api_key in (PRODUCE, FETCH):
+        if not body.node_endpoints:
+            return body
+        return dataclasses.replace(
+            body, node_endpoints=_rewrite_nodes(body.node_endpoints, host, port_for, learned)
+        )
+    return body
+
+
+def rewrite_response(
+    frame: bytes, api_key: int, api_version: int, host: str, port_for: PortFor
+) -> tuple[bytes, dict[int, NodeAddress]]:
+    """The frame with proxy addresses (or trimmed versions), and the node addresses it named.
+
+    An unchanged body is returned as the original bytes, so the common case costs one decode.
+    """
+    response: Response = decode_response(frame, api_key, api_version)
+    learned: dict[int, NodeAddress] = {}
+    body = _rewrite_body(
+        api_key, api_version, response.body, host=host, port_for=port_for, learned=learned
+    )
+    if body is response.body:
+        return frame, learned
+    return encode_response(api_key, api_version, Response(response.header, body)), learned

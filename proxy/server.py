@@ -1,0 +1,479 @@
+"""The relay: listeners, one upstream connection per client connection, ordered answers.
+
+Transport and protocol are split as in uvicorn: `ClientConnection` and `UpstreamConnection` are
+`asyncio.Protocol`s that only move bytes and apply backpressure; `protocol/` does the decoding.
+Each client connection keeps a FIFO of slots, one per request that expects an answer; an answer
+(from the broker, rewritten or not, or made by the proxy itself) fills its slot, and slots leave
+strictly in request order. acks=0 Produce requests get no slot, as a broker sends no answer.
+
+Port-per-broker: the bootstrap listener (`listen.port`) forwards to any live bootstrap server; the
+listener for upstream node N is `listen.broker_port_base + N - listen.lowest_node_id`, opened the
+first time an answer names node N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import ssl
+import struct
+from dataclasses import dataclass
+from typing import Any, cast
+
+from protocol.errors import DecodeError, ProtocolError
+from protocol.framing import FrameDecoder, frame
+from protocol.headers import read_request_prefix
+from protocol.messages import API_VERSIONS, PRODUCE, supported_versions
+from protocol.produce import read_produce_acks
+from proxy.config import ProxyConfig
+from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
+
+log = logging.getLogger("kvproxy")
+
+_CORRELATION = struct.Struct(">i")
+_API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
+
+
+class ProxyError(Exception):
+    """The proxy cannot do what the configuration asks (e.g. a node id outside the port range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyStats:
+    client_connections: int
+    upstream_connections: int
+    listeners: int
+    pending_tasks: int
+
+
+class _Slot:
+    """One request waiting for its answer; `payload` is the answer frame once known."""
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "payload")
+
+    def __init__(self, correlation_id: int, api_key: int, api_version: int) -> None:
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.payload: bytes | None = None
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """The broker side of one client connection: frames in, handed to the client side."""
+
+    def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
+        self._client = client
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.receive_data(data)
+        try:
+            while (payload := self._decoder.next_frame()) is not None:
+                self._client.on_upstream_frame(payload)
+        except ProtocolError as exc:
+            self._client.abort(f"upstream sent an undecodable frame: {exc}")
+
+    def pause_writing(self) -> None:
+        self._client.pause_reading("upstream-full")
+
+    def resume_writing(self) -> None:
+        self._client.resume_reading("upstream-full")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client.on_upstream_lost(exc)
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client connection and its upstream: requests out in order, answers back in order."""
+
+    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
+        self._server = server
+        self._node_id = node_id
+        limits = server.config.limits
+        self._max_in_flight = limits.max_in_flight_requests
+        self._decoder = FrameDecoder(limits.max_frame_bytes)
+        self._slots: collections.deque[_Slot] = collections.deque()
+        self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
+        self._pending_frames: list[bytes] = []
+        self._paused_for: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.transport: asyncio.Transport | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.peer = "?"
+        self._closing = False
+
+    # ---- client side ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.transport.set_write_buffer_limits(
+            high=self._server.config.limits.write_buffer_high_bytes
+        )
+        peer = self.transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._server.connection_opened(self)
+        self.pause_reading("connecting")
+        self._spawn(self._connect_upstream())
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.receive_data(data)
+        try:
+            while (payload := self._decoder.next_frame()) is not None:
+                self._on_request(payload)
+        except DecodeError as exc:
+            self.abort(f"client {self.peer} sent an undecodable frame: {exc}")
+
+    def pause_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+        self._server.connection_closed(self)
+
+    # ---- requests ----
+
+    def _on_request(self, payload: bytes) -> None:
+        (api_key, api_version, correlation_id), _ = read_request_prefix(payload)
+        if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
+            slot = _Slot(correlation_id, api_key, 0)
+            slot.payload = unsupported_api_versions_answer(correlation_id)
+            self._slots.append(slot)
+            self._flush()
+            return
+        expects_answer = not (api_key == PRODUCE and read_produce_acks(payload) == 0)
+        if expects_answer:
+            slot = _Slot(correlation_id, api_key, api_version)
+            self._slots.append(slot)
+            self._awaiting_upstream.append(slot)
+            if len(self._slots) >= self._max_in_flight:
+                self.pause_reading("in-flight")
+        self._send_upstream(payload)
+
+    def _send_upstream(self, payload: bytes) -> None:
+        if self.upstream is None or self.upstream.transport is None:
+            self._pending_frames.append(payload)
+            return
+        self.upstream.transport.write(frame(payload))
+
+    # ---- answers ----
+
+    def on_upstream_frame(self, payload: bytes) -> None:
+        if not self._awaiting_upstream:
+            self.abort("upstream sent an answer nobody asked for")
+            return
+        slot = self._awaiting_upstream.popleft()
+        if len(payload) < 4 or _CORRELATION.unpack_from(payload)[0] != slot.correlation_id:
+            self.abort(f"upstream answered out of order (expected {slot.correlation_id})")
+            return
+        if needs_rewrite(slot.api_key, slot.api_version):
+            self._spawn(self._rewrite(slot, payload))
+        else:
+            slot.payload = payload
+            self._flush()
+
+    async def _rewrite(self, slot: _Slot, payload: bytes) -> None:
+        server = self._server
+        try:
+            rewritten, learned = rewrite_response(
+                payload, slot.api_key, slot.api_version, server.public_host, server.port_for
+            )
+            for node_id, address in learned.items():
+                await server.learn_node(node_id, address)
+        except (ProtocolError, ProxyError) as exc:
+            self.abort(
+                f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}"
+            )
+            return
+        slot.payload = rewritten
+        self._flush()
+
+    def _flush(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        while self._slots and (payload := self._slots[0].payload) is not None:
+            self._slots.popleft()
+            transport.write(frame(payload))
+        if len(self._slots) < self._max_in_flight:
+            self.resume_reading("in-flight")
+
+    # ---- upstream lifecycle ----
+
+    async def _connect_upstream(self) -> None:
+        try:
+            upstream = await self._server.open_upstream(self, self._node_id)
+        except (OSError, ProxyError, TimeoutError) as exc:
+            self.abort(f"no upstream for client {self.peer}: {exc}")
+            return
+        if self._closing:
+            if upstream.transport is not None:
+                upstream.transport.close()
+            return
+        self.upstream = upstream
+        for payload in self._pending_frames:
+            self._send_upstream(payload)
+        self._pending_frames.clear()
+        self.resume_reading("connecting")
+
+    def on_upstream_lost(self, exc: Exception | None) -> None:
+        self._server.upstream_closed()
+        if not self._closing:
+            reason = f": {exc}" if exc else ""
+            self.abort(f"upstream closed the connection of client {self.peer}{reason}")
+
+    # ---- helpers ----
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._slots)
+
+    def pause_reading(self, reason: str) -> None:
+        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._paused_for.add(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        if reason not in self._paused_for:
+            return
+        self._paused_for.discard(reason)
+        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def abort(self, reason: str) -> None:
+        if self._closing:
+            return
+        log.warning("closing connection: %s", reason)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+
+    def close(self) -> None:
+        self.abort("proxy shutting down")
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        self._server.task_started()
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        self._server.task_finished()
+        if not task.cancelled() and task.exception() is not None:
+            self.abort(f"internal error: {task.exception()!r}")
+
+
+class ProxyServer:
+    """Owns the listeners, the node directory and every connection pair."""
+
+    def __init__(
+        self, config: ProxyConfig, bootstrap: tuple[tuple[str, int], ...] | None = None
+    ) -> None:
+        self.config = config
+        self._bootstrap = bootstrap if bootstrap is not None else config.upstream.addresses()
+        if not self._bootstrap:
+            raise ProxyError("no bootstrap servers to connect to")
+        self._nodes: dict[int, tuple[str, int]] = {}
+        self._listeners: dict[int | None, asyncio.Server] = {}
+        self._listener_lock = asyncio.Lock()
+        self._clients: set[ClientConnection] = set()
+        self._upstreams = 0
+        self._tasks = 0
+        self._client_ssl = _client_side_ssl(config)
+        self._upstream_ssl = _upstream_side_ssl(config)
+        self._stopping = False
+
+    # ---- addresses ----
+
+    @property
+    def public_host(self) -> str:
+        return self.config.listen.public_host
+
+    def port_for(self, node_id: int) -> int:
+        listen = self.config.listen
+        index = node_id - listen.lowest_node_id
+        if not 0 <= index < listen.max_brokers:
+            raise ProxyError(
+                f"node id {node_id} is outside the proxy's broker port range "
+                f"(lowest_node_id {listen.lowest_node_id}, max_brokers {listen.max_brokers})"
+            )
+        return listen.broker_port_base + index
+
+    @property
+    def bootstrap_port(self) -> int:
+        return int(self._listeners[None].sockets[0].getsockname()[1])
+
+    @property
+    def nodes(self) -> dict[int, tuple[str, int]]:
+        return dict(self._nodes)
+
+    async def learn_node(self, node_id: int, address: tuple[str, int]) -> None:
+        """Remember where node `node_id` lives and make sure its listener is open."""
+        self._nodes[node_id] = address
+        await self._ensure_listener(node_id)
+
+    async def _ensure_listener(self, node_id: int | None) -> None:
+        if node_id in self._listeners or self._stopping:
+            return
+        async with self._listener_lock:
+            if node_id in self._listeners:
+                return
+            port = self.config.listen.port if node_id is None else self.port_for(node_id)
+            loop = asyncio.get_running_loop()
+            server = await loop.create_server(
+                lambda: ClientConnection(self, node_id),
+                host=self.config.listen.host,
+                port=port,
+                ssl=self._client_ssl,
+                reuse_address=True,
+            )
+            self._listeners[node_id] = server
+            bound = server.sockets[0].getsockname()
+            what = "bootstrap" if node_id is None else f"node {node_id}"
+            log.info("listening for %s on %s:%s", what, bound[0], bound[1])
+
+    # ---- upstream ----
+
+    async def open_upstream(
+        self, client: ClientConnection, node_id: int | None
+    ) -> UpstreamConnection:
+        if node_id is None:
+            candidates = list(self._bootstrap)
+        else:
+            if node_id not in self._nodes:
+                await self._refresh_nodes()
+            if node_id not in self._nodes:
+                raise ProxyError(f"the cluster does not name node {node_id}")
+            candidates = [self._nodes[node_id]]
+        errors = []
+        for host, port in candidates:
+            try:
+                upstream = await self._connect(client, host, port)
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{host}:{port}: {exc}")
+                log.warning("upstream %s:%s unreachable: %s", host, port, exc)
+                continue
+            self._upstreams += 1
+            return upstream
+        raise ProxyError("no upstream reachable (" + "; ".join(errors) + ")")
+
+    async def _connect(self, client: ClientConnection, host: str, port: int) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        timeout = self.config.upstream.connect_timeout_ms / 1000
+        _, upstream = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: UpstreamConnection(client, self.config.limits.max_frame_bytes),
+                host,
+                port,
+                ssl=self._upstream_ssl,
+                server_hostname=host if self._upstream_ssl is not None else None,
+            ),
+            timeout,
+        )
+        assert upstream.transport is not None
+        upstream.transport.set_write_buffer_limits(high=self.config.limits.write_buffer_high_bytes)
+        return upstream
+
+    async def _refresh_nodes(self) -> None:
+        """Ask a bootstrap server for Metadata: a client may reach a broker listener before the
+        proxy (restarted, say) has seen an answer naming that broker."""
+        from proxy.upstream_client import fetch_broker_addresses  # noqa: PLC0415
+
+        for host, port in self._bootstrap:
+            try:
+                nodes = await fetch_broker_addresses(
+                    host, port, self._upstream_ssl, self.config.upstream.connect_timeout_ms / 1000
+                )
+            except (OSError, TimeoutError, ProtocolError) as exc:
+                log.warning("metadata from %s:%s failed: %s", host, port, exc)
+                continue
+            for node_id, address in nodes.items():
+                await self.learn_node(node_id, address)
+            return
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        await self._ensure_listener(None)
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), then close everything."""
+        self._stopping = True
+        if drain_timeout is None:
+            drain_timeout = self.config.shutdown.drain_timeout_ms / 1000
+        for server in self._listeners.values():
+            server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout
+        while any(client.in_flight for client in self._clients) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for client in list(self._clients):
+            client.close()
+        for server in self._listeners.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        deadline = loop.time() + 2.0
+        while (self._clients or self._tasks) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    def connection_opened(self, client: ClientConnection) -> None:
+        self._clients.add(client)
+
+    def connection_closed(self, client: ClientConnection) -> None:
+        self._clients.discard(client)
+
+    def upstream_closed(self) -> None:
+        self._upstreams -= 1
+
+    def task_started(self) -> None:
+        self._tasks += 1
+
+    def task_finished(self) -> None:
+        self._tasks -= 1
+
+    def stats(self) -> ProxyStats:
+        return ProxyStats(
+            client_connections=len(self._clients),
+            upstream_connections=self._upstreams,
+            listeners=len(self._listeners),
+            pending_tasks=self._tasks,
+        )
+
+
+def _client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
+    tls = config.listen.tls
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(tls.cert_file), str(tls.key_file), tls.key_password)
+    return context
+
+
+def _upstream_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
+    tls = config.upstream.tls
+    if tls is None:
+        return None
+    context = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca_file) if tls.ca_file else None
+    )
+    context.check_hostname = tls.check_hostname
+    if tls.cert_file is not None:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+    return context
