@@ -19,6 +19,7 @@ import contextlib
 import logging
 import ssl
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -34,6 +35,10 @@ log = logging.getLogger("kvproxy")
 
 _CORRELATION = struct.Struct(">i")
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
+
+
+ResponseTap = Callable[[int, int, bytes], None]
+"""Sees every answer as it leaves for a client: (api key, api version, frame). For tracing."""
 
 
 class ProxyError(Exception):
@@ -206,9 +211,12 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        tap = self._server.tap
         while self._slots and (payload := self._slots[0].payload) is not None:
-            self._slots.popleft()
+            slot = self._slots.popleft()
             transport.write(frame(payload))
+            if tap is not None:
+                tap(slot.api_key, slot.api_version, payload)
         if len(self._slots) < self._max_in_flight:
             self.resume_reading("in-flight")
 
@@ -284,9 +292,13 @@ class ProxyServer:
     """Owns the listeners, the node directory and every connection pair."""
 
     def __init__(
-        self, config: ProxyConfig, bootstrap: tuple[tuple[str, int], ...] | None = None
+        self,
+        config: ProxyConfig,
+        bootstrap: tuple[tuple[str, int], ...] | None = None,
+        tap: ResponseTap | None = None,
     ) -> None:
         self.config = config
+        self.tap = tap
         self._bootstrap = bootstrap if bootstrap is not None else config.upstream.addresses()
         if not self._bootstrap:
             raise ProxyError("no bootstrap servers to connect to")

@@ -9,6 +9,8 @@ Broker fixtures (tests using them are marked ``broker`` automatically):
   creates a fresh uniquely named topic on ``tansu`` via CreateTopics.
 * ``topic`` (function): a fresh uniquely named topic with one partition.
 * ``raw_client`` (function): a ``RawKafkaClient`` connected to ``tansu``; closed afterwards.
+* ``proxy`` (function): kvproxy in front of ``tansu`` (``tests.harness.proxy.RunningProxy``:
+  ``.bootstrap``, ``.stats()``, ``.broker_port(node_id)``, ``.wait_until_idle()``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from tests.harness import (
     run_tansu,
     unique_topic_name,
 )
+from tests.harness.proxy import RunningProxy, run_proxy
 
-BROKER_FIXTURES = {"tansu", "topic", "make_topic", "raw_client"}
+BROKER_FIXTURES = {"tansu", "topic", "make_topic", "raw_client", "proxy"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,3 +63,10 @@ def raw_client(tansu: Broker) -> Iterator[RawKafkaClient]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def proxy(tansu: Broker) -> Iterator[RunningProxy]:
+    """kvproxy in front of the session's Tansu broker (node 111), on free loopback ports."""
+    with run_proxy(tansu.bootstrap) as running:
+        yield running

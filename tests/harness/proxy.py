@@ -1,0 +1,155 @@
+"""Run kvproxy in-process, on its own uvloop event loop in a background thread.
+
+Blocking clients (confluent-kafka, kafka-python, kcat) can then talk to it from the test thread,
+and the test can still inspect the server (`stats()`, `nodes`) between steps.
+
+    with run_proxy("127.0.0.1:9092") as proxy:
+        proxy.bootstrap            # "127.0.0.1:PORT" for clients
+        proxy.stats()              # connection and task counts
+        proxy.broker_port(111)     # the listener that stands for upstream node 111
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import threading
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import uvloop
+
+from proxy.config import ProxyConfig, parse_config
+from proxy.server import ProxyServer, ProxyStats
+
+T = TypeVar("T")
+HOST = "127.0.0.1"
+
+
+def free_port_range(size: int, attempts: int = 200) -> int:
+    """A base port such that base .. base+size-1 are all free right now."""
+    for _ in range(attempts):
+        base = random.randrange(20_000, 60_000 - size)
+        sockets = []
+        try:
+            for port in range(base, base + size):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind((HOST, port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base
+    raise RuntimeError(f"no run of {size} free ports found")
+
+
+@dataclass
+class RunningProxy:
+    server: ProxyServer
+    loop: asyncio.AbstractEventLoop
+    config: ProxyConfig
+    responses: list[tuple[int, int, bytes]]
+    """Every answer sent to a client: (api key, api version, frame), in the order sent."""
+
+    @property
+    def host(self) -> str:
+        return self.config.listen.public_host
+
+    @property
+    def port(self) -> int:
+        return self.server.bootstrap_port
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def broker_port(self, node_id: int) -> int:
+        return self.server.port_for(node_id)
+
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return future.result(timeout)
+
+    def stats(self) -> ProxyStats:
+        async def read() -> ProxyStats:
+            return self.server.stats()
+
+        return self.call(read())
+
+    @property
+    def nodes(self) -> dict[int, tuple[str, int]]:
+        async def read() -> dict[int, tuple[str, int]]:
+            return self.server.nodes
+
+        return self.call(read())
+
+    def wait_until_idle(self, timeout: float = 10.0) -> ProxyStats:
+        """Poll until no client connection, upstream connection or task is left."""
+        deadline = self.loop.time() + timeout
+        stats = self.stats()
+        while self.loop.time() < deadline:
+            stats = self.stats()
+            if not (stats.client_connections or stats.upstream_connections or stats.pending_tasks):
+                break
+            threading.Event().wait(0.05)
+        return stats
+
+
+def proxy_config(
+    bootstrap: str | list[str],
+    *,
+    lowest_node_id: int = 0,
+    max_brokers: int = 200,
+    **sections: dict[str, Any],
+) -> ProxyConfig:
+    """A config listening on free loopback ports in front of `bootstrap`."""
+    servers = [bootstrap] if isinstance(bootstrap, str) else bootstrap
+    listen = {
+        "host": HOST,
+        "port": 0,
+        "broker_port_base": free_port_range(max_brokers),
+        "lowest_node_id": lowest_node_id,
+        "max_brokers": max_brokers,
+        **sections.pop("listen", {}),
+    }
+    upstream = {"bootstrap_servers": servers, **sections.pop("upstream", {})}
+    return parse_config({"listen": listen, "upstream": upstream, **sections})
+
+
+@contextlib.contextmanager
+def run_proxy(
+    bootstrap: str | list[str] | None = None, *, config: ProxyConfig | None = None, **kwargs: Any
+) -> Iterator[RunningProxy]:
+    """Start a proxy in front of `bootstrap` (or with `config`), stop it on exit."""
+    if config is None:
+        assert bootstrap is not None
+        config = proxy_config(bootstrap, **kwargs)
+    loop = uvloop.new_event_loop()
+    started = threading.Event()
+    thread = threading.Thread(target=_run_loop, args=(loop, started), daemon=True)
+    thread.start()
+    started.wait()
+    responses: list[tuple[int, int, bytes]] = []
+    server = ProxyServer(config, tap=lambda *answer: responses.append(answer))
+    running = RunningProxy(server, loop, config, responses)
+    try:
+        running.call(server.start())
+        yield running
+    finally:
+        with contextlib.suppress(Exception):
+            running.call(server.stop(drain_timeout=2.0))
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(started.set)
+    loop.run_forever()
