@@ -1,81 +1,102 @@
-"""`kvproxy demo`: the embedded broker, and what kvproxy's decoder sees that the broker does not.
+"""`kvproxy demo`: kvproxy in front of the embedded broker, driven by a real Kafka client.
 
-It starts the embedded broker, asks it what it supports, and produces two record batches with the
-project's own codec: a good one and one whose stored CRC no longer matches its bytes. The
-development broker accepts both; kvproxy's decoder tells them apart, which is the check the proxy
-puts in front of the broker.
+It starts the embedded development broker and kvproxy in front of it, produces records through
+the proxy with aiokafka, reads them back, and shows which broker addresses the client was given
+(only the proxy's). Then it produces a good batch and one whose stored CRC no longer matches its
+bytes with the project's own codec: the development broker accepts both, kvproxy's decoder tells
+them apart — the check that the validation policies put in front of the broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime
-import signal
 import socket
 from typing import Any
 
-from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from protocol.error_codes import error_name
 from protocol.framing import FrameDecoder, frame
-from protocol.messages import (
-    API_NAMES,
-    API_VERSIONS,
-    PRODUCE,
-    Request,
-    Response,
-    decode_response,
-    encode_request,
-    make_request,
-)
+from protocol.messages import PRODUCE, decode_response, encode_request, make_request
 from protocol.records import build_batch, read_batch
-from proxy.embedded import EmbeddedBroker, run_embedded_broker
+from proxy.app import running_proxy
+from proxy.config import ProxyConfig, parse_config
+from proxy.server import ProxyServer
 
 DEMO_TOPIC = "kvproxy-demo"
+TANSU_NODE_ID = 111
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "demo", help="start the embedded broker and show what kvproxy checks that it does not"
+        "demo", help="run kvproxy in front of the embedded broker and send records through it"
     )
     parser.add_argument(
         "--keep-running",
         action="store_true",
-        help="leave the embedded broker running until Ctrl-C (to point clients at it)",
+        help="leave kvproxy and the broker running until Ctrl-C (to point your clients at it)",
     )
     parser.set_defaults(func=run)
 
 
-class _Connection:
-    """A blocking Kafka connection, enough for a demo: one request, one response."""
-
-    def __init__(self, broker: EmbeddedBroker) -> None:
-        self._sock = socket.create_connection((broker.host, broker.port), timeout=10)
-        self._decoder = FrameDecoder()
-        self._correlation_id = 0
-
-    def call(self, api_key: int, version: int, body: object) -> Response:
-        self._correlation_id += 1
-        request: Request = make_request(
-            api_key, version, self._correlation_id, "kvproxy-demo", body
-        )
-        self._sock.sendall(frame(encode_request(request)))
-        while (payload := self._decoder.next_frame()) is None:
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the broker closed the connection")
-            self._decoder.receive_data(chunk)
-        return decode_response(payload, api_key, version)
-
-    def close(self) -> None:
-        self._sock.close()
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
-def _produce(connection: _Connection, batch: bytes) -> str:
+def demo_config() -> ProxyConfig:
+    broker_port = _free_port()
+    return parse_config(
+        {
+            "listen": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "broker_port_base": broker_port,
+                "lowest_node_id": TANSU_NODE_ID,
+                "max_brokers": 1,
+            },
+            "upstream": {"embedded": True},
+        },
+        "demo",
+    )
+
+
+async def _clients(bootstrap: str) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: PLC0415
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:
+        print(f"\naiokafka producer -> kvproxy {bootstrap} -> broker:")
+        for i in range(3):
+            key, value = b"order-%d" % i, b'{"amount": %d}' % (i * 10)
+            metadata = await producer.send_and_wait(DEMO_TOPIC, value, key=key, partition=0)
+            print(f"  sent {key.decode()} = {value.decode()}  -> offset {metadata.offset}")
+        brokers = sorted((b.nodeId, b.host, b.port) for b in producer.client.cluster.brokers())
+        print(f"  brokers the client was told about: {brokers} (proxy listeners only)")
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partition = TopicPartition(DEMO_TOPIC, 0)
+        consumer.assign([partition])
+        await consumer.seek_to_beginning(partition)
+        records = (await consumer.getmany(partition, timeout_ms=5000)).get(partition, [])
+        print("aiokafka consumer read back through kvproxy:")
+        for record in records:
+            print(f"  offset {record.offset}: {record.key.decode()} = {record.value.decode()}")
+    finally:
+        await consumer.stop()
+
+
+async def _raw_produce(host: str, port: int, batch: bytes) -> str:
     body = ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
@@ -87,7 +108,18 @@ def _produce(connection: _Connection, batch: bytes) -> str:
             ),
         ),
     )
-    answer = connection.call(PRODUCE, 9, body).body.responses[0].partition_responses[0]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(frame(encode_request(make_request(PRODUCE, 9, 1, "kvproxy-demo", body))))
+        decoder = FrameDecoder()
+        while (payload := decoder.next_frame()) is None:
+            chunk = await reader.read(65536)
+            if not chunk:
+                raise ConnectionError("connection closed")
+            decoder.receive_data(chunk)
+    finally:
+        writer.close()
+    answer = decode_response(payload, PRODUCE, 9).body.responses[0].partition_responses[0]
     return f"{error_name(int(answer.error_code))} (base offset {answer.base_offset})"
 
 
@@ -101,34 +133,35 @@ def _verdict(batch_bytes: bytes) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    with run_embedded_broker() as broker:
-        print(f"embedded broker (Tansu) listening on {broker.bootstrap}")
-        connection = _Connection(broker)
-        try:
-            versions = connection.call(
-                API_VERSIONS,
-                3,
-                ApiVersionsRequest(client_software_name="kvproxy", client_software_version="0"),
-            ).body
-            print(f"it supports {len(versions.api_keys)} APIs; the ones kvproxy decodes:")
-            for api in sorted(versions.api_keys, key=lambda a: a.api_key):
-                if api.api_key in API_NAMES:
-                    name = API_NAMES[api.api_key]
-                    print(f"  {name:<16} v{api.min_version}-v{api.max_version}")
-            good = build_batch(
-                [(b"order-%d" % i, b'{"amount": %d}' % (i * 10), (), None) for i in range(3)]
+async def _demo(keep_running: bool) -> None:
+    config = demo_config()
+    async with running_proxy(config) as server:
+        _print_addresses(server)
+        await _clients(f"{server.public_host}:{server.bootstrap_port}")
+        good = build_batch([(b"k%d" % i, b"v%d" % i, (), None) for i in range(3)])
+        corrupt = bytearray(good)
+        corrupt[-1] ^= 0xFF  # one flipped bit in the last record's value
+        print("\nProduce v9 through kvproxy with kvproxy's own codec:")
+        for label, batch in (("good batch", good), ("corrupted batch", bytes(corrupt))):
+            answer = await _raw_produce(server.public_host, server.bootstrap_port, batch)
+            print(f"  {label:<16} broker answered {answer}")
+            print(f"  {'':<16} kvproxy decoder: {_verdict(batch)}")
+        if keep_running:
+            print(
+                f"\nkvproxy stays up on {server.public_host}:{server.bootstrap_port}; Ctrl-C stops"
             )
-            corrupt = bytearray(good)
-            corrupt[-1] ^= 0xFF  # one flipped bit in the last record's value
-            print(f"\nproducing to {DEMO_TOPIC!r} with Produce v9:")
-            for label, batch in (("good batch", good), ("corrupted batch", bytes(corrupt))):
-                print(f"  {label:<16} broker answered {_produce(connection, batch)}")
-                print(f"  {'':<16} kvproxy decoder: {_verdict(batch)}")
-        finally:
-            connection.close()
-        if args.keep_running:
-            print(f"\nbroker stays up on {broker.bootstrap}; Ctrl-C to stop")
-            with contextlib.suppress(KeyboardInterrupt):
-                signal.pause()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+
+
+def _print_addresses(server: ProxyServer) -> None:
+    upstream = ", ".join(f"{h}:{p}" for h, p in server.bootstrap_servers)
+    print(f"embedded broker (Tansu) on {upstream}, node id {TANSU_NODE_ID}")
+    print(f"kvproxy bootstrap listener on {server.public_host}:{server.bootstrap_port}")
+    print(f"kvproxy listener for node {TANSU_NODE_ID} on port {server.port_for(TANSU_NODE_ID)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_demo(args.keep_running))
     return 0

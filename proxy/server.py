@@ -262,10 +262,10 @@ class ClientConnection(asyncio.Protocol):
         if not self._paused_for and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, level: int = logging.WARNING) -> None:
         if self._closing:
             return
-        log.warning("closing connection: %s", reason)
+        log.log(level, "closing connection: %s", reason)
         self._closing = True
         if self.transport is not None:
             self.transport.close()
@@ -273,7 +273,7 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.transport.close()
 
     def close(self) -> None:
-        self.abort("proxy shutting down")
+        self.abort("proxy shutting down", logging.DEBUG)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -331,6 +331,10 @@ class ProxyServer:
     @property
     def bootstrap_port(self) -> int:
         return int(self._listeners[None].sockets[0].getsockname()[1])
+
+    @property
+    def bootstrap_servers(self) -> tuple[tuple[str, int], ...]:
+        return self._bootstrap
 
     @property
     def nodes(self) -> dict[int, tuple[str, int]]:
