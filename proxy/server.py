@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from protocol.errors import DecodeError, ProtocolError
+from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import read_request_prefix
 from protocol.messages import API_VERSIONS, PRODUCE, supported_versions
@@ -131,7 +131,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             while (payload := self._decoder.next_frame()) is not None:
                 self._on_request(payload)
-        except DecodeError as exc:
+        except ProtocolError as exc:
             self.abort(f"client {self.peer} sent an undecodable frame: {exc}")
 
     def pause_writing(self) -> None:
