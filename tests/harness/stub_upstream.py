@@ -28,6 +28,12 @@ Every node listens on its own free 127.0.0.1 port and speaks just enough Kafka:
 * Produce v3-v11: error 0 for every partition, ``base_offset`` = records produced on that node
   before this partition's batch (so offsets count up per node). acks=0 gets no answer.
 
+With ``sasl_plain={"user": "password"}`` every node requires SASL/PLAIN first (what a broker's
+SASL_PLAINTEXT listener does): SaslHandshake v0-1 (only v1 is served; v0 closes) and
+SaslAuthenticate v0-2; before a successful authentication anything but ApiVersions closes the
+connection; a wrong user or password is answered SASL_AUTHENTICATION_FAILED (58) and then the
+connection is closed. ``cluster.frames(node_id)`` keeps the raw request/answer payloads.
+
 Every request a node handles is recorded (before its answer is sent) as ``(api_key, api_version,
 correlation_id)``. A request with an api key or version outside the table, or one that does not
 decode, makes the node close the connection (and is not recorded).
@@ -76,6 +82,14 @@ STUB_API_VERSIONS: Final = MappingProxyType(
     }
 )
 """``{api_key: (min_version, max_version)}``: what every stub node answers."""
+
+SASL_HANDSHAKE: Final = 17
+SASL_AUTHENTICATE: Final = 36
+SASL_API_VERSIONS: Final = MappingProxyType({SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)})
+"""Added to the served and advertised APIs when the cluster requires SASL/PLAIN."""
+_SASL_AUTHENTICATION_FAILED: Final = 58
+_ILLEGAL_SASL_STATE: Final = 34
+_UNSUPPORTED_SASL_MECHANISM: Final = 33
 
 ADVERTISED_API_VERSIONS: Final = MappingProxyType({**STUB_API_VERSIONS, FETCH: (4, 12)})
 """What the ApiVersions answer lists: the served APIs plus Fetch 4-12, which is advertised only
@@ -130,6 +144,15 @@ class _Node:
     requests: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     produced: int = 0
     connections: int = 0
+    frames: list[tuple[bytes, bytes | None]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Conn:
+    """Per-connection SASL state."""
+
+    mechanism: str | None = None
+    authenticated: bool = False
 
 
 class StubCluster:
@@ -141,11 +164,18 @@ class StubCluster:
         *,
         topic: str = "stub-topic",
         cluster_id: str = "stub-cluster",
+        sasl_plain: dict[str, str] | None = None,
     ) -> None:
         if not node_ids or len(set(node_ids)) != len(node_ids):
             raise ValueError(f"node ids must be distinct and non-empty: {node_ids}")
         self.topic = topic
         self.cluster_id = cluster_id
+        self.sasl_plain = dict(sasl_plain) if sasl_plain is not None else None
+        self._served = dict(STUB_API_VERSIONS)
+        self._advertised = dict(ADVERTISED_API_VERSIONS)
+        if self.sasl_plain is not None:
+            self._served.update(SASL_API_VERSIONS)
+            self._advertised.update(SASL_API_VERSIONS)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -201,6 +231,12 @@ class StubCluster:
         with self._lock:
             return self._nodes[node_id].produced
 
+    def frames(self, node_id: int) -> list[tuple[bytes, bytes | None]]:
+        """Raw ``(request, answer)`` payloads (no size prefix) in arrival order; answer None when
+        the node sent nothing (acks=0) or closed the connection instead."""
+        with self._lock:
+            return list(self._nodes[node_id].frames)
+
     def connection_count(self, node_id: int) -> int:
         """Connections ``node_id`` has accepted so far."""
         with self._lock:
@@ -211,6 +247,7 @@ class StubCluster:
         with self._lock:
             for node in self._nodes.values():
                 node.requests.clear()
+                node.frames.clear()
 
     def close(self) -> None:
         """Stop listening, drop every open connection, join the threads."""
@@ -255,6 +292,7 @@ class StubCluster:
 
     def _serve(self, node: _Node, conn: socket.socket) -> None:
         decoder = FrameDecoder()
+        state = _Conn(authenticated=self.sasl_plain is None)
         try:
             while not self._stopping.is_set():
                 data = conn.recv(65536)
@@ -262,11 +300,18 @@ class StubCluster:
                     return
                 decoder.receive_data(data)
                 while (payload := decoder.next_frame()) is not None:
-                    answer = self._handle(node, payload)
-                    if answer is _CLOSE:
+                    answer = self._handle(node, state, payload)
+                    sent = answer if isinstance(answer, bytes) else None
+                    with self._lock:
+                        node.frames.append((payload, sent))
+                    if sent is not None:
+                        conn.sendall(frame(sent))
+                    if answer is _CLOSE or isinstance(answer, _AnswerThenClose):
+                        if isinstance(answer, _AnswerThenClose):
+                            with self._lock:
+                                node.frames[-1] = (payload, answer.payload)
+                            conn.sendall(frame(answer.payload))
                         return
-                    if answer is not None:
-                        conn.sendall(frame(answer))
         except OSError:
             return
         finally:
@@ -275,17 +320,21 @@ class StubCluster:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _handle(self, node: _Node, payload: bytes) -> bytes | object | None:
-        """The encoded answer, None for no answer (acks=0), or ``_CLOSE``."""
+    def _handle(self, node: _Node, state: _Conn, payload: bytes) -> bytes | object | None:
+        """The encoded answer, None for no answer (acks=0), ``_CLOSE`` or ``_AnswerThenClose``."""
         if len(payload) < 8:
             return _CLOSE
         api_key, api_version = struct.unpack_from(">hh", payload, 0)
+        if api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) and self.sasl_plain is not None:
+            return self._sasl(node, state, payload, api_key, api_version)
+        if not state.authenticated and api_key != API_VERSIONS:
+            return _CLOSE
         if api_key == API_VERSIONS and api_version > STUB_API_VERSIONS[API_VERSIONS][1]:
             # a broker answers an ApiVersions it does not know in v0, with UNSUPPORTED_VERSION
             (correlation_id,) = struct.unpack_from(">i", payload, 4)
             self._record(node, api_key, api_version, correlation_id)
             return self._api_versions(0, correlation_id, _UNSUPPORTED_VERSION)
-        span = STUB_API_VERSIONS.get(api_key)
+        span = self._served.get(api_key)
         if span is None or not span[0] <= api_version <= span[1]:
             return _CLOSE
         try:
@@ -314,6 +363,61 @@ class StubCluster:
         with self._lock:
             node.requests.append((api_key, api_version, cid))
 
+    # -- SASL (hand-written: the project codec does not cover these APIs) -------------------
+    def _sasl(
+        self, node: _Node, state: _Conn, payload: bytes, api_key: int, api_version: int
+    ) -> bytes | object:
+        lo, hi = SASL_API_VERSIONS[api_key]
+        if not lo <= api_version <= hi:
+            return _CLOSE
+        flexible = api_key == SASL_AUTHENTICATE and api_version >= 2
+        try:
+            cid, pos = _skip_request_header(payload, flexible)
+        except (struct.error, IndexError):
+            return _CLOSE
+        self._record(node, api_key, api_version, cid)
+        if api_key == SASL_HANDSHAKE:
+            (n,) = struct.unpack_from(">h", payload, pos)
+            mechanism = payload[pos + 2 : pos + 2 + n].decode()
+            ok = mechanism == "PLAIN" and state.mechanism is None and not state.authenticated
+            if ok:
+                state.mechanism = mechanism
+            error = 0 if ok else _UNSUPPORTED_SASL_MECHANISM
+            if mechanism == "PLAIN" and not ok:
+                error = _ILLEGAL_SASL_STATE
+            body = struct.pack(">ihi", cid, error, 1) + _str16("PLAIN")
+            return body if ok else _AnswerThenClose(body)
+        # SaslAuthenticate
+        if flexible:
+            n, pos = _read_uvarint(payload, pos)
+            token = payload[pos : pos + n - 1]
+        else:
+            (n,) = struct.unpack_from(">i", payload, pos)
+            token = payload[pos + 4 : pos + 4 + n]
+        if state.mechanism != "PLAIN" or state.authenticated:
+            error, message = _ILLEGAL_SASL_STATE, "Unexpected SaslAuthenticate request"
+        else:
+            parts = token.split(b"\x00")
+            assert self.sasl_plain is not None
+            user, password = (parts[1].decode(), parts[2].decode()) if len(parts) == 3 else ("", "")
+            if len(parts) == 3 and self.sasl_plain.get(user) == password:
+                error, message = 0, None
+            else:
+                error, message = (
+                    _SASL_AUTHENTICATION_FAILED,
+                    "Authentication failed: Invalid username or password",
+                )
+        state.authenticated = error == 0
+        if flexible:
+            out = struct.pack(">i", cid) + b"\x00" + struct.pack(">h", error)
+            out += _compact_nullable_str(message) + b"\x01" + struct.pack(">q", 0) + b"\x00"
+        else:
+            out = struct.pack(">ih", cid, error) + _nullable_str16(message)
+            out += struct.pack(">i", 0)
+            if api_version >= 1:
+                out += struct.pack(">q", 0)
+        return out if error == 0 else _AnswerThenClose(out)
+
     # -- answers ---------------------------------------------------------------------------
     @staticmethod
     def _response_type(api_key: int, api_version: int) -> type:
@@ -331,7 +435,7 @@ class StubCluster:
         entry = _nested(cls, "ApiVersion")
         keys = tuple(
             _build(entry, api_key=k, min_version=lo, max_version=hi)
-            for k, (lo, hi) in sorted(ADVERTISED_API_VERSIONS.items())
+            for k, (lo, hi) in sorted(self._advertised.items())
         )
         body = _build(
             cls, error_code=ErrorCode(error_code), api_keys=keys, throttle_time=_zero_throttle()
@@ -487,15 +591,73 @@ class StubCluster:
 _CLOSE: Final = object()
 
 
+@dataclasses.dataclass(frozen=True)
+class _AnswerThenClose:
+    payload: bytes
+
+
+def _str16(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def _nullable_str16(text: str | None) -> bytes:
+    return struct.pack(">h", -1) if text is None else _str16(text)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _compact_nullable_str(text: str | None) -> bytes:
+    if text is None:
+        return b"\x00"
+    raw = text.encode()
+    return _uvarint(len(raw) + 1) + raw
+
+
+def _skip_request_header(payload: bytes, flexible: bool) -> tuple[int, int]:
+    """``(correlation_id, offset of the body)`` of a request header v1 (v2 when flexible)."""
+    (cid, n) = struct.unpack_from(">ih", payload, 4)
+    pos = 10 + max(n, 0)
+    if flexible:  # tagged fields: count, then (tag, size, bytes) each
+        count, pos = _read_uvarint(payload, pos)
+        for _ in range(count):
+            _, pos = _read_uvarint(payload, pos)
+            size, pos = _read_uvarint(payload, pos)
+            pos += size
+    return int(cid), pos
+
+
 @contextlib.contextmanager
 def run_stub_cluster(
     node_ids: tuple[int, ...] = (1, 2, 3),
     *,
     topic: str = "stub-topic",
     cluster_id: str = "stub-cluster",
+    sasl_plain: dict[str, str] | None = None,
 ) -> Iterator[StubCluster]:
-    """Start a stub cluster (one free 127.0.0.1 port per node), yield it, stop it."""
-    cluster = StubCluster(node_ids, topic=topic, cluster_id=cluster_id)
+    """Start a stub cluster (one free 127.0.0.1 port per node), yield it, stop it.
+
+    ``sasl_plain={"user": "password"}`` makes every node require SASL/PLAIN.
+    """
+    cluster = StubCluster(node_ids, topic=topic, cluster_id=cluster_id, sasl_plain=sasl_plain)
     try:
         yield cluster
     finally:
