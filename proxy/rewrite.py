@@ -122,7 +122,8 @@ def _rewrite_nodes(
 ) -> tuple[Any, ...]:
     rewritten = []
     for node in nodes:
-        node_id = int(node.node_id)
+        # DescribeCluster names the field broker_id; every other answer node_id
+        node_id = int(node.broker_id if hasattr(node, "broker_id") else node.node_id)
         if node_id < 0:
             rewritten.append(node)
             continue

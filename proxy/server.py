@@ -35,6 +35,8 @@ log = logging.getLogger("kvproxy")
 
 _CORRELATION = struct.Struct(">i")
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
+_MAX_SILENT = 10_000
+"""acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
 
 ResponseTap = Callable[[int, int, bytes], None]
@@ -56,13 +58,17 @@ class ProxyStats:
 class _Slot:
     """One request waiting for its answer; `payload` is the answer frame once known."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "payload")
+    __slots__ = ("api_key", "api_version", "correlation_id", "payload", "silent")
 
-    def __init__(self, correlation_id: int, api_key: int, api_version: int) -> None:
+    def __init__(
+        self, correlation_id: int, api_key: int, api_version: int, silent: bool = False
+    ) -> None:
         self.correlation_id = correlation_id
         self.api_key = api_key
         self.api_version = api_version
         self.payload: bytes | None = None
+        self.silent = silent
+        """An acks=0 Produce: the client expects no answer, so one from the broker is dropped."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -167,6 +173,11 @@ class ClientConnection(asyncio.Protocol):
             self._awaiting_upstream.append(slot)
             if len(self._slots) >= self._max_in_flight:
                 self.pause_reading("in-flight")
+        else:
+            awaiting = self._awaiting_upstream
+            if len(awaiting) >= _MAX_SILENT and awaiting[0].silent:
+                awaiting.popleft()
+            awaiting.append(_Slot(correlation_id, api_key, api_version, silent=True))
         self._send_upstream(payload)
 
     def _send_upstream(self, payload: bytes) -> None:
@@ -178,6 +189,10 @@ class ClientConnection(asyncio.Protocol):
     # ---- answers ----
 
     def on_upstream_frame(self, payload: bytes) -> None:
+        correlation_id = _CORRELATION.unpack_from(payload)[0] if len(payload) >= 4 else None
+        while self._awaiting_upstream and self._awaiting_upstream[0].silent:
+            if self._awaiting_upstream.popleft().correlation_id == correlation_id:
+                return  # the broker answered an acks=0 request: the client expects nothing
         if not self._awaiting_upstream:
             self.abort("upstream sent an answer nobody asked for")
             return
@@ -427,7 +442,10 @@ class ProxyServer:
     # ---- lifecycle ----
 
     async def start(self) -> None:
+        """Open the bootstrap listener, then a listener for every broker the cluster names now,
+        so clients holding broker addresses from an earlier run find them open."""
         await self._ensure_listener(None)
+        await self._refresh_nodes()
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close everything."""
