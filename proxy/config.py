@@ -31,6 +31,8 @@ class ListenerTls(_Section):
     cert_file: Path
     key_file: Path
     key_password: str | None = None
+    client_ca_file: Path | None = None
+    """When set, clients must present a certificate signed by this CA (mutual TLS)."""
 
 
 class ListenConfig(_Section):

@@ -497,6 +497,9 @@ def _client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(tls.cert_file), str(tls.key_file), tls.key_password)
+    if tls.client_ca_file is not None:
+        context.load_verify_locations(cafile=str(tls.client_ca_file))
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
