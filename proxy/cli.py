@@ -26,11 +26,20 @@ def _add_check(subparsers: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
+    from proxy.server import ProxyError  # noqa: PLC0415
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    run(load_config(args.config))
+    config = load_config(args.config)
+    try:
+        run(config)
+    except ProxyError as exc:  # e.g. a broker node id outside the configured port range
+        print(f"kvproxy: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. a listener port already in use
+        print(f"kvproxy: cannot serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

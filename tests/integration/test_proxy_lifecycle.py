@@ -1,0 +1,323 @@
+"""`kvproxy serve` and `kvproxy check` as a user runs them: a process, a YAML file, signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from protocol.messages import API_VERSIONS, FETCH, decode_response
+from proxy.cli import main
+from tests.harness import Broker, create_topic, unique_topic_name
+from tests.harness.proxy import free_port_range
+from tests.harness.raw_client import RawClientError, RawKafkaClient
+from tests.harness.tansu import free_port
+from tests.integration.test_proxy_ordering import (
+    api_versions_request,
+    correlation_id_of,
+    fetch_request,
+    topic_id_of,
+)
+
+HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_config(path: Path, upstream: dict[str, Any], drain_timeout_ms: int = 5000) -> int:
+    """A config for `kvproxy serve` on free ports; returns the bootstrap port."""
+    port = free_port()
+    config = {
+        "listen": {
+            "host": HOST,
+            "port": port,
+            "broker_port_base": free_port_range(20),
+            "lowest_node_id": 100,  # Tansu is node 111
+            "max_brokers": 20,
+        },
+        "upstream": upstream,
+        "shutdown": {"drain_timeout_ms": drain_timeout_ms},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return port
+
+
+def wait_for_answer(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"kvproxy exited early with {proc.returncode}"
+        with (
+            contextlib.suppress(OSError, RawClientError),
+            RawKafkaClient(HOST, port, connect_timeout=0.5) as client,
+        ):
+            answer = client.request(api_versions_request(0, 1), timeout=2)
+            if decode_response(answer, API_VERSIONS, 0).body.error_code == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"kvproxy did not answer on port {port} within {timeout}s")
+
+
+def port_is_closed(port: int) -> bool:
+    try:
+        socket.create_connection((HOST, port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def kvproxy_serve(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def produce_through(bootstrap: str, topic: str, count: int = 5) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    errors: list[object] = []
+    for n in range(count):
+        producer.produce(
+            topic, f"v{n}".encode(), partition=0, on_delivery=lambda e, m: errors.append(e)
+        )
+    assert producer.flush(20) == 0
+    assert errors == [None] * count
+
+
+def consume_through(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+    finally:
+        consumer.close()
+    return got
+
+
+# ---- serve ----
+
+
+def test_serve_relays_and_sigterm_drains_the_in_flight_request(
+    tansu: Broker, tmp_path: Path
+) -> None:
+    config = tmp_path / "kvproxy.yaml"
+    port = write_config(config, {"bootstrap_servers": [tansu.bootstrap]}, drain_timeout_ms=5000)
+    topic = create_topic(tansu.bootstrap, unique_topic_name("serve"))
+    empty = create_topic(tansu.bootstrap, unique_topic_name("empty"))
+    log = tmp_path / "kvproxy.log"
+    with kvproxy_serve(config, log) as proc:
+        wait_for_answer(port, proc)
+        bootstrap = f"{HOST}:{port}"
+        produce_through(bootstrap, topic)
+        assert consume_through(bootstrap, topic, 5) == [f"v{n}".encode() for n in range(5)]
+
+        client = RawKafkaClient(HOST, port)
+        try:
+            topic_id = topic_id_of(client, empty)
+            # a long poll on an empty partition: the broker holds it for max_wait_ms
+            client.send_frame(
+                fetch_request(16, 4242, topic_id, max_wait_ms=2000, min_bytes=1 << 30)
+            )
+            time.sleep(0.2)
+            sent_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answer = client.recv_frame(timeout=10)  # drained, not cut off
+            assert time.monotonic() - sent_at > 1.0  # it really was held by the broker
+            assert correlation_id_of(answer) == 4242
+            assert decode_response(answer, FETCH, 16).body.error_code == 0
+            assert client.is_closed_by_peer(timeout=10)
+        finally:
+            client.close()
+        assert proc.wait(10) == 0, log.read_text()
+        assert time.monotonic() - sent_at < 5.0 + 1.0  # within the drain timeout (5 s)
+    assert port_is_closed(port)
+    text = log.read_text()
+    assert "kvproxy ready" in text and "draining in-flight requests" in text
+
+
+def test_serve_refuses_new_connections_while_draining(tansu: Broker, tmp_path: Path) -> None:
+    config = tmp_path / "kvproxy.yaml"
+    port = write_config(config, {"bootstrap_servers": [tansu.bootstrap]}, drain_timeout_ms=5000)
+    empty = create_topic(tansu.bootstrap, unique_topic_name("empty"))
+    with kvproxy_serve(config, tmp_path / "kvproxy.log") as proc:
+        wait_for_answer(port, proc)
+        with RawKafkaClient(HOST, port) as client:
+            topic_id = topic_id_of(client, empty)
+            client.send_frame(fetch_request(16, 7, topic_id, max_wait_ms=2000, min_bytes=1 << 30))
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            assert port_is_closed(port)  # listeners close first
+            assert correlation_id_of(client.recv_frame(timeout=10)) == 7
+        assert proc.wait(10) == 0
+
+
+def test_serve_with_embedded_broker(tmp_path: Path) -> None:
+    config = tmp_path / "kvproxy.yaml"
+    port = write_config(config, {"embedded": True})
+    log = tmp_path / "kvproxy.log"
+    with kvproxy_serve(config, log) as proc:
+        wait_for_answer(port, proc)
+        bootstrap = f"{HOST}:{port}"
+        topic = create_topic(bootstrap, unique_topic_name("embedded"))
+        produce_through(bootstrap, topic, 3)
+        assert consume_through(bootstrap, topic, 3) == [b"v0", b"v1", b"v2"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, log.read_text()
+    assert port_is_closed(port)
+    assert "embedded broker listening on" in log.read_text()
+
+
+def test_serve_with_a_bad_config_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("upstream: {bootstrap_servers: [nohost]}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert (
+        "upstream.bootstrap_servers" in done.stderr and "'nohost' is not HOST:PORT" in done.stderr
+    )
+
+
+# ---- check ----
+
+
+def test_check_prints_ok_and_the_resolved_listeners(tmp_path: Path) -> None:
+    config = tmp_path / "good.yaml"
+    config.write_text(
+        "listen: {host: 0.0.0.0, port: 9300, advertised_host: proxy.example,"
+        " broker_port_base: 9400, lowest_node_id: 1, max_brokers: 5}\n"
+        "upstream: {bootstrap_servers: 'kafka-1:9092,kafka-2:9092'}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check", "-c", str(config)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{config}: OK"
+    assert "bootstrap listener: 0.0.0.0:9300, advertised as proxy.example" in done.stdout
+    assert "node N -> port 9400 + (N - 1), ports 9400-9404" in done.stdout
+    assert "upstream: kafka-1:9092, kafka-2:9092" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("upstream: {bootstrap_servers: [k:1]}\nlisten: {prot: 1}\n", "listen.prot: unknown key"),
+        ("upstream: {bootstrap_servers: [k:1]}\nmetrics: {port: 9404}\n", "metrics: unknown key"),
+        ("upstream: {bootstrap_servers: ['kafka:port']}\n", "'kafka:port' is not HOST:PORT"),
+        (
+            "upstream: {bootstrap_servers: [k:1], embedded: true}\n",
+            "upstream: Value error, set either bootstrap_servers or embedded: true, not both",
+        ),
+        ("upstream: {bootstrap_servers: [k:1]\n", "not valid YAML"),
+    ],
+    ids=["unknown-key", "later-section", "bad-host-port", "both-sources", "invalid-yaml"],
+)
+def test_check_reports_the_bad_key_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    assert main(["check", "-c", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert "OK" not in out
+    assert err.startswith(f"kvproxy: {config}")
+    assert expected in err
+
+
+def test_check_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.yaml"
+    assert main(["check", "-c", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvproxy: {missing}: cannot read")
+
+
+def test_serve_refuses_a_cluster_outside_the_broker_port_range(
+    tansu: Broker, tmp_path: Path
+) -> None:
+    config = tmp_path / "narrow.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listen": {
+                    "host": HOST,
+                    "port": free_port(),
+                    "broker_port_base": free_port_range(10),
+                    "lowest_node_id": 0,
+                    "max_brokers": 10,  # Tansu's node 111 has no port
+                },
+                "upstream": {"bootstrap_servers": [tansu.bootstrap]},
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert f"kvproxy: {config}: node id 111 is outside the proxy's broker port range" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_on_a_port_in_use_exits_1(tansu: Broker, tmp_path: Path) -> None:
+    config = tmp_path / "kvproxy.yaml"
+    port = write_config(config, {"bootstrap_servers": [tansu.bootstrap]})
+    with socket.socket() as taken:
+        taken.bind((HOST, port))
+        taken.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1
+    assert "kvproxy: cannot serve:" in done.stderr and "Traceback" not in done.stderr

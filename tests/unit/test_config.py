@@ -1,0 +1,273 @@
+"""proxy.config: defaults, and an error message that names the key for every bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from proxy.config import ConfigError, load_config, parse_config, parse_host_port
+
+UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
+
+
+def error_of(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "test.yaml")
+    return str(caught.value)
+
+
+def test_defaults() -> None:
+    config = parse_config({"upstream": UPSTREAM})
+    listen = config.listen
+    assert (listen.host, listen.port, listen.advertised_host) == ("127.0.0.1", 9192, None)
+    assert listen.public_host == "127.0.0.1"
+    assert (listen.broker_port_base, listen.lowest_node_id, listen.max_brokers) == (9193, 0, 100)
+    assert listen.tls is None
+    assert config.upstream.bootstrap_servers == ("kafka:9092",)
+    assert config.upstream.embedded is False
+    assert config.upstream.connect_timeout_ms == 10_000
+    assert config.upstream.tls is None
+    assert config.limits.max_frame_bytes == DEFAULT_MAX_FRAME_SIZE == 100 * 1024 * 1024
+    assert config.limits.max_in_flight_requests == 100
+    assert config.limits.write_buffer_high_bytes == 4 * 1024 * 1024
+    assert config.shutdown.drain_timeout_ms == 10_000
+
+
+def test_advertised_host_is_what_clients_are_told() -> None:
+    config = parse_config(
+        {"listen": {"host": "0.0.0.0", "advertised_host": "proxy.example"}, "upstream": UPSTREAM}
+    )
+    assert config.listen.public_host == "proxy.example"
+
+
+def test_bootstrap_servers_as_a_comma_separated_string() -> None:
+    config = parse_config({"upstream": {"bootstrap_servers": "a:1, b:2 ,[::1]:3"}})
+    assert config.upstream.bootstrap_servers == ("a:1", "b:2", "[::1]:3")
+    assert config.upstream.addresses() == (("a", 1), ("b", 2), ("::1", 3))
+
+
+def test_embedded_upstream() -> None:
+    config = parse_config({"upstream": {"embedded": True}})
+    assert config.upstream.embedded
+    assert config.upstream.addresses() == ()
+
+
+def test_config_is_frozen() -> None:
+    config = parse_config({"upstream": UPSTREAM})
+    with pytest.raises(ValueError):
+        config.listen.port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("server", "expected"),
+    [
+        ("kafka:9092", ("kafka", 9092)),
+        ("10.0.0.1:1", ("10.0.0.1", 1)),
+        ("[::1]:9092", ("::1", 9092)),
+        ("kafka:65535", ("kafka", 65535)),
+    ],
+)
+def test_parse_host_port(server: str, expected: tuple[str, int]) -> None:
+    assert parse_host_port(server) == expected
+
+
+@pytest.mark.parametrize("server", ["kafka", "kafka:", ":9092", "kafka:0", "kafka:65536", "k:x1"])
+def test_parse_host_port_rejects(server: str) -> None:
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        parse_host_port(server)
+
+
+# ---- every validation error names where and why ----
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "why"),
+    [
+        ({"upstream": UPSTREAM, "lissen": {}}, "lissen", "unknown key"),
+        ({"upstream": UPSTREAM, "listen": {"prot": 1}}, "listen.prot", "unknown key"),
+        ({"upstream": {**UPSTREAM, "tls": {"ca": "x"}}}, "upstream.tls.ca", "unknown key"),
+        ({"upstream": UPSTREAM, "errors": {"profile": "kip"}}, "errors", "unknown key"),
+        ({"upstream": UPSTREAM, "topics": []}, "topics", "unknown key"),
+        ({"upstream": UPSTREAM, "listen": {"port": 70000}}, "listen.port", "less than or equal"),
+        ({"upstream": UPSTREAM, "listen": {"port": -1}}, "listen.port", "greater than or equal"),
+        ({"upstream": UPSTREAM, "listen": {"port": "abc"}}, "listen.port", "integer"),
+        ({"upstream": UPSTREAM, "listen": {"max_brokers": 0}}, "listen.max_brokers", "greater"),
+        (
+            {"upstream": UPSTREAM, "listen": {"lowest_node_id": -1}},
+            "listen.lowest_node_id",
+            "greater",
+        ),
+        (
+            {"upstream": UPSTREAM, "listen": {"broker_port_base": 65500, "max_brokers": 100}},
+            "listen",
+            "runs past port 65535",
+        ),
+        (
+            {"upstream": UPSTREAM, "listen": {"port": 9200, "broker_port_base": 9193}},
+            "listen",
+            "port 9200 falls inside the broker port range starting at 9193",
+        ),
+        ({"upstream": {"bootstrap_servers": ["kafka"]}}, "upstream.bootstrap_servers", "HOST:PORT"),
+        (
+            {"upstream": {"bootstrap_servers": "a:1,b:99999"}},
+            "upstream.bootstrap_servers",
+            "'b:99999' is not HOST:PORT",
+        ),
+        (
+            {"upstream": {"bootstrap_servers": ["a:1"], "embedded": True}},
+            "upstream",
+            "set either bootstrap_servers or embedded: true, not both",
+        ),
+        ({"upstream": {}}, "upstream", "bootstrap_servers is required"),
+        ({}, "upstream", "Field required"),
+        (
+            {"upstream": {**UPSTREAM, "connect_timeout_ms": 0}},
+            "upstream.connect_timeout_ms",
+            "greater",
+        ),
+        (
+            {"upstream": UPSTREAM, "limits": {"max_frame_bytes": 10}},
+            "limits.max_frame_bytes",
+            "1024",
+        ),
+        (
+            {"upstream": UPSTREAM, "limits": {"max_in_flight_requests": 0}},
+            "limits.max_in_flight_requests",
+            "greater",
+        ),
+        (
+            {"upstream": UPSTREAM, "limits": {"write_buffer_high_bytes": 1}},
+            "limits.write_buffer_high_bytes",
+            "1024",
+        ),
+        (
+            {"upstream": UPSTREAM, "shutdown": {"drain_timeout_ms": -5}},
+            "shutdown.drain_timeout_ms",
+            "greater",
+        ),
+        (
+            {"upstream": UPSTREAM, "listen": {"tls": {"cert_file": "c"}}},
+            "listen.tls.key_file",
+            "required",
+        ),
+    ],
+)
+def test_validation_errors_name_the_key(data: dict[str, Any], where: str, why: str) -> None:
+    message = error_of(data)
+    lines = message.splitlines()
+    assert lines[0].startswith("test.yaml: ") and "problem(s)" in lines[0]
+    assert any(line.strip().startswith(f"{where}:") and why in line for line in lines[1:]), message
+
+
+def test_several_problems_are_all_reported() -> None:
+    message = error_of({"upstream": {"bootstrap_servers": ["x"]}, "listen": {"port": -1, "bad": 1}})
+    assert message.splitlines()[0] == "test.yaml: 3 problem(s)"
+    assert "listen.port" in message and "listen.bad: unknown key" in message
+    assert "upstream.bootstrap_servers" in message
+
+
+def test_listener_tls() -> None:
+    config = parse_config(
+        {
+            "listen": {"tls": {"cert_file": "/c.pem", "key_file": "/k.pem", "key_password": "pw"}},
+            "upstream": UPSTREAM,
+        }
+    )
+    tls = config.listen.tls
+    assert tls is not None
+    assert (tls.cert_file, tls.key_file, tls.key_password, tls.client_ca_file) == (
+        Path("/c.pem"),
+        Path("/k.pem"),
+        "pw",
+        None,
+    )
+    mutual = parse_config(
+        {
+            "listen": {"tls": {"cert_file": "c", "key_file": "k", "client_ca_file": "ca.pem"}},
+            "upstream": UPSTREAM,
+        }
+    )
+    assert mutual.listen.tls is not None and mutual.listen.tls.client_ca_file == Path("ca.pem")
+
+
+def test_upstream_tls_defaults_and_values() -> None:
+    config = parse_config({"upstream": {**UPSTREAM, "tls": {}}})
+    tls = config.upstream.tls
+    assert tls is not None
+    assert (tls.ca_file, tls.cert_file, tls.key_file, tls.check_hostname) == (
+        None,
+        None,
+        None,
+        True,
+    )
+    config = parse_config(
+        {
+            "upstream": {
+                **UPSTREAM,
+                "tls": {
+                    "ca_file": "ca.pem",
+                    "cert_file": "c.pem",
+                    "key_file": "k.pem",
+                    "check_hostname": False,
+                },
+            }
+        }
+    )
+    tls = config.upstream.tls
+    assert tls is not None
+    assert (tls.ca_file, tls.cert_file, tls.key_file, tls.check_hostname) == (
+        Path("ca.pem"),
+        Path("c.pem"),
+        Path("k.pem"),
+        False,
+    )
+
+
+# ---- load_config: files ----
+
+
+def test_load_config_reads_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "kvproxy.yaml"
+    path.write_text("upstream:\n  bootstrap_servers: [kafka:9092]\nlisten:\n  port: 9300\n")
+    config = load_config(path)
+    assert config.listen.port == 9300
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read"):
+        load_config(path)
+
+
+def test_load_config_invalid_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("upstream: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: not valid YAML"):
+        load_config(path)
+
+
+def test_load_config_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="the top level must be a mapping of sections"):
+        load_config(path)
+
+
+def test_load_config_empty_file_still_needs_upstream(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    with pytest.raises(
+        ConfigError, match=r"empty\.yaml: 1 problem\(s\)\n  upstream: Field required"
+    ):
+        load_config(path)
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("upstream: {bootstrap_servers: [k:1]}\nshutdown: {drain_timeout: 5}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{path}: 1 problem(s)\n  shutdown.drain_timeout: unknown key"
