@@ -1,0 +1,90 @@
+"""Which topics are compacted, learned from the cluster with DescribeConfigs and cached.
+
+The `compacted_key` check needs to know whether a topic is compacted; operators should not have
+to repeat in kvproxy what the cluster already says. Answers are cached for `ttl`; a topic the
+cluster cannot describe (unknown yet, or the request failed) is cached as unknown for a shorter
+time, and an unknown topic passes the check, as a broker would accept it into a new, delete-policy
+topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from protocol.errors import ProtocolError
+from proxy.upstream_client import describe_cleanup_policies
+
+log = logging.getLogger("kvproxy")
+
+UNKNOWN_TTL_S: Final = 5.0
+
+
+class TopicConfigCache:
+    def __init__(
+        self,
+        bootstrap: Callable[[], Iterable[tuple[str, int]]],
+        ssl_context: ssl.SSLContext | None,
+        ttl_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._ssl = ssl_context
+        self._ttl = ttl_s
+        self._timeout = timeout_s
+        self._entries: dict[str, tuple[bool | None, float]] = {}
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+
+    def known(self, topic: str) -> bool:
+        entry = self._entries.get(topic)
+        return entry is not None and entry[1] > time.monotonic()
+
+    def compacted(self, topic: str) -> bool | None:
+        """The cached answer (None when unknown or expired)."""
+        entry = self._entries.get(topic)
+        if entry is None or entry[1] <= time.monotonic():
+            return None
+        return entry[0]
+
+    def put(self, topic: str, compacted: bool | None, ttl_s: float | None = None) -> None:
+        ttl = self._ttl if ttl_s is None else ttl_s
+        self._entries[topic] = (compacted, time.monotonic() + ttl)
+
+    async def refresh(self, topics: list[str]) -> None:
+        """Ask the cluster about `topics` (one request; concurrent askers share it)."""
+        waiting = [self._inflight[t] for t in topics if t in self._inflight]
+        missing = [t for t in topics if t not in self._inflight]
+        if missing:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            for topic in missing:
+                self._inflight[topic] = future
+            try:
+                await self._describe(missing)
+            finally:
+                for topic in missing:
+                    self._inflight.pop(topic, None)
+                future.set_result(None)
+        for pending in waiting:
+            await pending
+
+    async def _describe(self, topics: list[str]) -> None:
+        for host, port in self._bootstrap():
+            try:
+                policies = await describe_cleanup_policies(
+                    host, port, self._ssl, self._timeout, topics
+                )
+            except (OSError, TimeoutError, ProtocolError) as exc:
+                log.warning("DescribeConfigs to %s:%s failed: %s", host, port, exc)
+                continue
+            for topic, policy in policies.items():
+                if policy is None:
+                    self.put(topic, None, UNKNOWN_TTL_S)
+                else:
+                    self.put(topic, "compact" in (p.strip() for p in policy.split(",")))
+            return
+        for topic in topics:
+            self.put(topic, None, UNKNOWN_TTL_S)
