@@ -1,0 +1,227 @@
+"""The `RecordsPolicy` API: verdicts, the per-partition view a policy checks, and its parser.
+
+The Python shape of the `RecordsPolicy` interface proposed for Kafka in KAFKA-10732: a policy is
+configured once, then asked to `validate` what one partition of one Produce request carries, and
+answers with a `Verdict` value. A verdict is never an exception; a custom policy may raise
+`PolicyViolation` instead, which the chain turns into POLICY_VIOLATION (44).
+
+Verdicts carry Kafka's code and the broker's wording. Note for answer writers: the broker puts an
+`error_message` on the wire only for record-level rejections (the ones with `record_errors`,
+LogValidator's RecordValidationException) and for nothing else; for batch-level rejections
+`message` is the text of the exception the broker raises (what it logs), kept here so the proxy
+can log it and, if it chooses, send it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from protocol import error_codes
+from protocol.errors import DecodeError
+from protocol.records import Record, RecordBatch, iter_batches
+
+__all__ = [
+    "ACCEPT",
+    "INVALID_RECORD_REJECTION",
+    "MISSING_KEY",
+    "PolicyViolation",
+    "ProducedRecords",
+    "RecordError",
+    "RecordsPolicy",
+    "Verdict",
+    "parse_records",
+    "record_errors_verdict",
+]
+
+MISSING_KEY = "missing_key"
+"""`Verdict.rejection` of a null key on a compacted topic (the `kip` profile answers 45)."""
+INVALID_RECORD_REJECTION = "invalid_record"
+"""`Verdict.rejection` of any other record-level rejection (the `kip` profile answers 85)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordError:
+    """One entry of a ProduceResponse v8+ `record_errors`."""
+
+    index: int
+    """0-based index of the record in the partition's records (Kafka's `batch_index`)."""
+    message: str
+
+    def java_repr(self) -> str:
+        """How Kafka's `ProduceResponse.RecordError.toString()` prints it."""
+        return f"RecordError(batchIndex={self.index}, message='{self.message}')"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a policy (or a chain) decided for one partition."""
+
+    code: int = 0
+    """Kafka error code; 0 = accepted."""
+    message: str | None = None
+    """Batch-level message in the broker's wording (Kafka's `error_message` for record errors)."""
+    record_errors: tuple[RecordError, ...] = ()
+    policy: str | None = None
+    """Name of the policy that fired."""
+    rejection: str | None = None
+    """`"missing_key"`, `"invalid_record"` for record-level rejections the error profile may
+    renumber (`protocol.error_codes.Rejection` values); None otherwise."""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def with_policy(self, name: str) -> Verdict:
+        """This verdict with `policy` set (when the policy did not set it itself)."""
+        if self.policy is not None or self.code == 0:
+            return self
+        return Verdict(self.code, self.message, self.record_errors, name, self.rejection)
+
+
+ACCEPT = Verdict()
+
+
+class PolicyViolation(Exception):
+    """Raised by a custom policy to reject a partition: POLICY_VIOLATION (44) with str(message)."""
+
+
+def record_errors_verdict(
+    errors: list[RecordError] | tuple[RecordError, ...],
+    *,
+    code: int = error_codes.INVALID_RECORD,
+    rejection: str | None = INVALID_RECORD_REJECTION,
+    policy: str | None = None,
+) -> Verdict:
+    """A record-level rejection with the message of Kafka's `LogValidator.processRecordErrors`.
+
+    INVALID_TIMESTAMP gets "One or more records have been rejected due to invalid timestamp";
+    everything else "One or more records have been rejected due to N record errors in total, and
+    only showing the first three errors at most: [RecordError(batchIndex=i, message='m'), ...]"
+    (Java's `List.toString` of the first three `ProduceResponse.RecordError`s).
+    """
+    errors = tuple(errors)
+    if code == error_codes.INVALID_TIMESTAMP:
+        message = "One or more records have been rejected due to invalid timestamp"
+    else:
+        shown = ", ".join(error.java_repr() for error in errors[:3])
+        message = (
+            f"One or more records have been rejected due to {len(errors)} record errors in total, "
+            f"and only showing the first three errors at most: [{shown}]"
+        )
+    return Verdict(code, message, errors, policy, rejection)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedRecords:
+    """What one partition of one Produce request carries, plus the request context a check needs."""
+
+    topic: str
+    partition: int
+    raw: bytes | memoryview = field(repr=False)
+    """The partition's records bytes as sent."""
+    batches: tuple[RecordBatch, ...]
+    """Parsed batch views (`protocol.records`)."""
+    produce_version: int
+    acks: int
+    transactional_id: str | None
+    compacted: bool | None
+    """None = unknown."""
+    now_ms: int
+    _records: list[tuple[Record, ...]] = field(
+        default_factory=list, compare=False, repr=False, hash=False
+    )
+
+    @property
+    def topic_partition(self) -> str:
+        """Kafka's `TopicPartition.toString()`: "topic-partition"."""
+        return f"{self.topic}-{self.partition}"
+
+    def records(self) -> Iterator[Record]:
+        """Every record of every batch, `index` renumbered 0.. across the partition.
+
+        Decoded once and cached, so several record-level policies share one decode. Bad bytes
+        raise `protocol.errors.CorruptRecords` (the chain answers CORRUPT_MESSAGE).
+        """
+        return iter(self.record_tuple())
+
+    def record_tuple(self) -> tuple[Record, ...]:
+        """`records()` as a tuple (decoded once, cached)."""
+        if self._records:
+            return self._records[0]
+        out: list[Record] = []
+        for batch in self.batches:
+            start = len(out)
+            if start == 0:
+                out.extend(batch.records())
+            else:
+                out.extend(r._replace(index=start + r.index) for r in batch.records())
+        result = tuple(out)
+        self._records.append(result)
+        return result
+
+    def batch_records(self) -> Iterator[tuple[RecordBatch, Record]]:
+        """(batch, record) pairs with the partition-wide record index."""
+        records = self.record_tuple()
+        pos = 0
+        for batch in self.batches:
+            count = batch.record_count
+            for record in records[pos : pos + count]:
+                yield batch, record
+            pos += count
+
+
+@runtime_checkable
+class RecordsPolicy(Protocol):
+    """The Python shape of KAFKA-10732's RecordsPolicy."""
+
+    name: str
+
+    def configure(self, config: Mapping[str, Any]) -> None: ...
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict: ...
+
+    def close(self) -> None: ...
+
+
+def parse_records(
+    topic: str,
+    partition: int,
+    raw: bytes | bytearray | memoryview | None,
+    *,
+    produce_version: int,
+    acks: int,
+    transactional_id: str | None,
+    compacted: bool | None,
+    now_ms: int,
+) -> ProducedRecords | Verdict:
+    """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse.
+
+    `raw` None or empty gives a `ProducedRecords` without batches; the `batch_integrity` policy
+    rejects it on Produce v3+ as `ProduceRequest.validateRecords` does ("must have at least one
+    record batch per partition"); v0-v2 brokers append nothing and answer success.
+    """
+    if raw is None:
+        raw = b""
+    elif isinstance(raw, bytearray):
+        raw = bytes(raw)
+    try:
+        batches = tuple(iter_batches(raw))
+    except DecodeError as exc:
+        return Verdict(
+            code=error_codes.CORRUPT_MESSAGE,
+            message=f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}",
+            policy="batch_integrity",
+        )
+    return ProducedRecords(
+        topic=topic,
+        partition=partition,
+        raw=raw,
+        batches=batches,
+        produce_version=produce_version,
+        acks=acks,
+        transactional_id=transactional_id,
+        compacted=compacted,
+        now_ms=now_ms,
+    )

@@ -1,0 +1,394 @@
+"""The checks a Kafka broker makes on produce, with the broker's codes and wording.
+
+Sources (apache/kafka): `ProduceRequest.validateRecords` (per-version batch rules),
+`UnifiedLog.analyzeAndValidateRecords` (base offset, CRC), `LogValidator.validateBatch`,
+`validateRecord`, `validateKey`, `validateTimestamp`, `validateRecordCompression` and
+`processRecordErrors` (record-level rules and the batch message). Where the broker's message
+embeds a Java `toString()` of a record, `java_record` reproduces it (exactly for magic 2's
+`DefaultRecord`; for legacy records without the inner CRC, which the batch view does not expose).
+"""
+
+from __future__ import annotations
+
+from policies.api import (
+    ACCEPT,
+    MISSING_KEY,
+    ProducedRecords,
+    RecordError,
+    Verdict,
+    record_errors_verdict,
+)
+from policies.builtin.base import BuiltinPolicy
+from protocol import error_codes
+from protocol.compression import Codec
+from protocol.records import Record, RecordBatch
+
+__all__ = [
+    "BatchIntegrityPolicy",
+    "CompactedKeyPolicy",
+    "CrcPolicy",
+    "MessageFormatPolicy",
+    "OffsetsPolicy",
+    "TimestampsPolicy",
+    "java_record",
+    "record_offset",
+]
+
+LONG_MAX = 9223372036854775807
+_CODEC_MASK = 0x07
+_CREATE_TIME = "CreateTime"
+_LOG_APPEND_TIME = "LogAppendTime"
+
+
+def record_offset(batch: RecordBatch, record: Record, last_inner: int = 0) -> int:
+    """The record's offset as the broker's iterator reports it before assigning offsets.
+
+    Magic 2: base offset + delta. Plain magic 0/1 message: its offset field. Magic 0 wrapper:
+    the inner (absolute) offset. Magic 1 wrapper: wrapper offset - last inner + inner, as
+    `AbstractLegacyRecordBatch`'s deep iterator computes it (`last_inner` = last inner offset).
+    """
+    if batch.magic == 2:
+        return batch.base_offset + record.offset_delta
+    if batch.codec is Codec.NONE:
+        return batch.base_offset
+    if batch.magic == 0:
+        return record.offset_delta
+    return batch.base_offset - last_inner + record.offset_delta
+
+
+def java_record(batch: RecordBatch, record: Record, offset: int) -> str:
+    """Java's `toString()` of the record (DefaultRecord / LegacyRecordBatch)."""
+    key_len = 0 if record.key is None else len(record.key)
+    value_len = 0 if record.value is None else len(record.value)
+    if record.magic == 2:
+        return (
+            f"DefaultRecord(offset={offset}, timestamp={record.timestamp}, "
+            f"key={key_len} bytes, value={value_len} bytes)"
+        )
+    codec = Codec(record.attributes & _CODEC_MASK).name.lower()
+    ts = ""
+    if record.magic > 0:
+        kind = _LOG_APPEND_TIME if record.attributes & 0x08 else _CREATE_TIME
+        ts = f"{kind}={record.timestamp}, "
+    return (
+        f"LegacyRecordBatch(offset={offset}, Record(magic={record.magic}, "
+        f"attributes={record.attributes}, compression={codec}, {ts}"
+        f"key={key_len} bytes, value={value_len} bytes))"
+    )
+
+
+def _last_inner_offsets(produced: ProducedRecords) -> dict[int, int]:
+    """Per batch position: the last inner offset of a magic 1 wrapper (see `record_offset`)."""
+    out: dict[int, int] = {}
+    pos = 0
+    records = produced.record_tuple()
+    for i, batch in enumerate(produced.batches):
+        count = batch.record_count
+        if batch.magic == 1 and batch.codec is not Codec.NONE and count:
+            out[i] = records[pos + count - 1].offset_delta
+        pos += count
+    return out
+
+
+def _iter_with_offsets(
+    produced: ProducedRecords,
+) -> list[tuple[RecordBatch, Record, int]]:
+    last = _last_inner_offsets(produced)
+    records = produced.record_tuple()
+    out: list[tuple[RecordBatch, Record, int]] = []
+    pos = 0
+    for i, batch in enumerate(produced.batches):
+        count = batch.record_count
+        li = last.get(i, 0)
+        for record in records[pos : pos + count]:
+            out.append((batch, record, record_offset(batch, record, li)))
+        pos += count
+    return out
+
+
+def _invalid(message: str) -> Verdict:
+    return Verdict(error_codes.INVALID_RECORD, message)
+
+
+class BatchIntegrityPolicy(BuiltinPolicy):
+    """Structure of what a partition carries, in the broker's order of checks."""
+
+    name = "batch_integrity"
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        version = batch.produce_version
+        batches = batch.batches
+        tp = batch.topic_partition
+        # ProduceRequest.validateRecords (KafkaApis, before the log is touched)
+        if version >= 3:
+            if not batches:
+                return _invalid(
+                    f"Produce requests with version {version} must have at least one record "
+                    "batch per partition"
+                )
+            first = batches[0]
+            if first.magic != 2:
+                return _invalid(
+                    f"Produce requests with version {version} are only allowed to contain "
+                    "record batches with magic version 2"
+                )
+            if version < 7 and first.codec is Codec.ZSTD:
+                return Verdict(
+                    error_codes.UNSUPPORTED_COMPRESSION_TYPE,
+                    f"Produce requests with version {version} are not allowed to use "
+                    "ZStandard compression",
+                )
+            if len(batches) > 1:
+                return _invalid(
+                    f"Produce requests with version {version} are only allowed to contain "
+                    "exactly one record batch per partition"
+                )
+        if not batches:
+            return ACCEPT  # v0-v2: the log appends nothing and answers success
+        # UnifiedLog.analyzeAndValidateRecords
+        for b in batches:
+            if b.magic >= 2 and b.base_offset != 0:
+                return _invalid(
+                    f"The baseOffset of the record batch in the append to {tp} should be 0, "
+                    f"but it is {b.base_offset}"
+                )
+        # LogValidator.getFirstBatchAndMaybeValidateNoMoreBatches
+        first = batches[0]
+        if (first.magic >= 2 or batches[-1].codec is not Codec.NONE) and len(batches) > 1:
+            return _invalid("Compressed outer record has more than one batch")
+        # LogValidator.validateBatch
+        for b in batches:
+            verdict = self._validate_batch(first, b, tp)
+            if verdict.code:
+                return verdict
+        return self._validate_records(batch, tp)
+
+    @staticmethod
+    def _validate_batch(first: RecordBatch, b: RecordBatch, tp: str) -> Verdict:
+        if b.magic != first.magic:
+            return _invalid(
+                f"Batch magic {b.magic} is not the same as the first batch'es magic byte "
+                f"{first.magic} in topic partition {tp}"
+            )
+        if b.magic >= 2:
+            count_from_offsets = b.last_offset - b.base_offset + 1
+            if count_from_offsets <= 0:
+                return _invalid(
+                    f"Batch has an invalid offset range: [{b.base_offset}, {b.last_offset}] "
+                    f"in topic partition {tp}"
+                )
+            count = b.record_count
+            if count <= 0:
+                return _invalid(
+                    f"Invalid reported count for record batch: {count} in topic partition {tp}"
+                )
+            if count_from_offsets != count:
+                return _invalid(
+                    f"Inconsistent batch offset range [{b.base_offset}, {b.last_offset}] and "
+                    f"count of records {count} in topic partition {tp}"
+                )
+        if b.is_control:
+            return _invalid(
+                f"Clients are not allowed to write control records in topic partition {tp}"
+            )
+        if b.has_producer_id and b.base_sequence < 0:
+            return _invalid(
+                f"Invalid sequence number {b.base_sequence} in record batch with producerId "
+                f"{b.producer_id} in topic partition {tp}"
+            )
+        return ACCEPT
+
+    @staticmethod
+    def _validate_records(produced: ProducedRecords, tp: str) -> Verdict:
+        """Inner records: magic equal to the batch's; no compression bits inside a wrapper."""
+        if all(b.magic == 2 for b in produced.batches):
+            return ACCEPT  # DefaultRecords carry neither their own magic nor attributes
+        errors: list[RecordError] = []
+        for b, record, offset in _iter_with_offsets(produced):
+            if b.codec is not Codec.NONE and record.attributes & _CODEC_MASK:
+                errors.append(
+                    RecordError(
+                        record.index,
+                        "Compressed outer record should not have an inner record with a "
+                        f"compression attribute set: {java_record(b, record, offset)}",
+                    )
+                )
+            elif record.magic != b.magic:
+                errors.append(
+                    RecordError(
+                        record.index,
+                        f"Record {java_record(b, record, offset)}'s magic does not match outer "
+                        f"magic {b.magic} in topic partition {tp}",
+                    )
+                )
+        return record_errors_verdict(errors) if errors else ACCEPT
+
+
+class CrcPolicy(BuiltinPolicy):
+    """CRC32C of magic 2 batches, CRC32 of magic 0/1 messages and of a wrapper's inner ones."""
+
+    name = "crc"
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        for b in batch.batches:
+            if not b.crc_valid():
+                return Verdict(
+                    error_codes.CORRUPT_MESSAGE,
+                    f"Record is corrupt (stored crc = {b.crc}) in topic partition "
+                    f"{batch.topic_partition}.",
+                )
+            if not b.inner_crcs_valid():
+                # LogValidator: record.ensureValid() inside a compressed magic 0/1 wrapper
+                return Verdict(
+                    error_codes.CORRUPT_MESSAGE,
+                    "Record is corrupt (an inner message of the compressed wrapper at offset "
+                    f"{b.base_offset} fails its crc) in topic partition {batch.topic_partition}",
+                )
+        return ACCEPT
+
+
+class OffsetsPolicy(BuiltinPolicy):
+    """Relative offsets count up from 0: magic 2 offset deltas, magic 1 wrappers' inner offsets.
+
+    Stricter than today's broker, which rewrites a magic 1 wrapper with bad inner offsets
+    (Kafka 0.10 rejected it with the wording used here) and never looks at magic 2 deltas.
+    Magic 0 wrappers hold absolute inner offsets and are not checked (nor does Kafka).
+    """
+
+    name = "offsets"
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        if not any(
+            b.magic == 2 or (b.magic == 1 and b.codec is not Codec.NONE) for b in batch.batches
+        ):
+            return ACCEPT
+        tp = batch.topic_partition
+        errors: list[RecordError] = []
+        records = batch.record_tuple()
+        pos = 0
+        for b in batch.batches:
+            count = b.record_count
+            checked = b.magic == 2 or (b.magic == 1 and b.codec is not Codec.NONE)
+            if checked:
+                last_inner = records[pos + count - 1].offset_delta if count else 0
+                for expected, record in enumerate(records[pos : pos + count]):
+                    if record.offset_delta != expected:
+                        offset = record_offset(b, record, last_inner)
+                        errors.append(
+                            RecordError(
+                                record.index,
+                                f"Inner record {java_record(b, record, offset)} inside the "
+                                "compressed record batch does not have incremental offsets, "
+                                f"expected offset is {expected} in topic partition {tp}.",
+                            )
+                        )
+            pos += count
+        return record_errors_verdict(errors) if errors else ACCEPT
+
+
+class TimestampsPolicy(BuiltinPolicy):
+    """LogValidator.validateTimestamp: CreateTime records within [now - before, now + after].
+
+    As in Kafka: records without a timestamp (-1, magic 0) are not range-checked; on a
+    CreateTime topic a LogAppendTime batch is range-checked like any other (its records read
+    the batch's time); on a LogAppendTime topic (`type: LogAppendTime`) no range applies but a
+    producer-set LogAppendTime batch is refused.
+
+    Every record is decoded: the batch header's max timestamp is the producer's claim, and a
+    check that trusted it could be bypassed by a client that lies in it.
+    """
+
+    name = "timestamps"
+    OPTIONS = {"before_max_ms": LONG_MAX, "after_max_ms": 3_600_000, "type": _CREATE_TIME}
+
+    def setup(self) -> None:
+        self.before_max_ms = self._int_option("before_max_ms", minimum=0)
+        self.after_max_ms = self._int_option("after_max_ms", minimum=0)
+        kind = self.options["type"]
+        if kind not in (_CREATE_TIME, _LOG_APPEND_TIME):
+            raise self._error(f"option type must be CreateTime or LogAppendTime, not {kind!r}")
+        self.create_time = kind == _CREATE_TIME
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        create_time = self.create_time
+        now = batch.now_ms
+        low = now - self.before_max_ms
+        high = now + self.after_max_ms
+        errors: list[RecordError] = []
+        for b, record, offset in _iter_with_offsets(batch):
+            ts = record.timestamp
+            if create_time and ts != -1:
+                if now - ts > self.before_max_ms or ts - now > self.after_max_ms:
+                    errors.append(
+                        RecordError(
+                            record.index,
+                            f"Timestamp {ts} of message with offset {offset} is out of range. "
+                            f"The timestamp should be within [{low}, {high}]",
+                        )
+                    )
+            elif b.timestamp_type == 1:
+                errors.append(
+                    RecordError(
+                        record.index,
+                        f"Invalid timestamp type in message {java_record(b, record, offset)}. "
+                        "Producer should not set timestamp type to LogAppendTime.",
+                    )
+                )
+        if not errors:
+            return ACCEPT
+        return record_errors_verdict(errors, code=error_codes.INVALID_TIMESTAMP)
+
+
+class CompactedKeyPolicy(BuiltinPolicy):
+    """LogValidator.validateKey: every record of a compacted topic needs a key."""
+
+    name = "compacted_key"
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        if batch.compacted is not True:
+            return ACCEPT
+        message = (
+            "Compacted topic cannot accept message without key in topic partition "
+            f"{batch.topic_partition}."
+        )
+        errors = [RecordError(r.index, message) for r in batch.records() if r.key is None]
+        if not errors:
+            return ACCEPT
+        return record_errors_verdict(errors, rejection=MISSING_KEY)
+
+
+class MessageFormatPolicy(BuiltinPolicy):
+    """Idempotent/transactional batches need magic 2 (43); optional minimum magic per topic.
+
+    `topic_magic` is the topic's message format (Kafka's `toMagic`, 2 since Kafka 3.0; older
+    brokers took it from message.format.version).
+    """
+
+    name = "message_format"
+    OPTIONS = {"min_magic": 0, "topic_magic": 2}
+
+    def setup(self) -> None:
+        self.min_magic = self._int_option("min_magic", minimum=0)
+        self.topic_magic = self._int_option("topic_magic", minimum=0)
+        if self.min_magic > 2 or self.topic_magic > 2:
+            raise self._error("magic versions are 0, 1 or 2")
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        for b in batch.batches:
+            to_magic = min(self.topic_magic, b.magic)
+            if b.is_transactional and to_magic < 2:
+                return Verdict(
+                    error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                    f"Transactional records cannot be used with magic version {to_magic}",
+                )
+            if b.has_producer_id and to_magic < 2:
+                return Verdict(
+                    error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                    f"Idempotent records cannot be used with magic version {to_magic}",
+                )
+            if b.magic < self.min_magic:
+                return _invalid(
+                    f"Record batch magic {b.magic} is below the minimum magic version "
+                    f"{self.min_magic} of topic partition {batch.topic_partition}"
+                )
+        return ACCEPT

@@ -1,0 +1,106 @@
+"""A topic's ordered policies: run them, stop at the first rejection, never let one crash us."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from policies.api import ACCEPT, PolicyViolation, ProducedRecords, RecordsPolicy, Verdict
+from protocol import error_codes
+from protocol.errors import DecodeError
+
+__all__ = ["CRASH_LOG_INTERVAL_S", "Mode", "PolicyChain"]
+
+log = logging.getLogger("kvproxy.policies")
+
+CRASH_LOG_INTERVAL_S = 60.0
+"""A crashing policy's traceback is logged at most once per this many seconds (per policy)."""
+
+
+class Mode(enum.Enum):
+    """What the caller does with a rejection: answer it, only log it, or not check at all."""
+
+    ENFORCE = "enforce"
+    WARN = "warn"
+    OFF = "off"
+
+
+class PolicyChain:
+    """Policies run in order; the first rejection is the chain's verdict.
+
+    The verdict is returned whatever the mode: the caller decides what `warn` means. An `off`
+    chain holds no policies. `PolicyViolation` becomes POLICY_VIOLATION (44) with its message;
+    records that turn out not to decode become CORRUPT_MESSAGE; any other exception fails closed
+    with INVALID_RECORD (87), is counted in `crash_counts` and logged with its traceback at most
+    once per `CRASH_LOG_INTERVAL_S` per policy.
+    """
+
+    __slots__ = ("_last_logged", "clock", "crash_counts", "mode", "policies")
+
+    def __init__(
+        self,
+        policies: Sequence[RecordsPolicy],
+        mode: Mode = Mode.ENFORCE,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mode = Mode(mode)
+        self.policies: tuple[RecordsPolicy, ...] = () if self.mode is Mode.OFF else tuple(policies)
+        self.crash_counts: dict[str, int] = {}
+        self.clock = clock
+        self._last_logged: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        names = ", ".join(policy.name for policy in self.policies)
+        return f"PolicyChain(mode={self.mode.value}, policies=[{names}])"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(policy.name for policy in self.policies)
+
+    def check(self, produced: ProducedRecords) -> Verdict:
+        topic = produced.topic
+        partition = produced.partition
+        for policy in self.policies:
+            try:
+                verdict = policy.validate(topic, partition, produced)
+            except PolicyViolation as exc:
+                return Verdict(error_codes.POLICY_VIOLATION, str(exc), policy=policy.name)
+            except DecodeError as exc:
+                return Verdict(
+                    error_codes.CORRUPT_MESSAGE,
+                    f"Record is corrupt in topic partition {topic}-{partition}: {exc}",
+                    policy=policy.name,
+                )
+            except Exception as exc:
+                return self._crashed(policy.name, exc)
+            if verdict.code:
+                return verdict.with_policy(policy.name)
+        return ACCEPT
+
+    def _crashed(self, name: str, exc: Exception) -> Verdict:
+        self.crash_counts[name] = self.crash_counts.get(name, 0) + 1
+        now = self.clock()
+        last = self._last_logged.get(name)
+        if last is None or now - last >= CRASH_LOG_INTERVAL_S:
+            self._last_logged[name] = now
+            log.error(
+                "policy %s failed (%d failures so far); rejecting the partition",
+                name,
+                self.crash_counts[name],
+                exc_info=exc,
+            )
+        return Verdict(
+            error_codes.INVALID_RECORD,
+            f"policy {name} failed: {exc!r}",
+            policy=name,
+        )
+
+    def close(self) -> None:
+        for policy in self.policies:
+            try:
+                policy.close()
+            except Exception:
+                log.exception("policy %s failed to close", policy.name)
