@@ -196,6 +196,8 @@ def _check_keys(where: str, section: Mapping[str, Any], allowed: frozenset[str])
 
 
 def _mode(where: str, value: Any) -> Mode:
+    if value is False:
+        return Mode.OFF  # YAML 1.1 (PyYAML) reads a bare `off` as false
     try:
         return Mode(value)
     except ValueError:

@@ -11,6 +11,14 @@ from policies.builtin.broker import (
     OffsetsPolicy,
     TimestampsPolicy,
 )
+from policies.builtin.content import (
+    AvroPolicy,
+    JsonPolicy,
+    JsonSchemaPolicy,
+    KeyPatternPolicy,
+    MaxRecordBytesPolicy,
+    RequiredHeadersPolicy,
+)
 from policies.builtin.producer import ProducerStatePolicy
 from policies.builtin.request import AcksPolicy, CompressionPolicy
 
@@ -26,6 +34,12 @@ REGISTRY: dict[str, type[BuiltinPolicy]] = {
         CompactedKeyPolicy,
         MessageFormatPolicy,
         ProducerStatePolicy,
+        MaxRecordBytesPolicy,
+        RequiredHeadersPolicy,
+        KeyPatternPolicy,
+        JsonPolicy,
+        JsonSchemaPolicy,
+        AvroPolicy,
         CompressionPolicy,
         AcksPolicy,
     )

@@ -1,0 +1,1 @@
+"""Example configuration, schemas and a custom policy for kvproxy."""

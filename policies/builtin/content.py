@@ -1,0 +1,286 @@
+"""Record-content policies: size, headers, key pattern, JSON, JSON Schema, Avro.
+
+Each checks every record and rejects the partition with INVALID_RECORD (87) and one
+`record_errors` entry per failing record, under LogValidator's batch message (see
+`policies.api.record_errors_verdict`), except `max_record_bytes`, which answers
+MESSAGE_TOO_LARGE (10).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import fastjsonschema
+
+from policies.api import ACCEPT, ProducedRecords, RecordError, Verdict, record_errors_verdict
+from policies.builtin.base import BuiltinPolicy
+from protocol import error_codes
+from protocol.records import Record
+
+__all__ = [
+    "AvroPolicy",
+    "JsonPolicy",
+    "JsonSchemaPolicy",
+    "KeyPatternPolicy",
+    "MaxRecordBytesPolicy",
+    "RecordCheckPolicy",
+    "RequiredHeadersPolicy",
+]
+
+_SHOWN_BYTES = 64
+
+
+def _shown(data: bytes) -> str:
+    """A short, printable rendering of key bytes for a message."""
+    text = data[:_SHOWN_BYTES].decode("utf-8", "backslashreplace")
+    return repr(text) + ("..." if len(data) > _SHOWN_BYTES else "")
+
+
+class RecordCheckPolicy(BuiltinPolicy):
+    """A policy that looks at each record on its own: subclasses implement `check`."""
+
+    code = error_codes.INVALID_RECORD
+    rejection: str | None = "invalid_record"
+
+    def check(self, record: Record, tp: str) -> str | None:
+        """The error message for this record, or None when it passes."""
+        raise NotImplementedError
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        tp = batch.topic_partition
+        check = self.check
+        errors: list[RecordError] = []
+        for record in batch.records():
+            message = check(record, tp)
+            if message is not None:
+                errors.append(RecordError(record.index, message))
+        if not errors:
+            return ACCEPT
+        return record_errors_verdict(errors, code=self.code, rejection=self.rejection)
+
+
+class MaxRecordBytesPolicy(RecordCheckPolicy):
+    """key + value + header keys (UTF-8) and values, per record, at most `limit` bytes.
+
+    `batch_limit` (optional) caps each batch as sent, as max.message.bytes does, with the
+    broker's RecordTooLargeException wording. Uncompressed batches no larger than `limit` are
+    accepted without decoding their records.
+    """
+
+    name = "max_record_bytes"
+    OPTIONS = {"limit": 1_048_576, "batch_limit": None}
+    code = error_codes.MESSAGE_TOO_LARGE
+    rejection = None
+
+    def setup(self) -> None:
+        self.limit = self._int_option("limit", minimum=0)
+        self.batch_limit = (
+            None
+            if self.options["batch_limit"] is None
+            else self._int_option("batch_limit", minimum=0)
+        )
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        if self.batch_limit is not None:
+            for b in batch.batches:
+                if b.size > self.batch_limit:
+                    return Verdict(
+                        error_codes.MESSAGE_TOO_LARGE,
+                        f"The record batch size in the append to {batch.topic_partition} is "
+                        f"{b.size} bytes which exceeds the maximum configured value of "
+                        f"{self.batch_limit}.",
+                    )
+        if all(b.size <= self.limit and b.codec == 0 for b in batch.batches):
+            return ACCEPT
+        return super().validate(topic, partition, batch)
+
+    def check(self, record: Record, tp: str) -> str | None:
+        size = (0 if record.key is None else len(record.key)) + (
+            0 if record.value is None else len(record.value)
+        )
+        for key, value in record.headers:
+            size += len(key.encode()) + (0 if value is None else len(value))
+        if size <= self.limit:
+            return None
+        return (
+            f"Record of {size} bytes (key, value and headers) exceeds the limit of "
+            f"{self.limit} bytes in topic partition {tp}"
+        )
+
+
+class RequiredHeadersPolicy(RecordCheckPolicy):
+    """Every record carries each header named in `names`."""
+
+    name = "required_headers"
+    OPTIONS = {"names": []}
+
+    def setup(self) -> None:
+        names = self._list_option("names")
+        if not all(isinstance(n, str) for n in names):
+            raise self._error("names must be a list of header names")
+        self.names = tuple(names)
+
+    def check(self, record: Record, tp: str) -> str | None:
+        present = {key for key, _ in record.headers}
+        missing = [name for name in self.names if name not in present]
+        if not missing:
+            return None
+        return f"Record lacks the required header(s) {', '.join(missing)} in topic partition {tp}"
+
+
+class KeyPatternPolicy(RecordCheckPolicy):
+    """The key, decoded as UTF-8, fully matches `regex`; a null key fails unless `allow_null`."""
+
+    name = "key_pattern"
+    OPTIONS = {"regex": ".*", "allow_null": False}
+
+    def setup(self) -> None:
+        pattern = self.options["regex"]
+        if not isinstance(pattern, str):
+            raise self._error("regex must be a string")
+        try:
+            self.regex = re.compile(pattern)
+        except re.error as exc:
+            raise self._error(f"bad regex {pattern!r}: {exc}") from None
+        self.allow_null = self._bool_option("allow_null")
+
+    def check(self, record: Record, tp: str) -> str | None:
+        key = record.key
+        if key is None:
+            if self.allow_null:
+                return None
+            return (
+                f"Record has no key; keys must match {self.regex.pattern} in topic partition {tp}"
+            )
+        try:
+            text = key.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"Record key {_shown(key)} is not valid UTF-8 in topic partition {tp}"
+        if self.regex.fullmatch(text) is None:
+            return (
+                f"Record key {_shown(key)} does not match {self.regex.pattern} "
+                f"in topic partition {tp}"
+            )
+        return None
+
+
+class JsonPolicy(RecordCheckPolicy):
+    """The value parses as JSON; a null value passes unless `allow_null: false`."""
+
+    name = "json"
+    OPTIONS = {"allow_null": True}
+
+    def setup(self) -> None:
+        self.allow_null = self._bool_option("allow_null")
+
+    def check(self, record: Record, tp: str) -> str | None:
+        value = record.value
+        if value is None:
+            return None if self.allow_null else f"Record has no value in topic partition {tp}"
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            return f"Record value is not valid JSON ({_json_error(exc)}) in topic partition {tp}"
+        return None
+
+
+def _json_error(exc: ValueError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg}: line {exc.lineno} column {exc.colno}"
+    return str(exc)
+
+
+class JsonSchemaPolicy(RecordCheckPolicy):
+    """The value is JSON valid against the schema file `value` (compiled once, fastjsonschema).
+
+    The message names the failing path as fastjsonschema does (`data.items[0].price must be ...`).
+    """
+
+    name = "json_schema"
+    OPTIONS = {"value": None, "allow_null": False}
+
+    def setup(self) -> None:
+        self.allow_null = self._bool_option("allow_null")
+        path = self._path_option("value")
+        self.schema_file = path
+        self._validate: Any = None
+        if path is None:
+            return  # the defaults before configure(); configure without `value` fails below
+        try:
+            schema = json.loads(path.read_text(encoding="utf-8"))
+            self._validate = fastjsonschema.compile(schema)
+        except (ValueError, fastjsonschema.JsonSchemaDefinitionException) as exc:
+            raise self._error(f"schema {path} does not compile: {exc}") from None
+
+    def configure(self, config: Any) -> None:
+        super().configure(config)
+        if self._validate is None:
+            raise self._error("option value (the JSON Schema file) is required")
+
+    def check(self, record: Record, tp: str) -> str | None:
+        value = record.value
+        if value is None:
+            return None if self.allow_null else f"Record has no value in topic partition {tp}"
+        try:
+            data = json.loads(value)
+        except ValueError as exc:
+            return f"Record value is not valid JSON ({_json_error(exc)}) in topic partition {tp}"
+        try:
+            self._validate(data)
+        except fastjsonschema.JsonSchemaValueException as exc:
+            name = Path(str(self.schema_file)).name
+            return f"Record value does not match {name}: {exc.message} in topic partition {tp}"
+        return None
+
+
+class AvroPolicy(RecordCheckPolicy):
+    """The value is one complete Avro datum of the schema file `value` (fastavro, schemaless).
+
+    Trailing bytes after the datum are an error. No Confluent wire-format prefix is expected.
+    """
+
+    name = "avro"
+    OPTIONS = {"value": None, "allow_null": False}
+
+    def setup(self) -> None:
+        self.allow_null = self._bool_option("allow_null")
+        path = self._path_option("value")
+        self.schema_file = path
+        self._schema: Any = None
+        if path is None:
+            return
+        try:
+            self._schema = fastavro.parse_schema(json.loads(path.read_text(encoding="utf-8")))
+        except Exception as exc:  # fastavro raises SchemaParseException, ValueError, KeyError...
+            raise self._error(f"schema {path} does not parse: {exc}") from None
+
+    def configure(self, config: Any) -> None:
+        super().configure(config)
+        if self._schema is None:
+            raise self._error("option value (the Avro schema file) is required")
+
+    def check(self, record: Record, tp: str) -> str | None:
+        value = record.value
+        if value is None:
+            return None if self.allow_null else f"Record has no value in topic partition {tp}"
+        name = Path(str(self.schema_file)).name
+        stream = io.BytesIO(value)
+        try:
+            fastavro.schemaless_reader(stream, self._schema)
+        except Exception as exc:  # EOFError, ValueError, UnicodeDecodeError, IndexError...
+            return (
+                f"Record value is not a valid Avro datum of {name} ({type(exc).__name__}: "
+                f"{exc}) in topic partition {tp}"
+            )
+        extra = len(value) - stream.tell()
+        if extra:
+            return (
+                f"Record value has {extra} bytes after the Avro datum of {name} "
+                f"in topic partition {tp}"
+            )
+        return None
