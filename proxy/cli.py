@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from proxy import demo, dump
@@ -33,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     config = load_config(args.config)
     try:
-        run(config)
+        run(config, Path(args.config).resolve().parent)
     except ProxyError as exc:  # e.g. a broker node id outside the configured port range
         print(f"kvproxy: {args.config}: {exc}", file=sys.stderr)
         return 2
@@ -66,10 +67,24 @@ def describe(config: ProxyConfig) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from proxy.server import ProxyError, build_routing_for  # noqa: PLC0415
+
     config = load_config(args.config)
+    try:
+        routing = build_routing_for(config, Path(args.config).resolve().parent)
+    except ProxyError as exc:
+        print(f"kvproxy: {args.config}: {exc}", file=sys.stderr)
+        return 2
     print(f"{args.config}: OK")
     for line in describe(config):
         print(f"  {line}")
+    print("  topics (first match wins):")
+    for rule in routing.all_rules():
+        pattern = rule.match if rule.match is not None else "(every other topic)"
+        compacted = {None: "from the cluster", True: "yes", False: "no"}[rule.compacted]
+        names = ", ".join(rule.policy_names) or "none"
+        print(f"    {pattern}: mode {rule.mode.value}, compacted {compacted}, policies: {names}")
+    routing.close()
     return 0
 
 

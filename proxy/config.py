@@ -1,15 +1,16 @@
 """kvproxy's YAML configuration: loaded once, validated with clear errors, frozen.
 
 Every key has a default and unknown keys are errors, so a typo is reported instead of ignored.
-This module holds the keys the proxy acts on today (`listen`, `upstream`, `limits`, `shutdown`);
-`docs/configuration.md` documents each one.
+The policy sections (`defaults`, `topics`) are kept as data here and turned into policy chains
+by `policies.config.build_routing`, which reports their errors; `docs/configuration.md` documents
+every key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -118,11 +119,30 @@ class ShutdownConfig(_Section):
     drain_timeout_ms: int = Field(default=10_000, ge=0)
 
 
+class ErrorsConfig(_Section):
+    """How rejections are answered (DESIGN.md's error table)."""
+
+    profile: Literal["kafka", "kip"] = "kafka"
+    legacy_below: int = Field(default=3, ge=0, le=13)
+    legacy_code: int = Field(default=2, ge=-1)
+
+
+class TopicConfigsConfig(_Section):
+    """How long what DescribeConfigs said about a topic (its cleanup.policy) is trusted."""
+
+    ttl_ms: int = Field(default=60_000, ge=0)
+
+
 class ProxyConfig(_Section):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig
     limits: LimitsConfig = LimitsConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+    errors: ErrorsConfig = ErrorsConfig()
+    reject: Literal["partition", "request"] = "partition"
+    defaults: dict[str, Any] | None = None
+    topics: tuple[dict[str, Any], ...] = ()
+    topic_configs: TopicConfigsConfig = TopicConfigsConfig()
 
 
 def parse_host_port(server: str) -> tuple[str, int]:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import logging
 import socket
 from typing import Any
 
@@ -162,6 +163,7 @@ def _print_addresses(server: ProxyServer) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.getLogger("kvproxy").setLevel(logging.ERROR)  # the demo prints what matters itself
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_demo(args.keep_running))
     return 0

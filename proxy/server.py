@@ -21,15 +21,20 @@ import ssl
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
+from policies.config import PolicyConfigError, TopicRouting, build_routing
+from protocol.error_codes import ErrorProfile, error_name
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import read_request_prefix
-from protocol.messages import API_VERSIONS, PRODUCE, supported_versions
+from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
 from protocol.produce import read_produce_acks
 from proxy.config import ProxyConfig
+from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
+from proxy.topic_configs import TopicConfigCache
 
 log = logging.getLogger("kvproxy")
 
@@ -58,7 +63,7 @@ class ProxyStats:
 class _Slot:
     """One request waiting for its answer; `payload` is the answer frame once known."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "payload", "silent")
+    __slots__ = ("api_key", "api_version", "correlation_id", "decision", "payload", "silent")
 
     def __init__(
         self, correlation_id: int, api_key: int, api_version: int, silent: bool = False
@@ -67,6 +72,7 @@ class _Slot:
         self.api_key = api_key
         self.api_version = api_version
         self.payload: bytes | None = None
+        self.decision: ProduceDecision | None = None
         self.silent = silent
         """An acks=0 Produce: the client expects no answer, so one from the broker is dropped."""
 
@@ -112,6 +118,7 @@ class ClientConnection(asyncio.Protocol):
         self._slots: collections.deque[_Slot] = collections.deque()
         self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
         self._pending_frames: list[bytes] = []
+        self._held: collections.deque[bytes] | None = None
         self._paused_for: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.transport: asyncio.Transport | None = None
@@ -136,7 +143,10 @@ class ClientConnection(asyncio.Protocol):
         self._decoder.receive_data(data)
         try:
             while (payload := self._decoder.next_frame()) is not None:
-                self._on_request(payload)
+                if self._held is not None:
+                    self._held.append(payload)
+                else:
+                    self._on_request(payload)
         except ProtocolError as exc:
             self.abort(f"client {self.peer} sent an undecodable frame: {exc}")
 
@@ -166,6 +176,10 @@ class ClientConnection(asyncio.Protocol):
             self._slots.append(slot)
             self._flush()
             return
+        engine = self._server.produce_engine
+        if api_key == PRODUCE and engine is not None:
+            self._on_produce(engine, payload)
+            return
         expects_answer = not (api_key == PRODUCE and read_produce_acks(payload) == 0)
         if expects_answer:
             slot = _Slot(correlation_id, api_key, api_version)
@@ -179,6 +193,63 @@ class ClientConnection(asyncio.Protocol):
                 awaiting.popleft()
             awaiting.append(_Slot(correlation_id, api_key, api_version, silent=True))
         self._send_upstream(payload)
+
+    # ---- produce requests: the policies decide ----
+
+    def _on_produce(self, engine: ProduceEngine, payload: bytes) -> None:
+        request = decode_request(payload)  # malformed: DecodeError ends the connection
+        unknown = self._server.topics_to_describe(request)
+        if unknown:
+            self._held = collections.deque()
+            self.pause_reading("topic-configs")
+            self._spawn(self._after_describe(engine, payload, request, unknown))
+            return
+        self._apply_produce(engine, payload, request)
+
+    async def _after_describe(
+        self, engine: ProduceEngine, payload: bytes, request: Request, topics: list[str]
+    ) -> None:
+        await self._server.describe_topics(topics)
+        held, self._held = self._held, None
+        try:
+            self._apply_produce(engine, payload, request)
+            while held and self._held is None:
+                self._on_request(held.popleft())
+        except ProtocolError as exc:
+            self.abort(f"client {self.peer} sent an undecodable frame: {exc}")
+            return
+        if held and self._held is not None:
+            self._held.extendleft(reversed(held))  # blocked again: keep the order
+        if self._held is None:
+            self.resume_reading("topic-configs")
+
+    def _apply_produce(self, engine: ProduceEngine, payload: bytes, request: Request) -> None:
+        decision = engine.decide(payload, request)
+        header = request.header
+        self._server.report(decision, header.client_id, self.peer)
+        if decision.acks == 0:
+            if decision.forward is not None:
+                self._awaiting_upstream.append(
+                    _Slot(header.correlation_id, PRODUCE, header.api_version, silent=True)
+                )
+                self._send_upstream(decision.forward)
+            if decision.rejected:
+                self.abort(
+                    f"acks=0 produce request from {self.peer} rejected: closing the connection "
+                    "as a broker does"
+                )
+            return
+        slot = _Slot(header.correlation_id, PRODUCE, header.api_version)
+        slot.decision = decision
+        self._slots.append(slot)
+        if decision.forward is None:
+            slot.payload = engine.answer(decision, None)
+            self._flush()
+            return
+        self._awaiting_upstream.append(slot)
+        if len(self._slots) >= self._max_in_flight:
+            self.pause_reading("in-flight")
+        self._send_upstream(decision.forward)
 
     def _send_upstream(self, payload: bytes) -> None:
         if self.upstream is None or self.upstream.transport is None:
@@ -203,8 +274,19 @@ class ClientConnection(asyncio.Protocol):
         if needs_rewrite(slot.api_key, slot.api_version):
             self._spawn(self._rewrite(slot, payload))
         else:
-            slot.payload = payload
+            slot.payload = self._merged(slot, payload)
             self._flush()
+
+    def _merged(self, slot: _Slot, payload: bytes) -> bytes:
+        """The broker's answer, merged with the proxy's own errors when it rejected partitions."""
+        decision = slot.decision
+        engine = self._server.produce_engine
+        if decision is None or engine is None:
+            return payload
+        engine.observe(decision, payload)
+        if not decision.needs_merge:
+            return payload
+        return engine.answer(decision, payload)
 
     async def _rewrite(self, slot: _Slot, payload: bytes) -> None:
         server = self._server
@@ -219,7 +301,11 @@ class ClientConnection(asyncio.Protocol):
                 f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}"
             )
             return
-        slot.payload = rewritten
+        try:
+            slot.payload = self._merged(slot, rewritten)
+        except ProtocolError as exc:
+            self.abort(f"cannot merge the broker's produce answer: {exc}")
+            return
         self._flush()
 
     def _flush(self) -> None:
@@ -311,9 +397,11 @@ class ProxyServer:
         config: ProxyConfig,
         bootstrap: tuple[tuple[str, int], ...] | None = None,
         tap: ResponseTap | None = None,
+        routing: TopicRouting | None = None,
     ) -> None:
         self.config = config
         self.tap = tap
+        self.routing = routing if routing is not None else build_routing_for(config, Path.cwd())
         self._bootstrap = bootstrap if bootstrap is not None else config.upstream.addresses()
         if not self._bootstrap:
             raise ProxyError("no bootstrap servers to connect to")
@@ -326,6 +414,64 @@ class ProxyServer:
         self._client_ssl = _client_side_ssl(config)
         self._upstream_ssl = _upstream_side_ssl(config)
         self._stopping = False
+        self.topic_configs = TopicConfigCache(
+            lambda: self._bootstrap,
+            self._upstream_ssl,
+            config.topic_configs.ttl_ms / 1000,
+            config.upstream.connect_timeout_ms / 1000,
+        )
+        errors = config.errors
+        self.produce_engine: ProduceEngine | None = ProduceEngine(
+            self.routing,
+            ProduceSettings(
+                profile=ErrorProfile(errors.profile),
+                legacy_below=errors.legacy_below,
+                legacy_code=errors.legacy_code,
+                reject_request=config.reject == "request",
+            ),
+            self.topic_configs.compacted,
+        )
+        self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
+        """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
+
+    # ---- produce policies ----
+
+    def topics_to_describe(self, request: Request) -> list[str]:
+        """Topics whose compaction a check needs and nobody has told the proxy yet."""
+        wanted = []
+        for topic_data in request.body.topic_data:
+            topic = str(getattr(topic_data, "name", ""))
+            chain = self.routing.chain_for(topic)
+            if (
+                "compacted_key" in chain.names
+                and chain.mode.value != "off"
+                and self.routing.compacted_override(topic) is None
+                and not self.topic_configs.known(topic)
+            ):
+                wanted.append(topic)
+        return wanted
+
+    async def describe_topics(self, topics: list[str]) -> None:
+        await self.topic_configs.refresh(topics)
+
+    def report(self, decision: ProduceDecision, client_id: str | None, peer: str) -> None:
+        """Log and count every rejection (and, in warn mode, every would-be rejection)."""
+        for outcome in [*decision.rejected, *decision.warned]:
+            verdict = outcome.verdict
+            policy = verdict.policy or "?"
+            self.rejections[(outcome.topic, policy, verdict.code)] += 1
+            log.warning(
+                "%s %s-%d: policy %s, code %d (%s): %s [client %s at %s]",
+                "rejected" if outcome.enforced else "would reject (warn mode)",
+                outcome.topic,
+                outcome.index,
+                policy,
+                verdict.code,
+                error_name(verdict.code),
+                verdict.message,
+                client_id,
+                peer,
+            )
 
     # ---- addresses ----
 
@@ -489,6 +635,14 @@ class ProxyServer:
             listeners=len(self._listeners),
             pending_tasks=self._tasks,
         )
+
+
+def build_routing_for(config: ProxyConfig, base_dir: Path) -> TopicRouting:
+    """The policy chains of `config`; schema files resolve against `base_dir`."""
+    try:
+        return build_routing(config.defaults, config.topics, base_dir)
+    except PolicyConfigError as exc:
+        raise ProxyError(str(exc)) from None
 
 
 def _client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:

@@ -29,6 +29,7 @@ def test_demo_sends_records_through_kvproxy() -> None:
     good = next(i for i, line in enumerate(lines) if "good batch" in line)
     assert "broker answered NONE (base offset 3)" in lines[good]
     assert "kvproxy decoder: CRC32C ok, 3 records" in lines[good + 1]
+    assert "broker answered CORRUPT_MESSAGE (base offset -1)" in lines[good + 2]
     assert "kvproxy decoder: CORRUPT_MESSAGE: stored crc" in lines[good + 3]
 
 

@@ -1,0 +1,283 @@
+"""Produce requests through the policies: decide per partition, forward what passes, answer.
+
+Everything here is synchronous and free of I/O; `server.py` feeds it frames and sends what it
+returns. All-valid requests go upstream as their original bytes. With rejections, `reject:
+partition` forwards a re-encoded request holding only the valid partitions and merges the broker's
+answer with the local errors in request order; `reject: request` answers everything locally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from policies.api import ACCEPT, ProducedRecords, Verdict, parse_records
+from policies.config import TopicRouting
+from protocol import error_codes
+from protocol.error_codes import ErrorProfile, Rejection, rejection_code
+from protocol.errors import DecodeError
+from protocol.messages import (
+    PRODUCE,
+    Request,
+    Response,
+    decode_response,
+    encode_request,
+    encode_response,
+    make_response,
+)
+from protocol.produce import partition_answer, produce_answer, produce_response_types
+
+log = logging.getLogger("kvproxy.produce")
+
+ANOTHER_PARTITION = (
+    "Invalid record in another topic-partition caused the whole request to be rejected"
+)
+_VALID_ACKS = frozenset({-1, 0, 1})
+_FIRST_WITH_TOPIC_IDS = 13
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceSettings:
+    profile: ErrorProfile = ErrorProfile.KAFKA
+    legacy_below: int = 3
+    legacy_code: int = error_codes.CORRUPT_MESSAGE
+    reject_request: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOutcome:
+    topic: str
+    index: int
+    verdict: Verdict
+    """ACCEPT, or what a policy answered (kept in warn mode too, for the log)."""
+    enforced: bool
+    """True when the verdict is a rejection the client receives."""
+    produced: ProducedRecords | None = None
+
+    @property
+    def rejected(self) -> bool:
+        return self.enforced and not self.verdict.ok
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceDecision:
+    api_version: int
+    correlation_id: int
+    acks: int
+    topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
+    forward: bytes | None
+    """What goes upstream: the original frame, a re-encoded one, or nothing."""
+
+    @property
+    def outcomes(self) -> list[PartitionOutcome]:
+        return [outcome for _, partitions in self.topics for outcome in partitions]
+
+    @property
+    def rejected(self) -> list[PartitionOutcome]:
+        return [outcome for outcome in self.outcomes if outcome.rejected]
+
+    @property
+    def warned(self) -> list[PartitionOutcome]:
+        return [o for o in self.outcomes if not o.enforced and not o.verdict.ok]
+
+    @property
+    def needs_merge(self) -> bool:
+        return bool(self.rejected)
+
+
+class ProduceEngine:
+    """Applies the topic routing to Produce requests and builds the answers."""
+
+    def __init__(
+        self,
+        routing: TopicRouting,
+        settings: ProduceSettings,
+        compacted: Callable[[str], bool | None],
+    ) -> None:
+        self.routing = routing
+        self.settings = settings
+        self._compacted = compacted
+
+    def compaction_for(self, topic: str) -> bool | None:
+        override = self.routing.compacted_override(topic)
+        return override if override is not None else self._compacted(topic)
+
+    def decide(self, frame: bytes, request: Request, now_ms: int | None = None) -> ProduceDecision:
+        header, body = request.header, request.body
+        version = header.api_version
+        if version >= _FIRST_WITH_TOPIC_IDS:
+            raise DecodeError(f"Produce v{version} names topics by id; the proxy offers up to v12")
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        acks = int(body.acks)
+        transactional_id = getattr(body, "transactional_id", None)
+        topics = []
+        for topic_data in body.topic_data:
+            name = str(topic_data.name)
+            partitions = tuple(
+                self._check(
+                    name,
+                    data=data,
+                    version=version,
+                    acks=acks,
+                    transactional_id=transactional_id,
+                    now=now,
+                )
+                for data in topic_data.partition_data
+            )
+            topics.append((name, partitions))
+        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics), None)
+        return dataclasses.replace(decision, forward=self._forward(frame, request, decision))
+
+    def _check(
+        self,
+        topic: str,
+        *,
+        data: Any,
+        version: int,
+        acks: int,
+        transactional_id: str | None,
+        now: int,
+    ) -> PartitionOutcome:
+        index = int(data.index)
+        if acks not in _VALID_ACKS:
+            verdict = Verdict(
+                code=error_codes.INVALID_REQUIRED_ACKS,
+                message=f"Invalid required acks {acks}: only -1, 0 and 1 are allowed",
+                policy="acks",
+            )
+            return PartitionOutcome(topic, index, verdict, enforced=True)
+        chain = self.routing.chain_for(topic)
+        if chain.mode.value == "off":
+            return PartitionOutcome(topic, index, ACCEPT, enforced=True)
+        parsed = parse_records(
+            topic,
+            index,
+            data.records if data.records is not None else b"",
+            produce_version=version,
+            acks=acks,
+            transactional_id=transactional_id,
+            compacted=self.compaction_for(topic),
+            now_ms=now,
+        )
+        if isinstance(parsed, Verdict):  # malformed: never forwarded, whatever the mode
+            return PartitionOutcome(topic, index, parsed, enforced=True)
+        verdict = chain.check(parsed)
+        return PartitionOutcome(
+            topic, index, verdict, enforced=chain.mode.value == "enforce", produced=parsed
+        )
+
+    def _forward(self, frame: bytes, request: Request, decision: ProduceDecision) -> bytes | None:
+        rejected = decision.rejected
+        if not rejected:
+            return frame
+        if self.settings.reject_request:
+            return None
+        refused = {(o.topic, o.index) for o in rejected}
+        kept_topics = []
+        for topic_data in request.body.topic_data:
+            kept = tuple(
+                data
+                for data in topic_data.partition_data
+                if (str(topic_data.name), int(data.index)) not in refused
+            )
+            if kept:
+                kept_topics.append(dataclasses.replace(topic_data, partition_data=kept))
+        if not kept_topics:
+            return None
+        body = dataclasses.replace(request.body, topic_data=tuple(kept_topics))
+        return encode_request(Request(request.header, body))
+
+    # ---- answers ----
+
+    def observe(self, decision: ProduceDecision, upstream: bytes) -> None:
+        """Feed the producer-state tracker with the idempotent batches the broker accepted."""
+        idempotent = [
+            o
+            for o in decision.outcomes
+            if not o.rejected
+            and o.produced is not None
+            and any(b.producer_id >= 0 for b in o.produced.batches)
+        ]
+        if not idempotent:
+            return
+        body = decode_response(upstream, PRODUCE, decision.api_version).body
+        accepted = {
+            (str(topic.name), int(partition.index))
+            for topic in body.responses
+            for partition in topic.partition_responses
+            if int(partition.error_code) == 0
+        }
+        tracker = self.routing.producer_state
+        for outcome in idempotent:
+            if (outcome.topic, outcome.index) in accepted and outcome.produced is not None:
+                for batch in outcome.produced.batches:
+                    tracker.record_batch_success(outcome.topic, outcome.index, batch)
+
+    def answer(self, decision: ProduceDecision, upstream: bytes | None) -> bytes:
+        """The client's answer: local errors merged with the broker's answer, in request order."""
+        version = decision.api_version
+        types = produce_response_types(version)
+        broker_partitions: dict[tuple[str, int], Any] = {}
+        upstream_body = None
+        if upstream is not None:
+            upstream_body = decode_response(upstream, PRODUCE, version).body
+            for topic in upstream_body.responses:
+                for partition in topic.partition_responses:
+                    broker_partitions[(str(topic.name), int(partition.index))] = partition
+        any_rejected = bool(decision.rejected)
+        topics = []
+        for name, outcomes in decision.topics:
+            answers = []
+            for outcome in outcomes:
+                if outcome.rejected:
+                    answers.append(self._local(types, outcome, version))
+                elif self.settings.reject_request and any_rejected:
+                    answers.append(
+                        self._local(
+                            types,
+                            dataclasses.replace(
+                                outcome,
+                                verdict=Verdict(
+                                    code=error_codes.INVALID_RECORD, message=ANOTHER_PARTITION
+                                ),
+                            ),
+                            version,
+                        )
+                    )
+                else:
+                    broker = broker_partitions.get((name, outcome.index))
+                    if broker is None:
+                        broker = partition_answer(
+                            types, outcome.index, error_codes.UNKNOWN_SERVER_ERROR
+                        )
+                    answers.append(broker)
+            topics.append((name, answers))
+        local_body = produce_answer(types, topics)
+        if upstream_body is not None:
+            local_body = dataclasses.replace(upstream_body, responses=local_body.responses)
+        response: Response = make_response(PRODUCE, version, decision.correlation_id, local_body)
+        return encode_response(PRODUCE, version, response)
+
+    def _local(self, types: Any, outcome: PartitionOutcome, version: int) -> Any:
+        code = self.answer_code(outcome.verdict, version)
+        record_errors = tuple((e.index, e.message) for e in outcome.verdict.record_errors)
+        return partition_answer(
+            types, outcome.index, code, message=outcome.verdict.message, record_errors=record_errors
+        )
+
+    def answer_code(self, verdict: Verdict, version: int) -> int:
+        """The code a client of this Produce version receives for `verdict` (DESIGN.md's table)."""
+        code = verdict.code
+        rejection = getattr(verdict, "rejection", None)
+        if self.settings.profile is ErrorProfile.KIP and rejection is not None:
+            code = rejection_code(ErrorProfile.KIP, Rejection(rejection))
+        if version < self.settings.legacy_below and code not in (
+            error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+            error_codes.INVALID_REQUIRED_ACKS,
+        ):
+            code = self.settings.legacy_code
+        return code
