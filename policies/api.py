@@ -91,7 +91,7 @@ def record_errors_verdict(
     errors: list[RecordError] | tuple[RecordError, ...],
     *,
     code: int = error_codes.INVALID_RECORD,
-    rejection: str | None = INVALID_RECORD_REJECTION,
+    rejection: str | None = "",
     policy: str | None = None,
 ) -> Verdict:
     """A record-level rejection with the message of Kafka's `LogValidator.processRecordErrors`.
@@ -100,7 +100,10 @@ def record_errors_verdict(
     everything else "One or more records have been rejected due to N record errors in total, and
     only showing the first three errors at most: [RecordError(batchIndex=i, message='m'), ...]"
     (Java's `List.toString` of the first three `ProduceResponse.RecordError`s).
+    `rejection` defaults to "invalid_record" for INVALID_RECORD and None for other codes.
     """
+    if rejection == "":
+        rejection = INVALID_RECORD_REJECTION if code == error_codes.INVALID_RECORD else None
     errors = tuple(errors)
     if code == error_codes.INVALID_TIMESTAMP:
         message = "One or more records have been rejected due to invalid timestamp"
