@@ -1,10 +1,10 @@
-"""`kvproxy demo`: kvproxy in front of the embedded broker, driven by a real Kafka client.
+"""`kvproxy demo`: kvproxy in front of the embedded broker, driven by real Kafka clients.
 
-It starts the embedded development broker and kvproxy in front of it, produces records through
-the proxy with aiokafka, reads them back, and shows which broker addresses the client was given
-(only the proxy's). Then it produces a good batch and one whose stored CRC no longer matches its
-bytes with the project's own codec: the development broker accepts both, kvproxy's decoder tells
-them apart — the check that the validation policies put in front of the broker.
+It starts the embedded development broker and kvproxy in front of it, produces and consumes
+records through the proxy with aiokafka, and shows which broker addresses the client was given
+(only the proxy's). Then it sends what the broker would store without a word — a null key to a
+compacted topic, a batch whose CRC no longer matches its bytes, a payment in a currency a custom
+policy refuses — and prints the answers a client receives from kvproxy.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import logging
 import socket
+from pathlib import Path
 from typing import Any
 
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
@@ -30,7 +31,11 @@ from proxy.config import ProxyConfig, parse_config
 from proxy.server import ProxyServer
 
 DEMO_TOPIC = "kvproxy-demo"
+COMPACTED_TOPIC = "customers"
+PAYMENTS_TOPIC = "payments"
 TANSU_NODE_ID = 111
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""Where `examples/` lives when kvproxy runs from its source tree (as `make demo` does)."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -63,6 +68,21 @@ def demo_config() -> ProxyConfig:
                 "max_brokers": 1,
             },
             "upstream": {"embedded": True},
+            "topics": [
+                {
+                    "match": PAYMENTS_TOPIC,
+                    "policies": [
+                        "batch_integrity",
+                        "crc",
+                        {
+                            "custom": {
+                                "class": "examples.policies:CurrencyPolicy",
+                                "config": {"allowed": ["EUR", "USD"]},
+                            }
+                        },
+                    ],
+                }
+            ],
         },
         "demo",
     )
@@ -97,14 +117,15 @@ async def _clients(bootstrap: str) -> None:
         await consumer.stop()
 
 
-async def _raw_produce(host: str, port: int, batch: bytes) -> str:
+async def _raw_produce(host: str, port: int, topic: str, batch: bytes) -> str:
+    """Produce v9 with kvproxy's own codec; the answer as a client library would report it."""
     body = ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
         timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
         topic_data=(
             TopicProduceData(
-                name=TopicName(DEMO_TOPIC),
+                name=TopicName(topic),
                 partition_data=(PartitionProduceData(index=i32(0), records=Records(batch)),),
             ),
         ),
@@ -121,7 +142,14 @@ async def _raw_produce(host: str, port: int, batch: bytes) -> str:
     finally:
         writer.close()
     answer = decode_response(payload, PRODUCE, 9).body.responses[0].partition_responses[0]
-    return f"{error_name(int(answer.error_code))} (base offset {answer.base_offset})"
+    code = int(answer.error_code)
+    if code == 0:
+        return f"NONE: stored at offset {answer.base_offset}"
+    lines = [f"{error_name(code)} ({code}): {answer.error_message}"]
+    lines.extend(
+        f"record {e.batch_index}: {e.batch_index_error_message}" for e in answer.record_errors
+    )
+    return "\n      ".join(lines)
 
 
 def _verdict(batch_bytes: bytes) -> str:
@@ -134,23 +162,51 @@ def _verdict(batch_bytes: bytes) -> str:
     )
 
 
+async def _create_compacted_topic(bootstrap: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(COMPACTED_TOPIC, 1, 1, topic_configs={"cleanup.policy": "compact"})]
+        )
+    finally:
+        await admin.close()
+
+
 async def _demo(keep_running: bool) -> None:
     config = demo_config()
-    async with running_proxy(config) as server:
+    async with running_proxy(config, REPO_ROOT) as server:
         _print_addresses(server)
-        await _clients(f"{server.public_host}:{server.bootstrap_port}")
+        host, port = server.public_host, server.bootstrap_port
+        await _clients(f"{host}:{port}")
+        await _create_compacted_topic(f"{host}:{port}")
         good = build_batch([(b"k%d" % i, b"v%d" % i, (), None) for i in range(3)])
         corrupt = bytearray(good)
         corrupt[-1] ^= 0xFF  # one flipped bit in the last record's value
-        print("\nProduce v9 through kvproxy with kvproxy's own codec:")
-        for label, batch in (("good batch", good), ("corrupted batch", bytes(corrupt))):
-            answer = await _raw_produce(server.public_host, server.bootstrap_port, batch)
-            print(f"  {label:<16} broker answered {answer}")
-            print(f"  {'':<16} kvproxy decoder: {_verdict(batch)}")
+        cases = [
+            ("a good batch", DEMO_TOPIC, good),
+            ("the same batch, one bit flipped", DEMO_TOPIC, bytes(corrupt)),
+            (
+                f"a null key to {COMPACTED_TOPIC!r} (cleanup.policy=compact, learned from the "
+                "cluster)",
+                COMPACTED_TOPIC,
+                build_batch([(b"c-1", b"alice", (), None), (None, b"bob", (), None)]),
+            ),
+            (
+                f"a payment in GBP to {PAYMENTS_TOPIC!r} (custom CurrencyPolicy: EUR, USD)",
+                PAYMENTS_TOPIC,
+                build_batch([(b"p-1", b'{"amount": 5, "currency": "GBP"}', (), None)]),
+            ),
+        ]
+        print("\nWhat the broker would store without a word, through kvproxy (Produce v9):")
+        for label, topic, batch in cases:
+            print(f"  {label}")
+            print(f"    -> {await _raw_produce(host, port, topic, batch)}")
+        print(f"\n  kvproxy's own decoder on the flipped batch: {_verdict(bytes(corrupt))}")
         if keep_running:
-            print(
-                f"\nkvproxy stays up on {server.public_host}:{server.bootstrap_port}; Ctrl-C stops"
-            )
+            print(f"\nkvproxy stays up on {host}:{port}; Ctrl-C stops")
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.Event().wait()
 

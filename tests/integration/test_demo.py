@@ -26,11 +26,15 @@ def test_demo_sends_records_through_kvproxy() -> None:
     for i in range(3):
         assert f"sent order-{i} = " in out
         assert f"offset {i}: order-{i} = " in out
-    good = next(i for i, line in enumerate(lines) if "good batch" in line)
-    assert "broker answered NONE (base offset 3)" in lines[good]
-    assert "kvproxy decoder: CRC32C ok, 3 records" in lines[good + 1]
-    assert "broker answered CORRUPT_MESSAGE (base offset -1)" in lines[good + 2]
-    assert "kvproxy decoder: CORRUPT_MESSAGE: stored crc" in lines[good + 3]
+    assert "a good batch\n    -> NONE: stored at offset 3" in out
+    assert "one bit flipped\n    -> CORRUPT_MESSAGE (2): Record is corrupt (stored crc = " in out
+    assert "-> INVALID_RECORD (87): One or more records have been rejected due to 1 record" in out
+    assert (
+        "record 1: Compacted topic cannot accept message without key in topic partition "
+        "customers-0." in out
+    )
+    assert "-> POLICY_VIOLATION (44): currency GBP is not allowed; allowed: EUR, USD" in out
+    assert "own decoder on the flipped batch: CORRUPT_MESSAGE: stored crc" in out
 
 
 def test_embedded_broker_stops_on_exit() -> None:
