@@ -142,7 +142,9 @@ def build_routing(
         for rule in built:
             rule.chain.close()
         raise
-    tracker = context.producer_state or ProducerStateTracker()
+    tracker = context.producer_state  # not `or`: an empty tracker is falsy (it has __len__)
+    if tracker is None:
+        tracker = ProducerStateTracker()
     return TopicRouting(rules, default, tracker)
 
 

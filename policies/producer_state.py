@@ -50,6 +50,8 @@ class ProducerStateTracker:
         if max_producers < 1:
             raise ValueError("max_producers must be at least 1")
         self.max_producers = max_producers
+        self.bound_set = False
+        """Whether a config entry set `max_producers` explicitly (see ProducerStatePolicy)."""
         self._entries: OrderedDict[tuple[str, int, int], ProducerEntry] = OrderedDict()
         self._lock = threading.Lock()
 

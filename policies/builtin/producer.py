@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from policies.api import ACCEPT, ProducedRecords, Verdict
 from policies.builtin.base import BuiltinPolicy
 from policies.producer_state import ProducerStateTracker, next_sequence
@@ -14,20 +17,33 @@ class ProducerStatePolicy(BuiltinPolicy):
     """ProducerStateManager's checks (`checkProducerEpoch`, `checkSequence`), Kafka's wording.
 
     The tracker is the routing's shared one (fed by the proxy with the broker's successful
-    answers); `max_producers` bounds it (the largest value any entry asks for wins).
+    answers); `max_producers` bounds it (the largest value any entry sets explicitly; 100,000
+    when none does).
     """
 
     name = "producer_state"
     OPTIONS = {"max_producers": 100_000}
 
     def setup(self) -> None:
-        limit = self._int_option("max_producers", minimum=1)
+        self.max_producers = self._int_option("max_producers", minimum=1)
+
+    @property
+    def tracker(self) -> ProducerStateTracker:
         tracker = self.context.producer_state
         if tracker is None:
-            tracker = self.context.producer_state = ProducerStateTracker(limit)
-        else:
-            tracker.max_producers = max(tracker.max_producers, limit)
-        self.tracker = tracker
+            tracker = self.context.producer_state = ProducerStateTracker(self.max_producers)
+        return tracker
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        super().configure(config)
+        tracker = self.tracker
+        if "max_producers" in config:
+            # the largest explicit value of any entry bounds the shared tracker
+            if tracker.bound_set:
+                tracker.max_producers = max(tracker.max_producers, self.max_producers)
+            else:
+                tracker.max_producers = self.max_producers
+            tracker.bound_set = True
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for b in batch.batches:
