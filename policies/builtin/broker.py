@@ -314,6 +314,15 @@ class TimestampsPolicy(BuiltinPolicy):
         now = batch.now_ms
         low = now - self.before_max_ms
         high = now + self.after_max_ms
+        # Fast paths (the common, valid case): one pass over timestamps, messages only on failure.
+        if all(b.timestamp_type == 0 for b in batch.batches):
+            if not create_time:
+                return ACCEPT  # LogAppendTime topic, no producer-set LogAppendTime
+            if not any(
+                r.timestamp != -1 and (r.timestamp < low or r.timestamp > high)
+                for r in batch.record_tuple()
+            ):
+                return ACCEPT
         errors: list[RecordError] = []
         for b, record, offset in _iter_with_offsets(batch):
             ts = record.timestamp
@@ -347,13 +356,14 @@ class CompactedKeyPolicy(BuiltinPolicy):
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         if batch.compacted is not True:
             return ACCEPT
+        records = batch.record_tuple()
+        if all(r.key is not None for r in records):
+            return ACCEPT
         message = (
             "Compacted topic cannot accept message without key in topic partition "
             f"{batch.topic_partition}."
         )
-        errors = [RecordError(r.index, message) for r in batch.records() if r.key is None]
-        if not errors:
-            return ACCEPT
+        errors = [RecordError(r.index, message) for r in records if r.key is None]
         return record_errors_verdict(errors, rejection=MISSING_KEY)
 
 
