@@ -1,0 +1,134 @@
+"""Edges of the error semantics through kvproxy (raw Produce requests, Tansu upstream): the
+`kip` profile for other rejections, timestamps per version, the v0-v2 column, malformed batches in
+every mode, empty partitions, undecodable request bodies."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.harness import Broker
+from tests.harness.proxy import run_proxy
+from tests.harness.raw_client import RawClientError, RawKafkaClient
+from tests.integration.test_policies_answers import (
+    JSON_ONLY,
+    batch,
+    produce,
+    produce_frame,
+    record_errors,
+    stored,
+)
+
+CORRUPT_MESSAGE = 2
+INVALID_TIMESTAMP = 32
+
+
+def test_kip_profile_answers_85_for_other_record_rejections(tansu: Broker, make_topic: Any) -> None:
+    topic = make_topic(2)
+    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY, errors={"profile": "kip"}) as proxy:
+        answers = produce(
+            proxy.host, proxy.port, 9, [(topic, 0, batch(b"nope")), (topic, 1, batch(b"[]"))]
+        )
+    assert answers[(topic, 0)].error_code == 85, answers[(topic, 0)]
+    assert [i for i, _ in record_errors(answers[(topic, 0)])] == [0]
+    assert answers[(topic, 1)].error_code == 0
+    assert stored(tansu, topic, 0) == []
+
+
+@pytest.mark.parametrize(("version", "code"), [(9, INVALID_TIMESTAMP), (5, 32), (2, 2)])
+def test_timestamp_out_of_bounds_per_version(
+    tansu: Broker, make_topic: Any, version: int, code: int
+) -> None:
+    topic = make_topic(2)
+    future = int(time.time() * 1000) + 2 * 3600 * 1000
+    late = build_batch_with_timestamp(b"late", future)
+    with run_proxy(tansu.bootstrap) as proxy:  # default policies include timestamps
+        answers = produce(
+            proxy.host, proxy.port, version, [(topic, 0, late), (topic, 1, batch(b"now"))]
+        )
+    bad = answers[(topic, 0)]
+    assert bad.error_code == code, bad
+    if version >= 8:
+        assert bad.error_message == (
+            "One or more records have been rejected due to invalid timestamp"
+        )
+        ((index, message),) = record_errors(bad)
+        assert index == 0
+        assert message.startswith(f"Timestamp {future} of message with offset 0 is out of range.")
+    assert answers[(topic, 1)].error_code == 0
+    assert stored(tansu, topic, 0) == []
+    assert stored(tansu, topic, 1) == [b"now"]
+
+
+def build_batch_with_timestamp(value: bytes, timestamp: int) -> bytes:
+    from protocol.records import build_batch
+
+    return build_batch([(b"k", value, None, timestamp)])
+
+
+def test_idempotent_batch_below_magic_2_keeps_43_on_produce_v2(
+    tansu: Broker, make_topic: Any
+) -> None:
+    """DESIGN.md: UNSUPPORTED_FOR_MESSAGE_FORMAT is the v0-v2 answer, not the legacy code."""
+    topic = make_topic(1)
+    policies = {"policies": [{"message_format": {"topic_magic": 1}}]}
+    raw = batch(b"idem", producer_id=4000, producer_epoch=0, base_sequence=0)
+    with run_proxy(tansu.bootstrap, defaults=policies) as proxy:
+        answers = produce(proxy.host, proxy.port, 2, [(topic, 0, raw)])
+    assert answers[(topic, 0)].error_code == 43
+    assert stored(tansu, topic) == []
+
+
+@pytest.mark.parametrize("mode", ["enforce", "warn", "off"])
+def test_truncated_batch_is_corrupt_message_in_every_mode(
+    tansu: Broker, make_topic: Any, mode: str
+) -> None:
+    """A batch that does not parse is answered CORRUPT_MESSAGE and never forwarded, whatever the
+    topic's mode (issue 4: "Nothing malformed is ever forwarded")."""
+    topic = make_topic(2)
+    truncated = batch(b"this batch is cut short")[:-6]
+    topics = [{"match": topic, "mode": mode}]
+    bug = (
+        "BUG (proxy/produce.py ProduceEngine._check): for a mode-off topic it returns ACCEPT "
+        "before parse_records, so the malformed batch is forwarded to the broker"
+    )
+    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+        try:
+            answers = produce(
+                proxy.host, proxy.port, 9, [(topic, 0, truncated), (topic, 1, batch(b"fine"))]
+            )
+        except RawClientError as exc:
+            raise AssertionError(
+                f"mode {mode}: no answer, the connection was closed ({exc}); {bug} "
+                "(Tansu drops the connection on it)"
+            ) from exc
+    assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE, (
+        f"mode {mode}: expected CORRUPT_MESSAGE, got {answers[(topic, 0)]!r}; {bug}"
+    )
+    assert answers[(topic, 1)].error_code == 0
+    assert stored(tansu, topic, 1) == [b"fine"]
+
+
+def test_partition_without_records_on_v3_plus_is_invalid_record(
+    tansu: Broker, make_topic: Any
+) -> None:
+    topic = make_topic(2)
+    with run_proxy(tansu.bootstrap) as proxy:
+        answers = produce(proxy.host, proxy.port, 9, [(topic, 0, None), (topic, 1, batch(b"x"))])
+    assert answers[(topic, 0)].error_code == 87, answers[(topic, 0)]
+    assert answers[(topic, 1)].error_code == 0
+    assert stored(tansu, topic, 1) == [b"x"]
+
+
+def test_undecodable_produce_body_closes_the_connection(tansu: Broker, make_topic: Any) -> None:
+    topic = make_topic(1)
+    frame = produce_frame(9, 5, [(topic, 0, batch(b"x"))])
+    with run_proxy(tansu.bootstrap) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as client:
+            client.send_frame(frame[:-12])  # the body ends inside the records
+            assert client.is_closed_by_peer(timeout=3)
+        answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"y"))])
+        assert answers[(topic, 0)].error_code == 0
+    assert stored(tansu, topic) == [b"y"]
