@@ -132,3 +132,28 @@ def test_undecodable_produce_body_closes_the_connection(tansu: Broker, make_topi
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"y"))])
         assert answers[(topic, 0)].error_code == 0
     assert stored(tansu, topic) == [b"y"]
+
+
+def test_acks0_request_then_client_close_is_still_written(tansu: Broker, make_topic: Any) -> None:
+    """A fire-and-forget producer that sends one acks=0 request and exits at once: a broker
+    stores it (checked straight against Tansu below), so must the proxy's upstream."""
+    direct, proxied = make_topic(1), make_topic(1)
+    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy:
+        for n in range(5):
+            for topic, (host, port) in (
+                (direct, (tansu.host, tansu.port)),
+                (proxied, (proxy.host, proxy.port)),
+            ):
+                client = RawKafkaClient(host, port)
+                client.send_frame(produce_frame(9, 1, [(topic, 0, batch(b"[%d]" % n))], acks=0))
+                client.close()
+        deadline = time.monotonic() + 3
+        while len(stored(tansu, proxied)) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    expected = [b"[%d]" % n for n in range(5)]
+    assert stored(tansu, direct) == expected
+    assert stored(tansu, proxied) == expected, (
+        "BUG (proxy/server.py): acks=0 requests forwarded just before the client connection "
+        "ends are lost (ClientConnection.connection_lost/abort close the upstream transport "
+        "right after the forward)"
+    )
