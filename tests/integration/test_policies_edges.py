@@ -157,3 +157,36 @@ def test_acks0_request_then_client_close_is_still_written(tansu: Broker, make_to
         "ends are lost (ClientConnection.connection_lost/abort close the upstream transport "
         "right after the forward)"
     )
+
+
+def test_pipelined_requests_while_compaction_is_discovered_keep_their_order(
+    tansu: Broker, make_topic: Any
+) -> None:
+    """The first request makes the proxy ask DescribeConfigs; the ones behind it wait their turn."""
+    import struct
+
+    from protocol.messages import PRODUCE, decode_response
+    from tests.integration.test_policies_answers import partitions_of
+    from tests.integration.test_proxy_ordering import metadata_request
+
+    topic = make_topic(1, config={"cleanup.policy": "compact"})
+    frames = [
+        produce_frame(9, 601, [(topic, 0, batch(b"a", key=None))]),
+        produce_frame(9, 602, [(topic, 0, batch(b"b", key=b"k"))]),
+        metadata_request(12, 603),
+        produce_frame(9, 604, [(topic, 0, batch(b"c", key=None))]),
+        produce_frame(9, 605, [(topic, 0, batch(b"d", key=b"k"))]),
+    ]
+    with (
+        run_proxy(tansu.bootstrap) as proxy,
+        RawKafkaClient(proxy.host, proxy.port) as client,
+    ):
+        client.send_raw(b"".join(struct.pack(">i", len(f)) + f for f in frames))
+        answers = [client.recv_frame(timeout=10) for _ in frames]
+    assert [struct.unpack_from(">i", a)[0] for a in answers] == [601, 602, 603, 604, 605]
+    codes = [
+        int(partitions_of(decode_response(answers[i], PRODUCE, 9).body)[(topic, 0)].error_code)
+        for i in (0, 1, 3, 4)
+    ]
+    assert codes == [87, 0, 87, 0]
+    assert stored(tansu, topic) == [b"b", b"d"]
