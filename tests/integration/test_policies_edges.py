@@ -190,3 +190,26 @@ def test_pipelined_requests_while_compaction_is_discovered_keep_their_order(
     ]
     assert codes == [87, 0, 87, 0]
     assert stored(tansu, topic) == [b"b", b"d"]
+
+
+@pytest.mark.parametrize("version", [3, 8, 10, 11, 12])
+def test_partition_rejection_merges_with_the_broker_answer_in_every_version(
+    tansu: Broker, make_topic: Any, version: int
+) -> None:
+    topic, other = make_topic(2), make_topic(1)
+    parts = [
+        (topic, 0, batch(b"[0]")),
+        (topic, 1, batch(b"bad")),
+        (other, 0, batch(b"[2]")),
+    ]
+    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy:
+        answers = produce(proxy.host, proxy.port, version, parts)
+    assert list(answers) == [(topic, 0), (topic, 1), (other, 0)], "request order"
+    assert [int(answers[k].error_code) for k in answers] == [0, 87, 0]
+    assert int(answers[(topic, 1)].base_offset) == -1
+    if version >= 8:
+        assert [i for i, _ in record_errors(answers[(topic, 1)])] == [0]
+        assert answers[(topic, 0)].error_message is None
+    assert stored(tansu, topic, 0) == [b"[0]"]
+    assert stored(tansu, topic, 1) == []
+    assert stored(tansu, other) == [b"[2]"]
