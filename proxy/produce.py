@@ -151,8 +151,6 @@ class ProduceEngine:
             )
             return PartitionOutcome(topic, index, verdict, enforced=True)
         chain = self.routing.chain_for(topic)
-        if chain.mode.value == "off":
-            return PartitionOutcome(topic, index, ACCEPT, enforced=True)
         parsed = parse_records(
             topic,
             index,
@@ -165,6 +163,8 @@ class ProduceEngine:
         )
         if isinstance(parsed, Verdict):  # malformed: never forwarded, whatever the mode
             return PartitionOutcome(topic, index, parsed, enforced=True)
+        if chain.mode.value == "off":
+            return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed)
         verdict = chain.check(parsed)
         return PartitionOutcome(
             topic, index, verdict, enforced=chain.mode.value == "enforce", produced=parsed

@@ -119,6 +119,7 @@ class ClientConnection(asyncio.Protocol):
         self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
         self._pending_frames: list[bytes] = []
         self._held: collections.deque[bytes] | None = None
+        self._connect_task: asyncio.Task[Any] | None = None
         self._paused_for: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.transport: asyncio.Transport | None = None
@@ -137,7 +138,7 @@ class ClientConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._server.connection_opened(self)
         self.pause_reading("connecting")
-        self._spawn(self._connect_upstream())
+        self._connect_task = self._spawn(self._connect_upstream())
 
     def data_received(self, data: bytes) -> None:
         self._decoder.receive_data(data)
@@ -161,9 +162,11 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         for task in list(self._tasks):
+            if task is self._connect_task and self._pending_frames:
+                continue  # requests already accepted (acks=0 ones, say) still reach the broker
             task.cancel()
         if self.upstream is not None and self.upstream.transport is not None:
-            self.upstream.transport.close()
+            self.upstream.transport.close()  # after what is buffered has been written
         self._server.connection_closed(self)
 
     # ---- requests ----
@@ -331,6 +334,9 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._closing:
             if upstream.transport is not None:
+                for payload in self._pending_frames:
+                    upstream.transport.write(frame(payload))
+                self._pending_frames.clear()
                 upstream.transport.close()
             return
         self.upstream = upstream
@@ -376,11 +382,12 @@ class ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         self.abort("proxy shutting down", logging.DEBUG)
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         self._server.task_started()
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

@@ -308,10 +308,10 @@ def test_acks0_mixed_request_writes_the_valid_partition_then_closes(
         while len(stored(tansu, topic, 1)) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
     assert stored(tansu, topic, 0) == []
-    assert stored(tansu, topic, 1) == [b"[%d]" % n for n in range(5)], (
-        "BUG (proxy/server.py _apply_produce, acks=0 branch): the valid partition of an acks=0 "
-        "request with a rejection is forwarded and then abort() closes the upstream connection "
-        "at once; Tansu drops the forwarded request, so valid records are lost"
+    # One connection per round: no order is owed between them, only that nothing is lost.
+    assert sorted(stored(tansu, topic, 1)) == [b"[%d]" % n for n in range(5)], (
+        "the valid partition of an acks=0 request with a rejection must be written before the "
+        "proxy closes the connection"
     )
 
 

@@ -151,11 +151,10 @@ def test_acks0_request_then_client_close_is_still_written(tansu: Broker, make_to
         while len(stored(tansu, proxied)) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
     expected = [b"[%d]" % n for n in range(5)]
-    assert stored(tansu, direct) == expected
-    assert stored(tansu, proxied) == expected, (
-        "BUG (proxy/server.py): acks=0 requests forwarded just before the client connection "
-        "ends are lost (ClientConnection.connection_lost/abort close the upstream transport "
-        "right after the forward)"
+    # Five connections: the broker owes no order between them, only that each record is stored.
+    assert sorted(stored(tansu, direct)) == expected
+    assert sorted(stored(tansu, proxied)) == expected, (
+        "acks=0 requests forwarded just before the client connection ends must still be written"
     )
 
 
