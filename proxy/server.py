@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from policies.config import PolicyConfigError, TopicRouting, build_routing
-from protocol.error_codes import ErrorProfile, error_name
+from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import read_request_prefix
 from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
 from protocol.produce import read_produce_acks
 from proxy.config import ProxyConfig
+from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
@@ -427,17 +428,8 @@ class ProxyServer:
             config.topic_configs.ttl_ms / 1000,
             config.upstream.connect_timeout_ms / 1000,
         )
-        errors = config.errors
-        self.produce_engine: ProduceEngine | None = ProduceEngine(
-            self.routing,
-            ProduceSettings(
-                profile=ErrorProfile(errors.profile),
-                legacy_below=errors.legacy_below,
-                legacy_code=errors.legacy_code,
-                reject_request=config.reject == "request",
-            ),
-            self.topic_configs.compacted,
-        )
+        self.produce_engine: ProduceEngine | None = self._make_engine()
+        self.rejection_log = RejectionLogger()
         self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
         """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
 
@@ -467,18 +459,51 @@ class ProxyServer:
             verdict = outcome.verdict
             policy = verdict.policy or "?"
             self.rejections[(outcome.topic, policy, verdict.code)] += 1
-            log.warning(
-                "%s %s-%d: policy %s, code %d (%s): %s [client %s at %s]",
-                "rejected" if outcome.enforced else "would reject (warn mode)",
-                outcome.topic,
-                outcome.index,
-                policy,
-                verdict.code,
-                error_name(verdict.code),
-                verdict.message,
-                client_id,
-                peer,
+            self.rejection_log.rejected(
+                RejectionEvent(
+                    topic=outcome.topic,
+                    partition=outcome.index,
+                    policy=policy,
+                    code=verdict.code,
+                    message=verdict.message,
+                    client_id=client_id,
+                    client_address=peer,
+                    enforced=outcome.enforced,
+                )
             )
+
+    def replace_rules(self, config: ProxyConfig, routing: TopicRouting) -> TopicRouting:
+        """Swap in new policy rules (a reload); returns the old routing for the caller to close.
+
+        Requests already decided keep their verdicts; the next request uses the new rules. The
+        listeners and upstream settings of `config` are not re-read: they need a restart.
+        """
+        old = self.routing
+        self.routing = routing
+        self.config = self.config.model_copy(
+            update={
+                "errors": config.errors,
+                "reject": config.reject,
+                "defaults": config.defaults,
+                "topics": config.topics,
+                "topic_configs": config.topic_configs,
+            }
+        )
+        self.produce_engine = self._make_engine()
+        return old
+
+    def _make_engine(self) -> ProduceEngine:
+        errors = self.config.errors
+        return ProduceEngine(
+            self.routing,
+            ProduceSettings(
+                profile=ErrorProfile(errors.profile),
+                legacy_below=errors.legacy_below,
+                legacy_code=errors.legacy_code,
+                reject_request=self.config.reject == "request",
+            ),
+            self.topic_configs.compacted,
+        )
 
     # ---- addresses ----
 
