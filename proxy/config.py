@@ -133,6 +133,15 @@ class TopicConfigsConfig(_Section):
     ttl_ms: int = Field(default=60_000, ge=0)
 
 
+class MetricsConfig(_Section):
+    """Prometheus metrics and health endpoints (/metrics, /healthz, /readyz) on one HTTP port."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=9404, ge=0, le=65535)
+    topic_label_limit: int = Field(default=1000, ge=1)
+
+
 class ProxyConfig(_Section):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig
@@ -143,6 +152,7 @@ class ProxyConfig(_Section):
     defaults: dict[str, Any] | None = None
     topics: tuple[dict[str, Any], ...] = ()
     topic_configs: TopicConfigsConfig = TopicConfigsConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
 
 def parse_host_port(server: str) -> tuple[str, int]:

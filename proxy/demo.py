@@ -68,6 +68,7 @@ def demo_config() -> ProxyConfig:
                 "max_brokers": 1,
             },
             "upstream": {"embedded": True},
+            "metrics": {"port": 0},
             "topics": [
                 {
                     "match": PAYMENTS_TOPIC,

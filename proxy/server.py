@@ -19,6 +19,7 @@ import contextlib
 import logging
 import ssl
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, su
 from protocol.produce import read_produce_acks
 from proxy.config import ProxyConfig
 from proxy.logs import RejectionEvent, RejectionLogger
+from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
 from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
@@ -64,7 +66,15 @@ class ProxyStats:
 class _Slot:
     """One request waiting for its answer; `payload` is the answer frame once known."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "decision", "payload", "silent")
+    __slots__ = (
+        "api_key",
+        "api_version",
+        "correlation_id",
+        "decision",
+        "payload",
+        "sent_at",
+        "silent",
+    )
 
     def __init__(
         self, correlation_id: int, api_key: int, api_version: int, silent: bool = False
@@ -74,6 +84,7 @@ class _Slot:
         self.api_version = api_version
         self.payload: bytes | None = None
         self.decision: ProduceDecision | None = None
+        self.sent_at = 0.0
         self.silent = silent
         """An acks=0 Produce: the client expects no answer, so one from the broker is dropped."""
 
@@ -83,6 +94,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
         self._client = client
+        self._metrics = client.metrics
         self._decoder = FrameDecoder(max_frame_bytes)
         self.transport: asyncio.Transport | None = None
 
@@ -90,6 +102,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self._metrics.bytes.labels("upstream_in").inc(len(data))
         self._decoder.receive_data(data)
         try:
             while (payload := self._decoder.next_frame()) is not None:
@@ -113,6 +126,7 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
         self._server = server
         self._node_id = node_id
+        self.metrics = server.metrics
         limits = server.config.limits
         self._max_in_flight = limits.max_in_flight_requests
         self._decoder = FrameDecoder(limits.max_frame_bytes)
@@ -142,6 +156,7 @@ class ClientConnection(asyncio.Protocol):
         self._connect_task = self._spawn(self._connect_upstream())
 
     def data_received(self, data: bytes) -> None:
+        self.metrics.bytes.labels("client_in").inc(len(data))
         self._decoder.receive_data(data)
         try:
             while (payload := self._decoder.next_frame()) is not None:
@@ -150,7 +165,7 @@ class ClientConnection(asyncio.Protocol):
                 else:
                     self._on_request(payload)
         except ProtocolError as exc:
-            self.abort(f"client {self.peer} sent an undecodable frame: {exc}")
+            self.abort(f"client {self.peer} sent an undecodable frame: {exc}", reason="malformed")
 
     def pause_writing(self) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
@@ -177,6 +192,7 @@ class ClientConnection(asyncio.Protocol):
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
             slot = _Slot(correlation_id, api_key, 0)
             slot.payload = unsupported_api_versions_answer(correlation_id)
+            self.metrics.requests.labels(api_name(api_key), "answered_locally").inc()
             self._slots.append(slot)
             self._flush()
             return
@@ -185,6 +201,7 @@ class ClientConnection(asyncio.Protocol):
             self._on_produce(engine, payload)
             return
         expects_answer = not (api_key == PRODUCE and read_produce_acks(payload) == 0)
+        self.metrics.requests.labels(api_name(api_key), "forwarded").inc()
         if expects_answer:
             slot = _Slot(correlation_id, api_key, api_version)
             self._slots.append(slot)
@@ -220,7 +237,7 @@ class ClientConnection(asyncio.Protocol):
             while held and self._held is None:
                 self._on_request(held.popleft())
         except ProtocolError as exc:
-            self.abort(f"client {self.peer} sent an undecodable frame: {exc}")
+            self.abort(f"client {self.peer} sent an undecodable frame: {exc}", reason="malformed")
             return
         if held and self._held is not None:
             self._held.extendleft(reversed(held))  # blocked again: keep the order
@@ -228,22 +245,36 @@ class ClientConnection(asyncio.Protocol):
             self.resume_reading("topic-configs")
 
     def _apply_produce(self, engine: ProduceEngine, payload: bytes, request: Request) -> None:
+        started = time.perf_counter()
         decision = engine.decide(payload, request)
         header = request.header
-        self._server.report(decision, header.client_id, self.peer)
+        server = self._server
+        server.report(decision, header.client_id, self.peer)
+        server.count_produced(decision)
+        outcome = "forwarded"
+        if decision.rejected:
+            outcome = "rejected" if decision.forward is None else "partially_rejected"
+        self.metrics.requests.labels("produce", outcome).inc()
+        try:
+            self._route_produce(engine, decision, header.correlation_id, header.api_version)
+        finally:
+            self.metrics.proxy_latency.observe(time.perf_counter() - started)
+
+    def _route_produce(
+        self, engine: ProduceEngine, decision: ProduceDecision, correlation_id: int, version: int
+    ) -> None:
         if decision.acks == 0:
             if decision.forward is not None:
-                self._awaiting_upstream.append(
-                    _Slot(header.correlation_id, PRODUCE, header.api_version, silent=True)
-                )
+                self._awaiting_upstream.append(_Slot(correlation_id, PRODUCE, version, silent=True))
                 self._send_upstream(decision.forward)
             if decision.rejected:
                 self.abort(
                     f"acks=0 produce request from {self.peer} rejected: closing the connection "
-                    "as a broker does"
+                    "as a broker does",
+                    reason="acks0_rejection",
                 )
             return
-        slot = _Slot(header.correlation_id, PRODUCE, header.api_version)
+        slot = _Slot(correlation_id, PRODUCE, version)
         slot.decision = decision
         self._slots.append(slot)
         if decision.forward is None:
@@ -253,6 +284,7 @@ class ClientConnection(asyncio.Protocol):
         self._awaiting_upstream.append(slot)
         if len(self._slots) >= self._max_in_flight:
             self.pause_reading("in-flight")
+        slot.sent_at = time.perf_counter()
         self._send_upstream(decision.forward)
 
     def _send_upstream(self, payload: bytes) -> None:
@@ -260,6 +292,7 @@ class ClientConnection(asyncio.Protocol):
             self._pending_frames.append(payload)
             return
         self.upstream.transport.write(frame(payload))
+        self.metrics.bytes.labels("upstream_out").inc(len(payload) + 4)
 
     # ---- answers ----
 
@@ -269,11 +302,16 @@ class ClientConnection(asyncio.Protocol):
             if self._awaiting_upstream.popleft().correlation_id == correlation_id:
                 return  # the broker answered an acks=0 request: the client expects nothing
         if not self._awaiting_upstream:
-            self.abort("upstream sent an answer nobody asked for")
+            self.abort("upstream sent an answer nobody asked for", reason="upstream_error")
             return
         slot = self._awaiting_upstream.popleft()
+        if slot.sent_at:
+            self.metrics.upstream_latency.observe(time.perf_counter() - slot.sent_at)
         if len(payload) < 4 or _CORRELATION.unpack_from(payload)[0] != slot.correlation_id:
-            self.abort(f"upstream answered out of order (expected {slot.correlation_id})")
+            self.abort(
+                f"upstream answered out of order (expected {slot.correlation_id})",
+                reason="upstream_error",
+            )
             return
         if needs_rewrite(slot.api_key, slot.api_version):
             self._spawn(self._rewrite(slot, payload))
@@ -302,13 +340,14 @@ class ClientConnection(asyncio.Protocol):
                 await server.learn_node(node_id, address)
         except (ProtocolError, ProxyError) as exc:
             self.abort(
-                f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}"
+                f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}",
+                reason="upstream_error",
             )
             return
         try:
             slot.payload = self._merged(slot, rewritten)
         except ProtocolError as exc:
-            self.abort(f"cannot merge the broker's produce answer: {exc}")
+            self.abort(f"cannot merge the broker's produce answer: {exc}", reason="upstream_error")
             return
         self._flush()
 
@@ -320,6 +359,7 @@ class ClientConnection(asyncio.Protocol):
         while self._slots and (payload := self._slots[0].payload) is not None:
             slot = self._slots.popleft()
             transport.write(frame(payload))
+            self.metrics.bytes.labels("client_out").inc(len(payload) + 4)
             if tap is not None:
                 tap(slot.api_key, slot.api_version, payload)
         if len(self._slots) < self._max_in_flight:
@@ -331,7 +371,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             upstream = await self._server.open_upstream(self, self._node_id)
         except (OSError, ProxyError, TimeoutError) as exc:
-            self.abort(f"no upstream for client {self.peer}: {exc}")
+            self.abort(f"no upstream for client {self.peer}: {exc}", reason="no_upstream")
             return
         if self._closing:
             if upstream.transport is not None:
@@ -350,7 +390,10 @@ class ClientConnection(asyncio.Protocol):
         self._server.upstream_closed()
         if not self._closing:
             reason = f": {exc}" if exc else ""
-            self.abort(f"upstream closed the connection of client {self.peer}{reason}")
+            self.abort(
+                f"upstream closed the connection of client {self.peer}{reason}",
+                reason="upstream_closed",
+            )
 
     # ---- helpers ----
 
@@ -370,10 +413,13 @@ class ClientConnection(asyncio.Protocol):
         if not self._paused_for and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
-    def abort(self, reason: str, level: int = logging.WARNING) -> None:
+    def abort(self, why: str, level: int = logging.WARNING, *, reason: str | None = None) -> None:
+        """Close both sides; `reason` (a bounded label) counts the close in the metrics."""
         if self._closing:
             return
-        log.log(level, "closing connection: %s", reason)
+        log.log(level, "closing connection: %s", why)
+        if reason is not None:
+            self.metrics.closed.labels(reason).inc()
         self._closing = True
         if self.transport is not None:
             self.transport.close()
@@ -394,7 +440,7 @@ class ClientConnection(asyncio.Protocol):
         self._tasks.discard(task)
         self._server.task_finished()
         if not task.cancelled() and task.exception() is not None:
-            self.abort(f"internal error: {task.exception()!r}")
+            self.abort(f"internal error: {task.exception()!r}", reason="internal_error")
 
 
 class ProxyServer:
@@ -430,6 +476,11 @@ class ProxyServer:
         )
         self.produce_engine: ProduceEngine | None = self._make_engine()
         self.rejection_log = RejectionLogger()
+        self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
+        # A lambda, not the bound method: a reload replaces self.routing.
+        self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108
+        self._http: asyncio.Server | None = None
+        self._ready_cache: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
         """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
 
@@ -459,6 +510,9 @@ class ProxyServer:
             verdict = outcome.verdict
             policy = verdict.policy or "?"
             self.rejections[(outcome.topic, policy, verdict.code)] += 1
+            self.metrics.rejections.labels(
+                self.metrics.topic(outcome.topic), policy, str(verdict.code)
+            ).inc()
             self.rejection_log.rejected(
                 RejectionEvent(
                     topic=outcome.topic,
@@ -471,6 +525,27 @@ class ProxyServer:
                     enforced=outcome.enforced,
                 )
             )
+
+    def count_produced(self, decision: ProduceDecision) -> None:
+        """Batches and records by topic and verdict."""
+        metrics = self.metrics
+        for outcome in decision.outcomes:
+            if outcome.produced is None:
+                continue
+            if outcome.rejected:
+                verdict = "rejected"
+            elif not outcome.verdict.ok:
+                verdict = "warned"
+            else:
+                verdict = "accepted"
+            topic = metrics.topic(outcome.topic)
+            batches = outcome.produced.batches
+            metrics.batches.labels(topic, verdict).inc(len(batches))
+            metrics.records.labels(topic, verdict).inc(sum(b.record_count for b in batches))
+
+    def record_reload(self, result: str) -> None:
+        """Count a configuration reload ("success" or "failure")."""
+        self.metrics.reloads.labels(result).inc()
 
     def replace_rules(self, config: ProxyConfig, routing: TopicRouting) -> TopicRouting:
         """Swap in new policy rules (a reload); returns the old routing for the caller to close.
@@ -577,9 +652,11 @@ class ProxyServer:
                 upstream = await self._connect(client, host, port)
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{host}:{port}: {exc}")
+                self.metrics.connect_failures.labels(f"{host}:{port}").inc()
                 log.warning("upstream %s:%s unreachable: %s", host, port, exc)
                 continue
             self._upstreams += 1
+            self.metrics.upstream_connections.inc()
             return upstream
         raise ProxyError("no upstream reachable (" + "; ".join(errors) + ")")
 
@@ -624,10 +701,52 @@ class ProxyServer:
         so clients holding broker addresses from an earlier run find them open."""
         await self._ensure_listener(None)
         await self._refresh_nodes()
+        settings = self.config.metrics
+        if settings.enabled:
+            try:
+                self._http = await start_http_endpoint(
+                    settings.host, settings.port, self.metrics, self.readiness
+                )
+            except OSError as exc:  # the data path matters more than its metrics
+                log.error(
+                    "metrics endpoint %s:%s unavailable: %s", settings.host, settings.port, exc
+                )
+            else:
+                bound = self._http.sockets[0].getsockname()
+                log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
+
+    @property
+    def metrics_port(self) -> int | None:
+        if self._http is None:
+            return None
+        return int(self._http.sockets[0].getsockname()[1])
+
+    async def readiness(self) -> tuple[bool, str]:
+        """Ready when the configuration is loaded and at least one bootstrap server accepts a
+        connection (checked at most once a second)."""
+        loop = asyncio.get_running_loop()
+        checked_at, ready, why = self._ready_cache
+        if loop.time() - checked_at < 1.0:
+            return ready, why
+        ready, why = False, "no upstream reachable"
+        timeout = min(1.0, self.config.upstream.connect_timeout_ms / 1000)
+        for host, port in self._bootstrap:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            except (OSError, TimeoutError):
+                continue
+            writer.close()
+            ready, why = True, f"ready: upstream {host}:{port} reachable"
+            break
+        self._ready_cache = (loop.time(), ready, why)
+        self.metrics.ready.set(1 if ready else 0)
+        return ready, why
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close everything."""
         self._stopping = True
+        if self._http is not None:
+            self._http.close()
         if drain_timeout is None:
             drain_timeout = self.config.shutdown.drain_timeout_ms / 1000
         for server in self._listeners.values():
@@ -647,12 +766,16 @@ class ProxyServer:
 
     def connection_opened(self, client: ClientConnection) -> None:
         self._clients.add(client)
+        self.metrics.client_connections.inc()
 
     def connection_closed(self, client: ClientConnection) -> None:
-        self._clients.discard(client)
+        if client in self._clients:
+            self._clients.discard(client)
+            self.metrics.client_connections.dec()
 
     def upstream_closed(self) -> None:
         self._upstreams -= 1
+        self.metrics.upstream_connections.dec()
 
     def task_started(self) -> None:
         self._tasks += 1

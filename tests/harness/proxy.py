@@ -69,6 +69,12 @@ class RunningProxy:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def metrics_url(self) -> str:
+        port = self.server.metrics_port
+        assert port is not None, "metrics are disabled or their port could not be bound"
+        return f"http://{self.config.metrics.host}:{port}"
+
     def broker_port(self, node_id: int) -> int:
         return self.server.port_for(node_id)
 
@@ -119,7 +125,8 @@ def proxy_config(
         **sections.pop("listen", {}),
     }
     upstream = {"bootstrap_servers": servers, **sections.pop("upstream", {})}
-    return parse_config({"listen": listen, "upstream": upstream, **sections})
+    metrics = {"port": 0, **sections.pop("metrics", {})}  # an ephemeral port per proxy
+    return parse_config({"listen": listen, "upstream": upstream, "metrics": metrics, **sections})
 
 
 @contextlib.contextmanager

@@ -1,0 +1,195 @@
+"""Prometheus metrics, and the small HTTP endpoint that serves them with /healthz and /readyz.
+
+Each `ProxyServer` has its own registry, so several proxies in one process (tests) do not share
+counters. Topic labels are bounded: after `topic_label_limit` distinct topics, the rest are
+counted under `_other`, so a client cannot blow up the metric cardinality by inventing topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Final
+
+from kio.schema.index import api_key_map
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("kvproxy")
+
+OTHER_TOPICS: Final = "_other"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)  # fmt: skip
+_MAX_HTTP_REQUEST: Final = 8192
+
+
+def api_name(api_key: int) -> str:
+    """A bounded label for an api key: Kafka's name, or `unknown`."""
+    return api_key_map.get(api_key, "unknown")
+
+
+class _CrashCollector(Collector):
+    """Policy crashes, read from the live routing at scrape time (it survives reloads)."""
+
+    def __init__(self, source: Callable[[], dict[str, int]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kvproxy_policy_crashes",
+            "Policies that raised something other than PolicyViolation (the partition was "
+            "rejected: fail closed)",
+            labels=["policy"],
+        )
+        for policy, count in sorted(self._source().items()):
+            family.add_metric([policy], count)
+        yield family
+
+
+class ProxyMetrics:
+    def __init__(self, topic_label_limit: int = 1000) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._topic_limit = topic_label_limit
+        self._topics: set[str] = set()
+        r = self.registry
+        self.requests = Counter(
+            "kvproxy_requests",
+            "Requests from clients by API and what the proxy did with them",
+            ["api", "outcome"],
+            registry=r,
+        )
+        self.batches = Counter(
+            "kvproxy_produce_batches",
+            "Produced record batches by topic and verdict (accepted, rejected, warned)",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.records = Counter(
+            "kvproxy_produce_records",
+            "Produced records by topic and verdict (accepted, rejected, warned)",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "kvproxy_policy_rejections",
+            "Partitions rejected (or, in warn mode, that would have been) by topic, policy, code",
+            ["topic", "policy", "code"],
+            registry=r,
+        )
+        self.bytes = Counter(
+            "kvproxy_bytes",
+            "Bytes moved, by direction (client_in, client_out, upstream_in, upstream_out)",
+            ["direction"],
+            registry=r,
+        )
+        self.proxy_latency = Histogram(
+            "kvproxy_produce_proxy_latency_seconds",
+            "Time the proxy adds to a Produce request before forwarding or answering it",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "kvproxy_produce_upstream_latency_seconds",
+            "Time from forwarding a Produce request to the broker's answer",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.client_connections = Gauge(
+            "kvproxy_client_connections", "Open client connections", registry=r
+        )
+        self.upstream_connections = Gauge(
+            "kvproxy_upstream_connections", "Open connections to brokers", registry=r
+        )
+        self.connect_failures = Counter(
+            "kvproxy_upstream_connect_failures",
+            "Failed attempts to connect to a broker",
+            ["upstream"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "kvproxy_config_reloads", "Configuration reloads by result", ["result"], registry=r
+        )
+        self.closed = Counter(
+            "kvproxy_connections_closed",
+            "Client connections the proxy closed, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "kvproxy_ready", "1 when at least one upstream broker is reachable", registry=r
+        )
+
+    def watch_policy_crashes(self, source: Callable[[], dict[str, int]]) -> None:
+        self.registry.register(_CrashCollector(source))
+
+    def topic(self, name: str) -> str:
+        """`name`, or `_other` once the label limit is reached."""
+        if name in self._topics:
+            return name
+        if len(self._topics) < self._topic_limit:
+            self._topics.add(name)
+            return name
+        return OTHER_TOPICS
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+async def start_http_endpoint(
+    host: str, port: int, metrics: ProxyMetrics, ready: ReadyCheck
+) -> asyncio.Server:
+    """Serve GET /metrics, /healthz and /readyz (HTTP/1.0-style: one request per connection)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            method, path = _request_line(head)
+            status, body, content_type = await _route(method, path, metrics, ready)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            status, body, content_type = 400, b"bad request\n", "text/plain"
+        except ConnectionError:
+            writer.close()
+            return
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+                  503: "Service Unavailable"}[status]  # fmt: skip
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, host, port, limit=_MAX_HTTP_REQUEST)
+
+
+def _request_line(head: bytes) -> tuple[str, str]:
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    method, target, _version = line.split(" ", 2)
+    return method, target.split("?", 1)[0]
+
+
+async def _route(
+    method: str, path: str, metrics: ProxyMetrics, ready: ReadyCheck
+) -> tuple[int, bytes, str]:
+    if method not in ("GET", "HEAD"):
+        return 405, b"only GET\n", "text/plain"
+    if path == "/metrics":
+        return 200, metrics.exposition(), CONTENT_TYPE
+    if path == "/healthz":
+        return 200, b"ok\n", "text/plain"
+    if path == "/readyz":
+        is_ready, why = await ready()
+        metrics.ready.set(1 if is_ready else 0)
+        return (200 if is_ready else 503), (why + "\n").encode(), "text/plain"
+    return 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain"
