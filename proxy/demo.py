@@ -206,10 +206,22 @@ async def _demo(keep_running: bool) -> None:
             print(f"  {label}")
             print(f"    -> {await _raw_produce(host, port, topic, batch)}")
         print(f"\n  kvproxy's own decoder on the flipped batch: {_verdict(bytes(corrupt))}")
+        _print_metrics(server)
         if keep_running:
             print(f"\nkvproxy stays up on {host}:{port}; Ctrl-C stops")
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.Event().wait()
+
+
+def _print_metrics(server: ProxyServer) -> None:
+    """The counters an operator scrapes from /metrics after the exchanges above."""
+    wanted = ("kvproxy_policy_rejections_total", "kvproxy_produce_records_total{")
+    text = server.metrics.exposition().decode()
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    where = f" (http://127.0.0.1:{server.metrics_port}/metrics)" if server.metrics_port else ""
+    print(f"\nmetrics{where}:")
+    for line in lines:
+        print(f"  {line}")
 
 
 def _print_addresses(server: ProxyServer) -> None:

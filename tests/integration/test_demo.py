@@ -35,6 +35,13 @@ def test_demo_sends_records_through_kvproxy() -> None:
     )
     assert "-> POLICY_VIOLATION (44): currency GBP is not allowed; allowed: EUR, USD" in out
     assert "own decoder on the flipped batch: CORRUPT_MESSAGE: stored crc" in out
+    assert (
+        'kvproxy_policy_rejections_total{code="87",policy="compacted_key",topic="customers"} 1.0'
+        in out
+    )
+    assert (
+        'kvproxy_policy_rejections_total{code="44",policy="currency",topic="payments"} 1.0' in out
+    )
 
 
 def test_embedded_broker_stops_on_exit() -> None:
