@@ -1,4 +1,5 @@
-"""Running the proxy: the embedded broker if asked for, uvloop, signals, graceful shutdown."""
+"""Running the proxy: the embedded broker if asked for, uvloop, signals, hot reload, graceful
+shutdown."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from proxy.config import ProxyConfig
 from proxy.embedded import EmbeddedBroker, run_embedded_broker
+from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
 from proxy.server import ProxyServer, build_routing_for
 
 log = logging.getLogger("kvproxy")
@@ -36,37 +38,96 @@ async def running_proxy(
             yield server
         finally:
             await server.stop()
-            routing.close()
+            server.routing.close()  # the rules in force: a reload closes the ones it replaces
+
+
+REJECTION_FLUSH_S = 5.0
+"""How often windows of the rejection log's rate limit are ended (and summaries logged)."""
 
 
 async def serve(
     config: ProxyConfig,
     config_dir: Path | None = None,
     on_ready: Callable[[ProxyServer], None] | None = None,
+    *,
+    config_path: Path | None = None,
+    reload_poll_s: float = DEFAULT_POLL_INTERVAL,
+    on_reload: ReloadListener | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then drain in-flight requests and close."""
+    """Serve until SIGTERM or SIGINT, then drain in-flight requests and close.
+
+    With `config_path`, the policy rules are reloaded from it on SIGHUP and when the file changes
+    (checked every `reload_poll_s` seconds; 0 turns the file check off); `on_reload` is told the
+    result of each attempt ("success" or "failure")."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with running_proxy(config, config_dir) as server:
-        log.info(
-            "kvproxy ready: bootstrap %s:%s, broker ports from %s",
-            config.listen.public_host,
-            server.bootstrap_port,
-            config.listen.broker_port_base,
-        )
-        if on_ready is not None:
-            on_ready(server)
-        await stop.wait()
-        log.info("stopping: no new connections, draining in-flight requests")
+    reloader: ConfigReloader | None = None
+    try:
+        async with running_proxy(config, config_dir) as server:
+            log.info(
+                "kvproxy ready: bootstrap %s:%s, broker ports from %s",
+                config.listen.public_host,
+                server.bootstrap_port,
+                config.listen.broker_port_base,
+            )
+            if config_path is not None:
+                reloader = ConfigReloader(
+                    server,
+                    config_path,
+                    base_dir=config_dir,
+                    poll_interval=reload_poll_s,
+                    on_result=_reload_listener(server, on_reload),
+                )
+                reloader.start()
+            flusher = loop.create_task(_flush_rejections(server), name="kvproxy-rejection-log")
+            if on_ready is not None:
+                on_ready(server)
+            try:
+                await stop.wait()
+            finally:
+                log.info("stopping: no new connections, draining in-flight requests")
+                flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flusher
+                if reloader is not None:
+                    await reloader.stop()
+        server.rejection_log.flush(everything=True)
+    finally:
+        if reloader is not None:
+            reloader.close()  # rules replaced by a reload, once no request can still use them
 
 
-def run(config: ProxyConfig, config_dir: Path | None = None) -> None:
+def _reload_listener(server: ProxyServer, also: ReloadListener | None) -> ReloadListener:
+    """Counts every reload result in the server's metrics, then tells `also`."""
+
+    def report(result: str) -> None:
+        server.record_reload(result)
+        if also is not None:
+            also(result)
+
+    return report
+
+
+async def _flush_rejections(server: ProxyServer) -> None:
+    while True:
+        await asyncio.sleep(REJECTION_FLUSH_S)
+        server.rejection_log.flush()
+
+
+def run(
+    config: ProxyConfig,
+    config_dir: Path | None = None,
+    *,
+    config_path: Path | None = None,
+    reload_poll_s: float = DEFAULT_POLL_INTERVAL,
+) -> None:
     """Blocking entry point of `kvproxy serve` (uvloop when installed)."""
+    main = serve(config, config_dir, config_path=config_path, reload_poll_s=reload_poll_s)
     try:
         import uvloop  # noqa: PLC0415
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
-        asyncio.run(serve(config, config_dir))
+        asyncio.run(main)
     else:
-        uvloop.run(serve(config, config_dir))
+        uvloop.run(main)

@@ -16,6 +16,19 @@ from proxy.config import ConfigError, ProxyConfig, load_config
 def _add_serve(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="run the proxy in the foreground")
     parser.add_argument("-c", "--config", required=True, help="YAML configuration file")
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default) or json: one JSON object per line with every structured field",
+    )
+    parser.add_argument(
+        "--reload-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often the config file is checked for changes (default 1; 0: only on SIGHUP)",
+    )
     parser.set_defaults(func=_serve)
 
 
@@ -27,21 +40,30 @@ def _add_check(subparsers: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
+    from proxy.logs import configure_logging  # noqa: PLC0415
     from proxy.server import ProxyError  # noqa: PLC0415
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    config = load_config(args.config)
+    configure_logging(args.log_format)
+    path = Path(args.config)
     try:
-        run(config, Path(args.config).resolve().parent)
+        config = load_config(path)
+        run(config, path.resolve().parent, config_path=path, reload_poll_s=args.reload_interval)
+    except ConfigError as exc:
+        return _fail(args, str(exc), 2)
     except ProxyError as exc:  # e.g. a broker node id outside the configured port range
-        print(f"kvproxy: {args.config}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, f"{args.config}: {exc}", 2)
     except OSError as exc:  # e.g. a listener port already in use
-        print(f"kvproxy: cannot serve: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, f"cannot serve: {exc}", 1)
     return 0
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """Report why `serve` stops: a plain line, or a JSON log record with --log-format json."""
+    if args.log_format == "json":
+        logging.getLogger("kvproxy").error("%s", message, extra={"exit_code": code})
+    else:
+        print(f"kvproxy: {message}", file=sys.stderr)
+    return code
 
 
 def describe(config: ProxyConfig) -> list[str]:
