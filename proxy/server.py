@@ -43,6 +43,7 @@ log = logging.getLogger("kvproxy")
 
 _CORRELATION = struct.Struct(">i")
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
+READINESS_INTERVAL_S = 5.0
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
@@ -480,6 +481,7 @@ class ProxyServer:
         # A lambda, not the bound method: a reload replaces self.routing.
         self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108
         self._http: asyncio.Server | None = None
+        self._readiness_task: asyncio.Task[None] | None = None
         self._ready_cache: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
         """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
@@ -714,6 +716,13 @@ class ProxyServer:
             else:
                 bound = self._http.sockets[0].getsockname()
                 log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
+        self._readiness_task = asyncio.get_running_loop().create_task(self._watch_readiness())
+
+    async def _watch_readiness(self) -> None:
+        """Keep `kvproxy_ready` current even when nothing polls /readyz."""
+        while not self._stopping:
+            await self.readiness()
+            await asyncio.sleep(READINESS_INTERVAL_S)
 
     @property
     def metrics_port(self) -> int | None:
@@ -745,6 +754,8 @@ class ProxyServer:
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close everything."""
         self._stopping = True
+        if self._readiness_task is not None:
+            self._readiness_task.cancel()
         if self._http is not None:
             self._http.close()
         if drain_timeout is None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from protocol import messages
+from protocol import records as records_mod
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 FILES = sorted(GOLDEN.glob("*-produce-v*.bin"))
 NAME = re.compile(r"^(?P<client>[a-z-]+?)-produce-v(?P<version>\d+)-(?P<variant>[a-z0-9-]+)\.bin$")
-
-messages = pytest.importorskip("protocol.messages")
-records_mod = pytest.importorskip("protocol.records")
 
 
 def _sidecar(path: Path) -> dict[str, Any]:
