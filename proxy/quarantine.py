@@ -450,7 +450,10 @@ class Journal:
                     size = scan.good_end
                 else:
                     corrupt.append(path.name)
-            self._segments.append(_Segment(sequence, path, size, scan.newest_ms))
+            newest_ms = scan.newest_ms
+            if newest_ms is None and size > 0:  # nothing readable: age it by the file's mtime
+                newest_ms = int(path.stat().st_mtime * 1000)
+            self._segments.append(_Segment(sequence, path, size, newest_ms))
         self._apply_retention()
         report = RecoveryReport(
             segments=len(found),
@@ -675,7 +678,7 @@ class Journal:
         while len(self._segments) > 1:
             oldest = self._segments[0]
             total = sum(segment.size for segment in self._segments)
-            # No timestamp: an empty segment (or one with no readable entry) goes first.
+            # No timestamp: an empty segment, which goes first.
             expired = oldest.newest_ms is None or oldest.newest_ms < now_ms - self.retention_ms
             if total <= self.retention_bytes and not expired:
                 break

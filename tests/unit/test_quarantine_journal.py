@@ -558,3 +558,17 @@ def test_flushes_on_the_interval_without_being_asked(
     journal.open()
     journal.append(entry(0))
     assert synced.wait(5)
+
+
+def test_unreadable_older_segment_is_aged_by_its_mtime_not_deleted(
+    journal_factory: Callable[..., Journal],
+) -> None:
+    size = len(encode_entry(entry(0).to_metadata(), BATCH))
+    journal = _fill(journal_factory, 4, segment_bytes=2 * size)
+    first = journal.segment_paths()[0]
+    first.write_bytes(b"\x00" + first.read_bytes()[1:])  # its first entry is corrupt
+    reopened = journal_factory(segment_bytes=2 * size)
+    report = reopened.open()
+    assert report.corrupt_segments == (first.name,)
+    assert first.exists()  # evidence kept until it ages out like any other segment
+    assert [e.partition for e in reopened.entries()] == [2 % 3, 3 % 3]
