@@ -32,7 +32,7 @@ async def running_proxy(
             broker: EmbeddedBroker = stack.enter_context(run_embedded_broker())
             log.info("embedded broker listening on %s", broker.bootstrap)
             bootstrap = ((broker.host, broker.port),)
-        server = ProxyServer(config, bootstrap, routing=routing)
+        server = ProxyServer(config, bootstrap, routing=routing, base_dir=config_dir)
         await server.start()
         try:
             yield server

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from proxy import demo, dump
+from proxy import demo, dump, quarantine_cli
 from proxy.config import ConfigError, ProxyConfig, load_config
 
 
@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(subparsers)
     demo.add_parser(subparsers)
     dump.add_parser(subparsers)
+    quarantine_cli.add_parser(subparsers)
     return parser
 
 

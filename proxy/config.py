@@ -8,6 +8,7 @@ every key.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -133,6 +134,41 @@ class TopicConfigsConfig(_Section):
     ttl_ms: int = Field(default=60_000, ge=0)
 
 
+class QuarantineConfig(_Section):
+    """Where rejected batches are kept (a journal of segments), and dead-letter topics."""
+
+    dir: Path | None = None
+    """The journal's folder; None keeps nothing. Relative paths resolve against the config file."""
+    segment_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
+    retention_bytes: int = Field(default=1024 * 1024 * 1024, ge=4096)
+    retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=1)
+    flush_interval_ms: int = Field(default=1000, ge=1)
+    dead_letter_suffix: str | None = None
+    """When set, rejected records are also produced to `<topic><suffix>` on the cluster."""
+    dead_letter_topics: tuple[str, ...] = ("*",)
+    """Which topics get a dead-letter copy: exact names, globs or /regex/."""
+
+    @field_validator("dead_letter_topics")
+    @classmethod
+    def _patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
+                try:
+                    re.compile(pattern[1:-1])
+                except re.error as exc:
+                    raise ValueError(
+                        f"{pattern!r} is not a valid regular expression: {exc}"
+                    ) from None
+        return patterns
+
+    @field_validator("dead_letter_suffix")
+    @classmethod
+    def _non_empty(cls, suffix: str | None) -> str | None:
+        if suffix is not None and not suffix:
+            raise ValueError("must not be empty (it would name the topic itself)")
+        return suffix
+
+
 class MetricsConfig(_Section):
     """Prometheus metrics and health endpoints (/metrics, /healthz, /readyz) on one HTTP port."""
 
@@ -153,6 +189,7 @@ class ProxyConfig(_Section):
     topics: tuple[dict[str, Any], ...] = ()
     topic_configs: TopicConfigsConfig = TopicConfigsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    quarantine: QuarantineConfig = QuarantineConfig()
 
 
 def parse_host_port(server: str) -> tuple[str, int]:

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Final
+from typing import Any, Final
 
 from kio.schema.index import api_key_map
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("kvproxy")
@@ -50,6 +50,30 @@ class _CrashCollector(Collector):
         for policy, count in sorted(self._source().items()):
             family.add_metric([policy], count)
         yield family
+
+
+class _JournalCollector(Collector):
+    """The quarantine journal's health, read at scrape time."""
+
+    def __init__(self, source: Callable[[], Any]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        journal = self._source()
+        if journal is None:
+            return
+        written = CounterMetricFamily(
+            "kvproxy_quarantine_entries", "Quarantine journal entries by result", labels=["result"]
+        )
+        written.add_metric(["written"], journal.written)
+        written.add_metric(["failed"], journal.failed_writes)
+        written.add_metric(["dropped"], journal.dropped)
+        yield written
+        yield GaugeMetricFamily(
+            "kvproxy_quarantine_degraded",
+            "1 while the quarantine journal cannot be written (clients are still answered)",
+            value=1 if journal.degraded else 0,
+        )
 
 
 class ProxyMetrics:
@@ -121,12 +145,21 @@ class ProxyMetrics:
             ["reason"],
             registry=r,
         )
+        self.dead_letters = Counter(
+            "kvproxy_dead_letters",
+            "Rejected batches copied to dead-letter topics, by result (written, failed)",
+            ["result"],
+            registry=r,
+        )
         self.ready = Gauge(
             "kvproxy_ready", "1 when at least one upstream broker is reachable", registry=r
         )
 
     def watch_policy_crashes(self, source: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_CrashCollector(source))
+
+    def watch_journal(self, source: Callable[[], Any]) -> None:
+        self.registry.register(_JournalCollector(source))
 
     def topic(self, name: str) -> str:
         """`name`, or `_other` once the label limit is reached."""

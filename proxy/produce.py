@@ -57,6 +57,8 @@ class PartitionOutcome:
     enforced: bool
     """True when the verdict is a rejection the client receives."""
     produced: ProducedRecords | None = None
+    raw: bytes | memoryview = b""
+    """The partition's records as the client sent them (kept for the quarantine journal)."""
 
     @property
     def rejected(self) -> bool:
@@ -151,10 +153,11 @@ class ProduceEngine:
             )
             return PartitionOutcome(topic, index, verdict, enforced=True)
         chain = self.routing.chain_for(topic)
+        raw = data.records if data.records is not None else b""
         parsed = parse_records(
             topic,
             index,
-            data.records if data.records is not None else b"",
+            raw,
             produce_version=version,
             acks=acks,
             transactional_id=transactional_id,
@@ -162,13 +165,12 @@ class ProduceEngine:
             now_ms=now,
         )
         if isinstance(parsed, Verdict):  # malformed: never forwarded, whatever the mode
-            return PartitionOutcome(topic, index, parsed, enforced=True)
+            return PartitionOutcome(topic, index, parsed, enforced=True, raw=raw)
         if chain.mode.value == "off":
-            return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed)
+            return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
         verdict = chain.check(parsed)
-        return PartitionOutcome(
-            topic, index, verdict, enforced=chain.mode.value == "enforce", produced=parsed
-        )
+        enforced = chain.mode.value == "enforce"
+        return PartitionOutcome(topic, index, verdict, enforced, produced=parsed, raw=raw)
 
     def _forward(self, frame: bytes, request: Request, decision: ProduceDecision) -> bytes | None:
         rejected = decision.rejected

@@ -20,6 +20,7 @@ import logging
 import ssl
 import struct
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,11 @@ from protocol.headers import read_request_prefix
 from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
 from protocol.produce import read_produce_acks
 from proxy.config import ProxyConfig
+from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
-from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine, ProduceSettings
+from proxy.quarantine import Journal, QuarantineEntry
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
 
@@ -453,8 +456,10 @@ class ProxyServer:
         bootstrap: tuple[tuple[str, int], ...] | None = None,
         tap: ResponseTap | None = None,
         routing: TopicRouting | None = None,
+        base_dir: Path | None = None,
     ) -> None:
         self.config = config
+        self.base_dir = base_dir or Path.cwd()
         self.tap = tap
         self.routing = routing if routing is not None else build_routing_for(config, Path.cwd())
         self._bootstrap = bootstrap if bootstrap is not None else config.upstream.addresses()
@@ -480,8 +485,13 @@ class ProxyServer:
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
         # A lambda, not the bound method: a reload replaces self.routing.
         self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108
+        self.journal = self._make_journal()
+        self.metrics.watch_journal(lambda: self.journal)
+        quarantine = config.quarantine
+        self._dead_letter_for = topic_matcher(quarantine.dead_letter_topics)
         self._http: asyncio.Server | None = None
         self._readiness_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._ready_cache: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
         """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
@@ -515,6 +525,7 @@ class ProxyServer:
             self.metrics.rejections.labels(
                 self.metrics.topic(outcome.topic), policy, str(verdict.code)
             ).inc()
+            self._quarantine(outcome, decision.api_version, client_id, peer)
             self.rejection_log.rejected(
                 RejectionEvent(
                     topic=outcome.topic,
@@ -527,6 +538,82 @@ class ProxyServer:
                     enforced=outcome.enforced,
                 )
             )
+
+    def _make_journal(self) -> Journal | None:
+        settings = self.config.quarantine
+        if settings.dir is None:
+            return None
+        directory = settings.dir if settings.dir.is_absolute() else self.base_dir / settings.dir
+        return Journal(
+            directory,
+            segment_bytes=settings.segment_bytes,
+            retention_bytes=settings.retention_bytes,
+            retention_ms=settings.retention_ms,
+            flush_interval_ms=settings.flush_interval_ms,
+            on_error=lambda why: log.error(
+                "quarantine journal %s cannot be written: %s (clients are still answered)",
+                directory,
+                why,
+            ),
+        )
+
+    def _quarantine(
+        self, outcome: PartitionOutcome, version: int, client_id: str | None, peer: str
+    ) -> None:
+        """Keep what was refused (or, in warn mode, would have been) and copy it to the
+        dead-letter topic when configured. Neither ever changes the client's answer."""
+        verdict = outcome.verdict
+        if self.journal is not None:
+            self.journal.append(
+                QuarantineEntry(
+                    id=uuid.uuid4().hex,
+                    time_ms=int(time.time() * 1000),
+                    kind="rejected" if outcome.enforced else "warned",
+                    topic=outcome.topic,
+                    partition=outcome.index,
+                    client_id=client_id,
+                    client_address=peer,
+                    produce_version=version,
+                    policy=verdict.policy,
+                    code=verdict.code,
+                    message=verdict.message,
+                    record_indexes=tuple(e.index for e in verdict.record_errors),
+                    records=bytes(outcome.raw),
+                )
+            )
+        suffix = self.config.quarantine.dead_letter_suffix
+        if suffix and outcome.enforced and self._dead_letter_for(outcome.topic):
+            if outcome.topic.endswith(suffix):
+                return  # never a dead letter of a dead letter
+            batch = dead_letter_records(
+                bytes(outcome.raw),
+                policy=verdict.policy or "?",
+                code=verdict.code,
+                message=verdict.message,
+                partition=outcome.index,
+                client_id=client_id,
+            )
+            task = asyncio.get_running_loop().create_task(
+                self._send_dead_letter(outcome.topic + suffix, outcome.index, batch)
+            )
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send_dead_letter(self, topic: str, partition: int, batch: bytes) -> None:
+        try:
+            await send_dead_letter(
+                list(self._bootstrap),
+                self._upstream_ssl,
+                self.config.upstream.connect_timeout_ms / 1000,
+                topic=topic,
+                partition=partition,
+                batch=batch,
+            )
+        except ConnectionError as exc:
+            self.metrics.dead_letters.labels("failed").inc()
+            log.warning("dead letter not written: %s", exc)
+        else:
+            self.metrics.dead_letters.labels("written").inc()
 
     def count_produced(self, decision: ProduceDecision) -> None:
         """Batches and records by topic and verdict."""
@@ -701,6 +788,17 @@ class ProxyServer:
     async def start(self) -> None:
         """Open the bootstrap listener, then a listener for every broker the cluster names now,
         so clients holding broker addresses from an earlier run find them open."""
+        if self.journal is not None:
+            report = self.journal.open()
+            log.info(
+                "quarantine journal %s: %d entries in %d segments%s",
+                self.journal.directory,
+                report.entries,
+                report.segments,
+                f", torn tail of {report.truncated_bytes} bytes truncated"
+                if report.truncated_bytes
+                else "",
+            )
         await self._ensure_listener(None)
         await self._refresh_nodes()
         settings = self.config.metrics
@@ -747,6 +845,9 @@ class ProxyServer:
             writer.close()
             ready, why = True, f"ready: upstream {host}:{port} reachable"
             break
+        if ready and self.journal is not None and self.journal.degraded:
+            problem = self.journal.degraded
+            why = f"ready, degraded: the quarantine journal cannot be written: {problem}"
         self._ready_cache = (loop.time(), ready, why)
         self.metrics.ready.set(1 if ready else 0)
         return ready, why
@@ -772,8 +873,10 @@ class ProxyServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
         deadline = loop.time() + 2.0
-        while (self._clients or self._tasks) and loop.time() < deadline:
+        while (self._clients or self._tasks or self._background) and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        if self.journal is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
 
     def connection_opened(self, client: ClientConnection) -> None:
         self._clients.add(client)

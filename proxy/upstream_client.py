@@ -7,6 +7,7 @@ import ssl
 
 from kio.schema.metadata.v1.request import MetadataRequest
 
+from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.messages import METADATA, decode_response, encode_request, make_request
 
@@ -102,3 +103,85 @@ async def _round_trip(
         return payload
     finally:
         writer.close()
+
+
+async def partition_leader(
+    bootstrap: list[tuple[str, int]],
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    topic: str,
+    partition: int,
+) -> tuple[str, int] | None:
+    """The address of `topic`-`partition`'s leader, asked of the first bootstrap that answers."""
+    from kio.schema.metadata.v1.request import MetadataRequestTopic  # noqa: PLC0415
+    from kio.schema.types import TopicName  # noqa: PLC0415
+
+    body = MetadataRequest(topics=(MetadataRequestTopic(name=TopicName(topic)),))
+    for host, port in bootstrap:
+        try:
+            payload = await _round_trip(
+                host, port, ssl_context, timeout, api_key=METADATA, version=1, body=body
+            )
+        except (OSError, TimeoutError, ProtocolError):
+            continue
+        answer = decode_response(payload, METADATA, 1).body
+        brokers = {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
+        for entry in answer.topics:
+            if entry.name != topic or int(entry.error_code) != 0:
+                continue
+            for p in entry.partitions:
+                if int(p.partition_index) == partition and int(p.error_code) == 0:
+                    return brokers.get(int(p.leader_id))
+        return None
+    return None
+
+
+_PRODUCE_VERSION = 7  # magic-2 batches, zstd allowed, no flexible encoding: every broker since 2.1
+
+
+async def produce_batch(
+    leader: tuple[str, int],
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    *,
+    topic: str,
+    partition: int,
+    records: bytes,
+) -> int:
+    """Produce one partition's records with acks=-1; the broker's error code (0 = written)."""
+    import datetime  # noqa: PLC0415
+
+    from kio.schema.produce.v7.request import (  # noqa: PLC0415
+        PartitionProduceData,
+        ProduceRequest,
+        TopicProduceData,
+    )
+    from kio.schema.types import TopicName  # noqa: PLC0415
+    from kio.static.primitive import Records, i16, i32, i32Timedelta  # noqa: PLC0415
+
+    from protocol.messages import PRODUCE  # noqa: PLC0415
+
+    body = ProduceRequest(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=timeout)),
+        topic_data=(
+            TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(
+                    PartitionProduceData(index=i32(partition), records=Records(records)),
+                ),
+            ),
+        ),
+    )
+    payload = await _round_trip(
+        leader[0],
+        leader[1],
+        ssl_context,
+        timeout,
+        api_key=PRODUCE,
+        version=_PRODUCE_VERSION,
+        body=body,
+    )
+    answer = decode_response(payload, PRODUCE, _PRODUCE_VERSION).body
+    return int(answer.responses[0].partition_responses[0].error_code)

@@ -1,0 +1,99 @@
+"""Dead-letter topics: rejected records copied to `<topic><suffix>` with why they were refused.
+
+A copy is best effort: a failure is logged and counted and never changes the client's answer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import re
+import ssl
+from collections.abc import Callable
+from typing import Final
+
+from protocol.errors import ProtocolError
+from protocol.records import build_batch, iter_batches
+from proxy.upstream_client import partition_leader, produce_batch
+
+log = logging.getLogger("kvproxy")
+
+HEADER_POLICY: Final = "kvproxy.policy"
+HEADER_CODE: Final = "kvproxy.code"
+HEADER_MESSAGE: Final = "kvproxy.message"
+HEADER_PARTITION: Final = "kvproxy.original.partition"
+HEADER_CLIENT: Final = "kvproxy.client.id"
+HEADER_UNREADABLE: Final = "kvproxy.unreadable"
+
+
+def topic_matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Exact names, globs and /regex/ (full match), like the policies' `match`."""
+    regexes = [
+        re.compile(p[1:-1])
+        for p in patterns
+        if len(p) >= 2 and p.startswith("/") and p.endswith("/")
+    ]
+    globs = [p for p in patterns if not (len(p) >= 2 and p.startswith("/") and p.endswith("/"))]
+
+    def matches(topic: str) -> bool:
+        return any(r.fullmatch(topic) for r in regexes) or any(
+            fnmatch.fnmatchcase(topic, g) for g in globs
+        )
+
+    return matches
+
+
+def dead_letter_records(
+    records: bytes,
+    *,
+    policy: str,
+    code: int,
+    message: str | None,
+    partition: int,
+    client_id: str | None,
+) -> bytes:
+    """One magic-2 batch holding the refused records, each with the kvproxy.* headers added.
+
+    Records that cannot be decoded travel as one record whose value is the raw bytes.
+    """
+    why: list[tuple[str, bytes | None]] = [
+        (HEADER_POLICY, policy.encode()),
+        (HEADER_CODE, str(code).encode()),
+        (HEADER_MESSAGE, (message or "").encode()),
+        (HEADER_PARTITION, str(partition).encode()),
+        (HEADER_CLIENT, client_id.encode() if client_id is not None else None),
+    ]
+    try:
+        rows = [
+            (r.key, r.value, (*r.headers, *why), r.timestamp if r.timestamp >= 0 else None)
+            for batch in iter_batches(records)
+            for r in batch.records()
+        ]
+    except ProtocolError:
+        rows = [(None, bytes(records), (*why, (HEADER_UNREADABLE, b"1")), None)]
+    if not rows:
+        rows = [(None, b"", tuple(why), None)]
+    return build_batch(rows)
+
+
+async def send_dead_letter(
+    bootstrap: list[tuple[str, int]],
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    *,
+    topic: str,
+    partition: int,
+    batch: bytes,
+) -> None:
+    """Produce `batch` to `topic`-`partition`; raises ConnectionError with the reason on failure."""
+    try:
+        leader = await partition_leader(bootstrap, ssl_context, timeout, topic, partition)
+        if leader is None:
+            raise ConnectionError(f"no leader for {topic}-{partition} (does the topic exist?)")
+        code = await produce_batch(
+            leader, ssl_context, timeout, topic=topic, partition=partition, records=batch
+        )
+    except (OSError, TimeoutError, ProtocolError) as exc:
+        raise ConnectionError(f"{topic}-{partition}: {exc}") from exc
+    if code != 0:
+        raise ConnectionError(f"{topic}-{partition}: the broker answered error {code}")

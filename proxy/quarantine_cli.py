@@ -1,0 +1,275 @@
+"""`kvproxy quarantine list|show|replay`: what the proxy refused, and putting it where it belongs.
+
+The commands read the journal while a proxy may be writing it (they never truncate or delete).
+`replay` re-checks entries with the current policies and produces what now passes straight to
+the cluster; each replayed entry's id is appended to `replayed.ids` in the journal folder (one
+line each, a file of its own so the proxy's writer is never raced), and is never replayed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from policies.api import Verdict, parse_records
+from policies.config import TopicRouting
+from protocol.error_codes import error_name
+from protocol.errors import ProtocolError
+from protocol.records import iter_batches
+from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.dump import preview
+from proxy.quarantine import JournalReader, QuarantineEntry
+from proxy.upstream_client import describe_cleanup_policies, partition_leader, produce_batch
+
+REPLAYED_FILE = "replayed.ids"
+_REPLAY_PRODUCE_VERSION = 7
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("quarantine", help="inspect and replay rejected records")
+    commands = parser.add_subparsers(dest="quarantine_command", required=True, metavar="COMMAND")
+    for name, help_text, func in (
+        ("list", "summary by topic, policy and code", _list),
+        ("show", "the entries with their decoded records", _show),
+        ("replay", "re-check with the current policies and produce what passes", _replay),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("-c", "--config", help="YAML configuration (its quarantine.dir)")
+        sub.add_argument("--dir", help="a journal folder (instead of the config's)")
+        sub.add_argument("--topic", required=name == "replay", help="only this topic")
+        sub.add_argument("--since", help="from this time (ISO 8601 or epoch ms)")
+        sub.add_argument("--until", help="before this time (ISO 8601 or epoch ms)")
+        if name == "show":
+            sub.add_argument("--limit", type=int, default=50, help="at most this many entries")
+        sub.set_defaults(func=func)
+
+
+def parse_time(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _format_time(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _journal_dir(args: argparse.Namespace) -> tuple[Path, ProxyConfig | None]:
+    if args.dir:
+        config = load_config(args.config) if args.config else None
+        return Path(args.dir), config
+    if not args.config:
+        raise ConfigError("give -c FILE (its quarantine.dir) or --dir DIR")
+    config = load_config(args.config)
+    directory = config.quarantine.dir
+    if directory is None:
+        raise ConfigError(f"{args.config}: quarantine.dir is not set")
+    if not directory.is_absolute():
+        directory = Path(args.config).resolve().parent / directory
+    return directory, config
+
+
+def _entries(args: argparse.Namespace, directory: Path) -> Iterator[QuarantineEntry]:
+    reader = JournalReader(directory)
+    yield from reader.entries(
+        topic=args.topic, since_ms=parse_time(args.since), until_ms=parse_time(args.until)
+    )
+    for problem in reader.problems:
+        if not problem.torn_tail:
+            print(
+                f"warning: {problem.segment} at byte {problem.position}: {problem.error}",
+                file=sys.stderr,
+            )
+
+
+def replayed_ids(directory: Path) -> set[str]:
+    path = directory / REPLAYED_FILE
+    ids = JournalReader(directory).replayed_ids()
+    if path.exists():
+        ids.update(line.strip() for line in path.read_text().splitlines() if line.strip())
+    return ids
+
+
+def _list(args: argparse.Namespace) -> int:
+    directory, _ = _journal_dir(args)
+    replayed = replayed_ids(directory)
+    groups: dict[tuple[str, str, int, str], list[QuarantineEntry]] = collections.defaultdict(list)
+    for entry in _entries(args, directory):
+        groups[(entry.topic, entry.policy or "?", entry.code, entry.kind)].append(entry)
+    if not groups:
+        print(f"{directory}: no entries")
+        return 0
+    print(f"{directory}:")
+    print(f"  {'topic':<24} {'policy':<16} {'code':<28} {'kind':<8} entries  replayed  from .. to")
+    for (topic, policy, code, kind), entries in sorted(groups.items()):
+        done = sum(1 for e in entries if e.id in replayed)
+        span = f"{_format_time(entries[0].time_ms)} .. {_format_time(entries[-1].time_ms)}"
+        label = f"{code} {error_name(code)}"
+        print(
+            f"  {topic:<24} {policy:<16} {label:<28} {kind:<8} {len(entries):>7}  {done:>8}  {span}"
+        )
+    total = sum(len(e) for e in groups.values())
+    print(f"  {total} entries")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    directory, _ = _journal_dir(args)
+    replayed = replayed_ids(directory)
+    shown = 0
+    for entry in _entries(args, directory):
+        if shown >= args.limit:
+            print("... more entries (use --limit)")
+            break
+        shown += 1
+        mark = " [replayed]" if entry.id in replayed else ""
+        print(
+            f"{_format_time(entry.time_ms)} {entry.id} {entry.kind}{mark} "
+            f"{entry.topic}-{entry.partition}"
+        )
+        print(
+            f"  client {entry.client_id} at {entry.client_address}, "
+            f"Produce v{entry.produce_version}"
+        )
+        print(
+            f"  policy {entry.policy}, code {entry.code} {error_name(entry.code)}: {entry.message}"
+        )
+        culprits = set(entry.record_indexes)
+        for line in _record_lines(entry.records, culprits):
+            print(f"    {line}")
+    if shown == 0:
+        print(f"{directory}: no entries")
+    return 0
+
+
+def _record_lines(records: bytes, culprits: set[int]) -> Iterator[str]:
+    index = 0
+    try:
+        for batch in iter_batches(records):
+            for record in batch.records():
+                flag = "!" if index in culprits else " "
+                headers = ", ".join(f"{k}={preview(v)}" for k, v in record.headers)
+                yield (
+                    f"{flag} #{index} key={preview(record.key)} value={preview(record.value)}"
+                    + (f" headers=[{headers}]" if headers else "")
+                )
+                index += 1
+    except ProtocolError as exc:
+        yield f"  (records not decodable after #{index}: {exc}; {len(records)} bytes kept)"
+
+
+def _replay(args: argparse.Namespace) -> int:
+    directory, config = _journal_dir(args)
+    if config is None:
+        raise ConfigError("replay needs -c FILE: the current policies and the cluster")
+    config_dir = Path(args.config).resolve().parent
+    return asyncio.run(_replay_async(args, directory, config, config_dir))
+
+
+async def _replay_async(
+    args: argparse.Namespace, directory: Path, config: ProxyConfig, config_dir: Path
+) -> int:
+    from proxy.server import ProxyError, _upstream_side_ssl, build_routing_for  # noqa: PLC0415
+
+    try:
+        routing = build_routing_for(config, config_dir)
+    except ProxyError as exc:
+        raise ConfigError(f"{args.config}: {exc}") from None
+    bootstrap = list(config.upstream.addresses())
+    if not bootstrap:
+        raise ConfigError("replay needs upstream.bootstrap_servers (the embedded broker is gone)")
+    ssl_context = _upstream_side_ssl(config)
+    timeout = config.upstream.connect_timeout_ms / 1000
+    done = replayed_ids(directory)
+    pending = [e for e in _entries(args, directory) if e.kind == "rejected" and e.id not in done]
+    compacted = routing.compacted_override(args.topic)
+    if compacted is None and pending:
+        policies = await describe_cleanup_policies(
+            bootstrap[0][0], bootstrap[0][1], ssl_context, timeout, [args.topic]
+        )
+        cleanup = policies.get(args.topic)
+        compacted = cleanup is not None and "compact" in cleanup
+    passed = failed = 0
+    with open(directory / REPLAYED_FILE, "a", encoding="utf-8") as marks:
+        for entry in pending:
+            verdict = _check(routing, entry, compacted)
+            if not verdict.ok:
+                failed += 1
+                print(
+                    f"{entry.id} {entry.topic}-{entry.partition}: still fails: policy "
+                    f"{verdict.policy}, code {verdict.code} {error_name(verdict.code)}: "
+                    f"{verdict.message}"
+                )
+                continue
+            error = await _produce(bootstrap, ssl_context, timeout, entry)
+            if error:
+                failed += 1
+                print(f"{entry.id} {entry.topic}-{entry.partition}: not written: {error}")
+                continue
+            marks.write(entry.id + "\n")
+            marks.flush()
+            os.fsync(marks.fileno())
+            passed += 1
+            print(f"{entry.id} {entry.topic}-{entry.partition}: passes now, replayed")
+    routing.close()
+    print(
+        f"{passed} replayed, {failed} still failing, "
+        f"{len(done & {e.id for e in JournalReader(directory).entries(topic=args.topic)})} "
+        "replayed earlier"
+    )
+    return 0
+
+
+def _check(routing: TopicRouting, entry: QuarantineEntry, compacted: bool | None) -> Verdict:
+    parsed = parse_records(
+        entry.topic,
+        entry.partition,
+        entry.records,
+        produce_version=_REPLAY_PRODUCE_VERSION,
+        acks=-1,
+        transactional_id=None,
+        compacted=compacted,
+        now_ms=int(time.time() * 1000),
+    )
+    if isinstance(parsed, Verdict):
+        return parsed
+    chain = routing.chain_for(entry.topic)
+    if chain.mode.value == "off":
+        return Verdict()
+    return chain.check(parsed)
+
+
+async def _produce(
+    bootstrap: list[tuple[str, int]], ssl_context: Any, timeout: float, entry: QuarantineEntry
+) -> str | None:
+    try:
+        leader = await partition_leader(
+            bootstrap, ssl_context, timeout, entry.topic, entry.partition
+        )
+        if leader is None:
+            return f"no leader for {entry.topic}-{entry.partition}"
+        code = await produce_batch(
+            leader,
+            ssl_context,
+            timeout,
+            topic=entry.topic,
+            partition=entry.partition,
+            records=entry.records,
+        )
+    except (OSError, TimeoutError, ProtocolError) as exc:
+        return str(exc)
+    return None if code == 0 else f"the broker answered {code} {error_name(code)}"
