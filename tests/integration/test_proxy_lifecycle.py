@@ -245,7 +245,10 @@ def test_check_prints_ok_and_the_resolved_listeners(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("upstream: {bootstrap_servers: [k:1]}\nlisten: {prot: 1}\n", "listen.prot: unknown key"),
-        ("upstream: {bootstrap_servers: [k:1]}\nquarantine: {dir: q}\n", "quarantine: unknown key"),
+        (
+            "upstream: {bootstrap_servers: [k:1]}\nquarantine: {path: q}\n",
+            "quarantine.path: unknown key",
+        ),
         ("upstream: {bootstrap_servers: ['kafka:port']}\n", "'kafka:port' is not HOST:PORT"),
         (
             "upstream: {bootstrap_servers: [k:1], embedded: true}\n",
