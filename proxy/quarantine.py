@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import queue
 import threading
@@ -47,6 +48,8 @@ GiB = 1024 * MiB
 DAY_MS = 24 * 60 * 60 * 1000
 
 SEGMENT_SUFFIX = ".kvq"
+LOCK_FILE = ".lock"
+"""Held (flock, exclusive) by the one Journal writing a directory; readers do not take it."""
 KINDS = ("rejected", "warned", "replayed")
 METADATA_VERSION = 1
 """The `v` key of every entry's metadata; readers ignore keys they do not know."""
@@ -412,6 +415,7 @@ class Journal:
         self._queue_full = False
         self._segments: list[_Segment] = []
         self._fd: int | None = None
+        self._lock_fd: int | None = None
         self._dirty = False
         self._last_sync = time.monotonic()
 
@@ -423,11 +427,47 @@ class Journal:
         A torn or corrupt tail of the last segment is truncated to the end of its last good
         entry. An older segment with a corrupt entry is left alone (readers stop there) and
         named in the report. Raises OSError when the directory cannot be created, listed or
-        repaired; write errors after this never raise.
+        repaired, and BlockingIOError when another Journal (another process) holds it; write
+        errors after this never raise.
         """
         if self._thread is not None:
             raise RuntimeError("journal already open")
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            report = self._recover()
+        except BaseException:
+            self._unlock()
+            raise
+        self._closed = False
+        self._last_sync = time.monotonic()
+        self._thread = threading.Thread(
+            target=self._run, name=f"kvproxy-journal:{self.directory}", daemon=True
+        )
+        self._thread.start()
+        return report
+
+    def _lock(self) -> None:
+        fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise BlockingIOError(
+                exc.errno, f"quarantine journal {self.directory} is in use by another process"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def _recover(self) -> RecoveryReport:
         found = _list_segments(self.directory)
         entries = 0
         truncated_bytes = 0
@@ -455,20 +495,13 @@ class Journal:
                 newest_ms = int(path.stat().st_mtime * 1000)
             self._segments.append(_Segment(sequence, path, size, newest_ms))
         self._apply_retention()
-        report = RecoveryReport(
+        return RecoveryReport(
             segments=len(found),
             entries=entries,
             truncated_bytes=truncated_bytes,
             truncated_segment=truncated_segment,
             corrupt_segments=tuple(corrupt),
         )
-        self._closed = False
-        self._last_sync = time.monotonic()
-        self._thread = threading.Thread(
-            target=self._run, name=f"kvproxy-journal:{self.directory}", daemon=True
-        )
-        self._thread.start()
-        return report
 
     def append(self, entry: QuarantineEntry) -> None:
         """Queue `entry` for the writer thread. Never blocks, never raises."""
@@ -513,6 +546,7 @@ class Journal:
         self._queue.put(_STOP)
         thread.join()
         self._thread = None
+        self._unlock()
 
     def __enter__(self) -> Journal:
         self.open()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -447,7 +448,7 @@ def test_unwritable_directory_degrades_without_raising(
     journal = journal_factory()
     journal.open()
     # The directory disappears and a file takes its place: creating a segment fails.
-    journal.directory.rmdir()
+    shutil.rmtree(journal.directory)
     journal.directory.write_bytes(b"")
     journal.append(entry(0))
     assert not journal.flush(timeout=10)
@@ -572,3 +573,25 @@ def test_unreadable_older_segment_is_aged_by_its_mtime_not_deleted(
     assert report.corrupt_segments == (first.name,)
     assert first.exists()  # evidence kept until it ages out like any other segment
     assert [e.partition for e in reopened.entries()] == [2 % 3, 3 % 3]
+
+
+def test_one_writer_per_directory(journal_factory: Callable[..., Journal], tmp_path: Path) -> None:
+    first = journal_factory()
+    first.open()
+    script = (
+        "import sys\nfrom proxy.quarantine import Journal\n"
+        "try:\n    Journal(sys.argv[1]).open()\nexcept BlockingIOError as exc:\n"
+        "    print(exc.strerror)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(first.directory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "in use by another process" in result.stdout
+    first.close()
+    second = journal_factory()
+    second.open()  # the lock went with close()
