@@ -788,8 +788,8 @@ class ProxyServer:
     async def start(self) -> None:
         """Open the bootstrap listener, then a listener for every broker the cluster names now,
         so clients holding broker addresses from an earlier run find them open."""
-        if self.journal is not None:
-            report = self.journal.open()
+        if self.journal is not None:  # reading the segments is disk work: off the event loop
+            report = await asyncio.get_running_loop().run_in_executor(None, self.journal.open)
             log.info(
                 "quarantine journal %s: %d entries in %d segments%s",
                 self.journal.directory,
