@@ -113,18 +113,22 @@ async def partition_leader(
     partition: int,
 ) -> tuple[str, int] | None:
     """The address of `topic`-`partition`'s leader, asked of the first bootstrap that answers."""
-    from kio.schema.metadata.v1.request import MetadataRequestTopic  # noqa: PLC0415
+    from kio.schema.metadata.v4.request import MetadataRequest as MetadataRequestV4  # noqa: PLC0415
+    from kio.schema.metadata.v4.request import MetadataRequestTopic  # noqa: PLC0415
     from kio.schema.types import TopicName  # noqa: PLC0415
 
-    body = MetadataRequest(topics=(MetadataRequestTopic(name=TopicName(topic)),))
+    # v4+: ask without creating the topic (v1 would make a broker with auto-creation create it).
+    body = MetadataRequestV4(
+        topics=(MetadataRequestTopic(name=TopicName(topic)),), allow_auto_topic_creation=False
+    )
     for host, port in bootstrap:
         try:
             payload = await _round_trip(
-                host, port, ssl_context, timeout, api_key=METADATA, version=1, body=body
+                host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body
             )
         except (OSError, TimeoutError, ProtocolError):
             continue
-        answer = decode_response(payload, METADATA, 1).body
+        answer = decode_response(payload, METADATA, 4).body
         brokers = {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
         for entry in answer.topics:
             if entry.name != topic or int(entry.error_code) != 0:
