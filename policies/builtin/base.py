@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ class PolicyContext:
     producer_state: ProducerStateTracker | None = None
 
 
-class BuiltinPolicy:
+class BuiltinPolicy(abc.ABC):
     """Base of the built-in policies.
 
     `OPTIONS` maps every accepted option to its default; `configure` refuses anything else and
@@ -61,13 +62,14 @@ class BuiltinPolicy:
         self.options = {**self.OPTIONS, **config}
         self.setup()
 
-    def setup(self) -> None:
+    def setup(self) -> None:  # noqa: B027 - a hook: most built-ins need no setup
         """Check and compile `self.options`; raise PolicyConfigError on a bad value."""
 
+    @abc.abstractmethod
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
-        raise NotImplementedError
+        """The verdict on one partition's records (every built-in implements it)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: built-ins hold nothing to close
         """Built-ins hold nothing that needs closing."""
 
     # helpers for setup()

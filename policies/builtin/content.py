@@ -8,6 +8,7 @@ MESSAGE_TOO_LARGE (10).
 
 from __future__ import annotations
 
+import abc
 import io
 import json
 import re
@@ -47,9 +48,9 @@ class RecordCheckPolicy(BuiltinPolicy):
     code = error_codes.INVALID_RECORD
     rejection: str | None = "invalid_record"
 
+    @abc.abstractmethod
     def check(self, record: Record, tp: str) -> str | None:
         """The error message for this record, or None when it passes."""
-        raise NotImplementedError
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         tp = batch.topic_partition
