@@ -203,7 +203,8 @@ class ProduceEngine:
             if not o.rejected
             and o.produced is not None
             and any(b.producer_id >= 0 for b in o.produced.batches)
-        ]
+            and "producer_state" in self.routing.chain_for(o.topic).names
+        ]  # decoding the answer costs: only when a producer_state check will read the state
         if not idempotent:
             return
         body = decode_response(upstream, PRODUCE, decision.api_version).body
