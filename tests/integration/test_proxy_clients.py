@@ -203,3 +203,23 @@ def test_metadata_every_version_names_only_proxy_listeners(
     finally:
         client.close()
     assert _addresses(METADATA, version, answer) == [(111, proxy.host, proxy.broker_port(111))]
+
+
+def test_system_kcat_works_through_the_proxy(proxy: RunningProxy, topic: str) -> None:
+    """Debian 12's kcat links librdkafka 2.0.2, which cannot parse Tansu's ApiVersions v3 answer
+    (a tag sent at its default value) when it talks to Tansu directly. The proxy re-encodes that
+    answer, so the same old client works through it."""
+    import subprocess
+
+    def system_kcat(*args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            ["kcat", *args], input=data, capture_output=True, timeout=30, check=False
+        )
+
+    produce = ["-b", proxy.bootstrap, "-P", "-t", topic, "-p", "0", "-K:"]
+    produced = system_kcat(*produce, data=b"a:1\n")
+    assert produced.returncode == 0, produced.stderr.decode(errors="replace")
+    consume = ["-b", proxy.bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e"]
+    consumed = system_kcat(*consume, "-f", "%k:%s\n")
+    assert consumed.returncode == 0, consumed.stderr.decode(errors="replace")
+    assert consumed.stdout == b"a:1\n"
