@@ -169,6 +169,14 @@ class QuarantineConfig(_Section):
         return suffix
 
 
+class LogsConfig(_Section):
+    """How often the same rejection is logged: at most `rejections_per_window` lines per (topic,
+    policy, code) per window; the rest are summed up in one line when the window ends."""
+
+    rejections_per_window: int = Field(default=10, ge=1)
+    rejection_window_ms: int = Field(default=60_000, ge=1)
+
+
 class MetricsConfig(_Section):
     """Prometheus metrics and health endpoints (/metrics, /healthz, /readyz) on one HTTP port."""
 
@@ -190,6 +198,7 @@ class ProxyConfig(_Section):
     topic_configs: TopicConfigsConfig = TopicConfigsConfig()
     metrics: MetricsConfig = MetricsConfig()
     quarantine: QuarantineConfig = QuarantineConfig()
+    logs: LogsConfig = LogsConfig()
 
 
 def parse_host_port(server: str) -> tuple[str, int]:

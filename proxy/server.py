@@ -481,7 +481,10 @@ class ProxyServer:
             config.upstream.connect_timeout_ms / 1000,
         )
         self.produce_engine: ProduceEngine | None = self._make_engine()
-        self.rejection_log = RejectionLogger()
+        self.rejection_log = RejectionLogger(
+            rate=config.logs.rejections_per_window,
+            window_s=config.logs.rejection_window_ms / 1000,
+        )
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
         # A lambda, not the bound method: a reload replaces self.routing.
         self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108

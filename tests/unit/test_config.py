@@ -283,3 +283,15 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert str(caught.value) == f"{path}: 1 problem(s)\n  shutdown.drain_timeout: unknown key"
+
+
+def test_rejection_log_limits_are_configurable() -> None:
+    from proxy.server import ProxyServer
+
+    config = parse_config(
+        {"upstream": UPSTREAM, "logs": {"rejections_per_window": 3, "rejection_window_ms": 500}}
+    )
+    server = ProxyServer(config)
+    assert (server.rejection_log.rate, server.rejection_log.window_s) == (3, 0.5)
+    with pytest.raises(ConfigError, match=r"logs\.rejections_per_window"):
+        parse_config({"upstream": UPSTREAM, "logs": {"rejections_per_window": 0}})
