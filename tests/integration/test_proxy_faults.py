@@ -12,6 +12,7 @@ import pytest
 
 from protocol.messages import API_VERSIONS, METADATA, PRODUCE, decode_response
 from tests.harness import Broker, create_topic, run_tansu, unique_topic_name
+from tests.harness.clients import produce_and_consume
 from tests.harness.proxy import RunningProxy, proxy_config, run_proxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.tansu import free_port
@@ -36,33 +37,6 @@ def assert_serves(proxy: RunningProxy, correlation_id: int = 77) -> None:
         answer = client.request(api_versions_request(0, correlation_id))
     assert correlation_id_of(answer) == correlation_id
     assert decode_response(answer, API_VERSIONS, 0).body.error_code == 0
-
-
-def produce_and_consume(bootstrap: str, topic: str, count: int = 5) -> list[bytes]:
-    from confluent_kafka import Consumer, Producer, TopicPartition
-
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
-    errors: list[object] = []
-    for n in range(count):
-        producer.produce(
-            topic, f"v{n}".encode(), partition=0, on_delivery=lambda e, m: errors.append(e)
-        )
-    assert producer.flush(15) == 0
-    assert errors == [None] * count
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
-    )
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 15
-        while len(got) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-    finally:
-        consumer.close()
-    return got
 
 
 # ---- (a) the broker dies under a connected client, then comes back on the same port ----

@@ -19,6 +19,7 @@ import yaml
 from protocol.messages import API_VERSIONS, FETCH, decode_response
 from proxy.cli import main
 from tests.harness import Broker, create_topic, unique_topic_name
+from tests.harness.clients import consume_through, produce_through
 from tests.harness.proxy import free_port_range
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.tansu import free_port
@@ -90,38 +91,6 @@ def kvproxy_serve(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-
-
-def produce_through(bootstrap: str, topic: str, count: int = 5) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
-    errors: list[object] = []
-    for n in range(count):
-        producer.produce(
-            topic, f"v{n}".encode(), partition=0, on_delivery=lambda e, m: errors.append(e)
-        )
-    assert producer.flush(20) == 0
-    assert errors == [None] * count
-
-
-def consume_through(bootstrap: str, topic: str, count: int) -> list[bytes]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
-    )
-    got: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + 20
-        while len(got) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-    finally:
-        consumer.close()
-    return got
 
 
 # ---- serve ----
