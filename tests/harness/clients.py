@@ -42,3 +42,20 @@ def consume_through(bootstrap: str, topic: str, count: int, timeout: float = 20)
 def produce_and_consume(bootstrap: str, topic: str, count: int = 5) -> list[bytes]:
     produce_through(bootstrap, topic, count)
     return consume_through(bootstrap, topic, count)
+
+
+def sasl_plain_producer(bootstrap: str, password: str, errors: list[object]) -> object:
+    """A confluent-kafka producer logging in as `alice` with SASL/PLAIN; errors go to `errors`."""
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "alice",
+            "sasl.password": password,
+            "message.timeout.ms": 3000,
+            "error_cb": errors.append,
+        }
+    )

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from protocol.messages import API_VERSIONS, decode_response
+from tests.harness.clients import sasl_plain_producer
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.stub_upstream import run_stub_cluster
@@ -23,29 +24,13 @@ INDEX = json.loads((GOLDEN / "index.json").read_text())
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 
 
-def _producer(bootstrap: str, password: str, errors: list[Any]) -> Any:
-    from confluent_kafka import Producer
-
-    return Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": "PLAIN",
-            "sasl.username": "alice",
-            "sasl.password": password,
-            "message.timeout.ms": 3000,
-            "error_cb": errors.append,
-        }
-    )
-
-
 def test_plain_client_authenticates_and_produces_through_the_proxy() -> None:
     with (
         run_stub_cluster(sasl_plain={"alice": "secret"}) as cluster,
         run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
     ):
         errors: list[Any] = []
-        producer = _producer(proxy.bootstrap, "secret", errors)
+        producer = sasl_plain_producer(proxy.bootstrap, "secret", errors)
         results: list[Any] = []
         producer.produce(
             "stub-topic", b"v", key=b"k", partition=2, on_delivery=lambda e, m: results.append(e)
@@ -68,7 +53,7 @@ def test_wrong_password_reaches_the_client_as_an_authentication_error() -> None:
         run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
     ):
         errors: list[Any] = []
-        producer = _producer(proxy.bootstrap, "wrong", errors)
+        producer = sasl_plain_producer(proxy.bootstrap, "wrong", errors)
         producer.poll(2.0)
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors)
         assert any("Invalid username or password" in str(e) for e in errors)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.clients import sasl_plain_producer
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.stub_upstream import run_stub_cluster
 
@@ -19,26 +20,10 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sasl"
 INDEX = json.loads((GOLDEN / "index.json").read_text())
 
 
-def _producer(bootstrap: str, password: str, errors: list[Any]) -> Any:
-    from confluent_kafka import Producer
-
-    return Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": "PLAIN",
-            "sasl.username": "alice",
-            "sasl.password": password,
-            "message.timeout.ms": 2000,
-            "error_cb": errors.append,
-        }
-    )
-
-
 def test_librdkafka_plain_produces_after_auth() -> None:
     with run_stub_cluster(sasl_plain={"alice": "secret"}) as cluster:
         errors: list[Any] = []
-        producer = _producer(cluster.bootstrap, "secret", errors)
+        producer = sasl_plain_producer(cluster.bootstrap, "secret", errors)
         results: list[Any] = []
         producer.produce(
             "stub-topic", b"v", key=b"k", partition=2, on_delivery=lambda e, m: results.append(e)
@@ -56,7 +41,7 @@ def test_librdkafka_wrong_password_fails() -> None:
 
     with run_stub_cluster(node_ids=(1,), sasl_plain={"alice": "secret"}) as cluster:
         errors: list[Any] = []
-        producer = _producer(cluster.bootstrap, "wrong", errors)
+        producer = sasl_plain_producer(cluster.bootstrap, "wrong", errors)
         producer.poll(1.0)
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors)
         assert "Invalid username or password" in str(errors[0])
