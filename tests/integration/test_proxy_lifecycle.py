@@ -129,7 +129,8 @@ def test_serve_relays_and_sigterm_drains_the_in_flight_request(
             client.close()
         assert proc.wait(10) == 0, log.read_text()
         assert time.monotonic() - sent_at < 5.0 + 1.0  # within the drain timeout (5 s)
-    assert port_is_closed(port)
+    # The process has exited, so its listeners are gone; probing the port now could hit another
+    # test's server that took the freed port.
     text = log.read_text()
     assert "kvproxy ready" in text and "draining in-flight requests" in text
 
@@ -163,7 +164,6 @@ def test_serve_with_embedded_broker(tmp_path: Path) -> None:
         assert consume_through(bootstrap, topic, 3) == [b"v0", b"v1", b"v2"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0, log.read_text()
-    assert port_is_closed(port)
     assert "embedded broker listening on" in log.read_text()
 
 
