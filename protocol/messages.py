@@ -35,6 +35,7 @@ from protocol.schema_reader import entity_reader
 
 PRODUCE: Final = 0
 FETCH: Final = 1
+LIST_OFFSETS: Final = 2
 METADATA: Final = 3
 FIND_COORDINATOR: Final = 10
 API_VERSIONS: Final = 18
@@ -45,6 +46,7 @@ API_NAMES: Final[Mapping[int, str]] = MappingProxyType(
     {
         PRODUCE: "Produce",
         FETCH: "Fetch",
+        LIST_OFFSETS: "ListOffsets",
         METADATA: "Metadata",
         FIND_COORDINATOR: "FindCoordinator",
         API_VERSIONS: "ApiVersions",
