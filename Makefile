@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	@touch $(STAMP)
 
 system-deps:
@@ -32,7 +32,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -q
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup
 	$(BIN)/kvproxy demo

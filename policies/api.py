@@ -132,6 +132,10 @@ class ProducedRecords:
     compacted: bool | None
     """None = unknown."""
     now_ms: int
+    stored: bool = False
+    """True when the records come from a log (the audit) rather than a Produce request: offsets
+    were assigned by the broker, the log cleaner may have removed records (gaps in offset deltas,
+    empty batches), so the checks of what only a producer's batch must satisfy are relaxed."""
     _records: list[tuple[Record, ...]] = field(
         default_factory=list, compare=False, repr=False, hash=False
     )
@@ -198,6 +202,7 @@ def parse_records(
     transactional_id: str | None,
     compacted: bool | None,
     now_ms: int,
+    stored: bool = False,
 ) -> ProducedRecords | Verdict:
     """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse.
 
@@ -227,4 +232,5 @@ def parse_records(
         transactional_id=transactional_id,
         compacted=compacted,
         now_ms=now_ms,
+        stored=stored,
     )

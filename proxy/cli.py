@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,11 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+AddCommand = Callable[[Any], None]
+"""Adds one subcommand to the `kvproxy` subparsers (how other layers contribute theirs)."""
+
+
+def build_parser(extra_commands: Sequence[AddCommand] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvproxy", description="Kafka validation proxy: decode, check and relay Kafka traffic"
     )
@@ -120,11 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(subparsers)
     dump.add_parser(subparsers)
     quarantine_cli.add_parser(subparsers)
+    for add in extra_commands:
+        add(subparsers)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, extra_commands: Sequence[AddCommand] = ()) -> int:
+    """Run one command; `extra_commands` are the other layers' (see `kvproxy.cli`)."""
+    args = build_parser(extra_commands).parse_args(argv)
     try:
         return int(args.func(args))
     except ConfigError as exc:

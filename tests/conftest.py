@@ -9,6 +9,8 @@ Broker fixtures (tests using them are marked ``broker`` automatically):
   creates a fresh uniquely named topic on ``tansu`` via CreateTopics.
 * ``topic`` (function): a fresh uniquely named topic with one partition.
 * ``raw_client`` (function): a ``RawKafkaClient`` connected to ``tansu``; closed afterwards.
+* ``spark`` (session, tests/pipeline): a local[2] SparkSession; tests using it are marked
+  ``spark`` and run on one xdist worker (``--dist loadgroup``).
 * ``proxy`` (function): kvproxy in front of ``tansu`` (``tests.harness.proxy.RunningProxy``:
   ``.bootstrap``, ``.stats()``, ``.broker_port(node_id)``, ``.wait_until_idle()``).
 """
@@ -31,10 +33,16 @@ from tests.harness.proxy import RunningProxy, run_proxy
 BROKER_FIXTURES = {"tansu", "topic", "make_topic", "raw_client", "proxy"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if BROKER_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.broker)
+        if "spark" in fixtures:
+            # One SparkSession (one JVM) per worker: keep every Spark test on the same one.
+            item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")

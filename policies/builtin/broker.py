@@ -145,9 +145,9 @@ class BatchIntegrityPolicy(BuiltinPolicy):
                 )
         if not batches:
             return ACCEPT  # v0-v2: the log appends nothing and answers success
-        # UnifiedLog.analyzeAndValidateRecords
+        # UnifiedLog.analyzeAndValidateRecords (a stored batch carries its assigned offsets)
         for b in batches:
-            if b.magic >= 2 and b.base_offset != 0:
+            if not batch.stored and b.magic >= 2 and b.base_offset != 0:
                 return _invalid(
                     f"The baseOffset of the record batch in the append to {tp} should be 0, "
                     f"but it is {b.base_offset}"
@@ -158,13 +158,13 @@ class BatchIntegrityPolicy(BuiltinPolicy):
             return _invalid("Compressed outer record has more than one batch")
         # LogValidator.validateBatch
         for b in batches:
-            verdict = self._validate_batch(first, b, tp)
+            verdict = self._validate_batch(first, b, tp, stored=batch.stored)
             if verdict.code:
                 return verdict
         return self._validate_records(batch, tp)
 
     @staticmethod
-    def _validate_batch(first: RecordBatch, b: RecordBatch, tp: str) -> Verdict:
+    def _validate_batch(first: RecordBatch, b: RecordBatch, tp: str, *, stored: bool) -> Verdict:
         if b.magic != first.magic:
             return _invalid(
                 f"Batch magic {b.magic} is not the same as the first batch'es magic byte "
@@ -178,16 +178,17 @@ class BatchIntegrityPolicy(BuiltinPolicy):
                     f"in topic partition {tp}"
                 )
             count = b.record_count
-            if count <= 0:
+            # In a log the cleaner may empty a batch or remove records from it, never add any.
+            if count <= 0 and not (stored and count == 0):
                 return _invalid(
                     f"Invalid reported count for record batch: {count} in topic partition {tp}"
                 )
-            if count_from_offsets != count:
+            if count_from_offsets != count and not (stored and count < count_from_offsets):
                 return _invalid(
                     f"Inconsistent batch offset range [{b.base_offset}, {b.last_offset}] and "
                     f"count of records {count} in topic partition {tp}"
                 )
-        if b.is_control:
+        if b.is_control and not stored:  # in a log, transaction markers are the broker's own
             return _invalid(
                 f"Clients are not allowed to write control records in topic partition {tp}"
             )
@@ -252,7 +253,8 @@ class OffsetsPolicy(BuiltinPolicy):
 
     Stricter than today's broker, which rewrites a magic 1 wrapper with bad inner offsets
     (Kafka 0.10 rejected it with the wording used here) and never looks at magic 2 deltas.
-    Magic 0 wrappers hold absolute inner offsets and are not checked (nor does Kafka).
+    Magic 0 wrappers hold absolute inner offsets and are not checked (nor does Kafka). In a log
+    (`stored`), where the cleaner may have removed records, offsets need only go up.
     """
 
     name = "offsets"
@@ -271,8 +273,14 @@ class OffsetsPolicy(BuiltinPolicy):
             checked = b.magic == 2 or (b.magic == 1 and b.codec is not Codec.NONE)
             if checked:
                 last_inner = records[pos + count - 1].offset_delta if count else 0
-                for expected, record in enumerate(records[pos : pos + count]):
-                    if record.offset_delta != expected:
+                previous = -1
+                for position, record in enumerate(records[pos : pos + count]):
+                    delta = record.offset_delta
+                    # A cleaned log batch may skip offsets, but they still only go up.
+                    expected = previous + 1 if batch.stored else position
+                    in_order = delta >= expected if batch.stored else delta == expected
+                    previous = delta
+                    if not in_order:
                         offset = record_offset(b, record, last_inner)
                         errors.append(
                             RecordError(

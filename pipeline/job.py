@@ -1,0 +1,418 @@
+"""The audit job: plan the work, run the policies on Spark, write violations, summary and report.
+
+Stages: (1) the driver lists the inputs and, for a live topic, asks the cluster for partition
+offsets; (2) one Spark stage reads each segment's batch headers and cuts it into ranges; (3) one
+stage checks every range, journal segment and live offset range (`pipeline.check`); (4) the
+violations are written as Parquet and summarised with Spark SQL; the driver writes
+`summary.json` and `report.html` and prints a console summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from pipeline import files
+from pipeline.check import (
+    VIOLATION_FIELDS,
+    AuditSettings,
+    PartitionStats,
+    bucket_size_ms,
+    check_unit,
+    routing_for,
+)
+from pipeline.segments import (
+    RANGE_BYTES,
+    CorruptRegion,
+    JournalSegment,
+    SegmentFile,
+    SegmentRange,
+    discover,
+    plan_segment,
+)
+from policies.config import PolicyConfigError
+
+__all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
+
+SAMPLE_ROWS = 200
+"""Violations shown in the report (and kept in summary.json's neighbour, the Parquet, in full)."""
+
+
+class AuditError(Exception):
+    """The audit cannot run as asked; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRequest:
+    """What `kvproxy audit` was asked to do."""
+
+    output: str
+    inputs: tuple[str, ...] = ()
+    config: str | None = None
+    bootstrap: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()
+    start: Any = None
+    """`pipeline.live.OffsetSpec` for live topics: an offset, a Timestamp, or None (earliest)."""
+    end: Any = None
+    sample: int | None = None
+    now_ms: int | None = None
+    range_bytes: int = RANGE_BYTES
+    master: str = "local[*]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+
+def load_settings(config: str | None, now_ms: int) -> AuditSettings:
+    """The policy sections of a proxy config (the rest is the proxy's), checked on the driver."""
+    if config is None:
+        return AuditSettings(defaults=None, topics=None, base_dir=str(Path.cwd()), now_ms=now_ms)
+    path = Path(config)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AuditError(f"cannot read {config}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise AuditError(f"{config}: not valid YAML: {exc}") from exc
+    if document is None:
+        document = {}
+    if not isinstance(document, Mapping):
+        raise AuditError(f"{config}: the top level must be a mapping of sections")
+    errors = document.get("errors") or {}
+    profile = errors.get("profile", "kafka") if isinstance(errors, Mapping) else "kafka"
+    if profile not in ("kafka", "kip"):
+        raise AuditError(f"{config}: errors.profile must be kafka or kip, not {profile!r}")
+    settings = AuditSettings(
+        defaults=document.get("defaults"),
+        topics=document.get("topics"),
+        base_dir=str(path.resolve().parent),
+        profile=profile,
+        now_ms=now_ms,
+    )
+    try:
+        routing_for(settings)
+    except PolicyConfigError as exc:
+        raise AuditError(f"{config}: {exc}") from exc
+    return settings
+
+
+def _log(out: IO[str], message: str) -> None:
+    stamp = datetime.now(UTC).strftime("%H:%M:%S")
+    print(f"[{stamp}] {message}", file=out, flush=True)
+
+
+def _iso(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_audit(
+    request: AuditRequest, spark: Any = None, *, out: IO[str] | None = None
+) -> dict[str, Any]:
+    """Run one audit; returns the summary (also written to `<output>/summary.json`)."""
+    out = out or sys.stderr
+    started = time.time()
+    now_ms = request.now_ms if request.now_ms is not None else int(started * 1000)
+    settings = load_settings(request.config, now_ms)
+    if not request.inputs and not request.topics:
+        raise AuditError("nothing to audit: give --input paths and/or --bootstrap with --topic")
+    if request.topics and not request.bootstrap:
+        raise AuditError("--topic needs --bootstrap HOST:PORT to reach the cluster")
+
+    found: list[SegmentFile | JournalSegment] = []
+    for uri in request.inputs:
+        try:
+            found.extend(discover(uri))
+        except files.InputError as exc:
+            raise AuditError(str(exc)) from exc
+    segments = [f for f in found if isinstance(f, SegmentFile)]
+    journal = [f for f in found if isinstance(f, JournalSegment)]
+    live_units: list[Any] = []
+    if request.bootstrap:
+        from pipeline.live import (  # noqa: PLC0415  (only needed with a cluster)
+            LiveSourceError,
+            describe_compaction,
+            plan_live_ranges,
+        )
+
+        names = sorted({s.topic for s in segments} | set(request.topics))
+        try:
+            compaction = describe_compaction(list(request.bootstrap), names) if names else {}
+            for topic in request.topics:
+                live_units.extend(
+                    plan_live_ranges(list(request.bootstrap), topic, request.start, request.end)
+                )
+        except LiveSourceError as exc:
+            raise AuditError(str(exc)) from exc
+        settings = _replace(settings, compaction=dict(compaction))
+    _log(
+        out,
+        f"inputs: {len(segments)} segment files, {len(journal)} journal segments, "
+        f"{len(live_units)} live offset ranges",
+    )
+
+    own_session = spark is None
+    if spark is None:
+        from pipeline.spark import SparkUnavailable, start_session  # noqa: PLC0415
+
+        try:
+            spark = start_session(request.master, request.spark_conf)
+        except SparkUnavailable as exc:
+            raise AuditError(str(exc)) from exc
+    try:
+        return _run_on_spark(
+            spark,
+            request,
+            settings,
+            segments=segments,
+            journal=journal,
+            live_units=live_units,
+            started=started,
+            out=out,
+        )
+    finally:
+        if own_session:
+            spark.stop()
+
+
+def _replace(settings: AuditSettings, **changes: Any) -> AuditSettings:
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(settings, **changes)
+
+
+def _plan(segment: SegmentFile, range_bytes: int) -> list[Any]:
+    try:
+        return list(plan_segment(segment, range_bytes))
+    except files.InputError as exc:
+        return [("error", str(exc))]
+
+
+def _run_units(units: Iterable[Any], settings: AuditSettings) -> Iterator[tuple[str, Any]]:
+    """The task body: ("v", violation), ("s", stats) or ("e", input error) per item."""
+    for unit in units:
+        if isinstance(unit, tuple):  # a planning error carried through
+            yield "e", unit[1]
+            continue
+        try:
+            rows, stats = check_unit(unit, settings)
+        except Exception as exc:
+            if type(exc).__name__ not in ("InputError", "LiveSourceError") and not isinstance(
+                exc, OSError
+            ):
+                raise
+            yield "e", str(exc)
+            continue
+        for row in rows:
+            yield "v", row
+        for item in stats:
+            yield "s", item
+
+
+def _run_on_spark(
+    spark: Any,
+    request: AuditRequest,
+    settings: AuditSettings,
+    *,
+    segments: Sequence[SegmentFile],
+    journal: Sequence[JournalSegment],
+    live_units: Sequence[Any],
+    started: float,
+    out: IO[str],
+) -> dict[str, Any]:
+    from pyspark import StorageLevel  # noqa: PLC0415
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+    from pyspark.sql.types import StructField, StructType, _parse_datatype_string  # noqa: PLC0415
+
+    sc = spark.sparkContext
+    units: list[Any] = []
+    if segments:
+        _log(out, f"planning: reading batch headers of {len(segments)} segment files")
+        range_bytes = request.range_bytes
+        slices = min(len(segments), sc.defaultParallelism * 4)
+        planned = (
+            sc.parallelize(list(segments), slices)
+            .flatMap(lambda segment: _plan(segment, range_bytes))
+            .collect()
+        )
+        units.extend(planned)
+    units.extend(journal)
+    units.extend(live_units)
+    ranges = [u for u in units if isinstance(u, SegmentRange)]
+    regions = [u for u in units if isinstance(u, CorruptRegion)]
+    planned_bytes = sum(r.end - r.start for r in ranges)
+    _log(
+        out,
+        f"checking: {len(ranges)} ranges ({_human(planned_bytes)}), {len(regions)} corrupt "
+        f"regions, {len(journal)} journal segments, {len(live_units)} live ranges",
+    )
+    if request.sample is not None:
+        per_unit = max(1, math.ceil(request.sample / max(len(units), 1)))
+        settings = _replace(settings, sample_per_unit=per_unit)
+
+    checked = (
+        sc.parallelize(units, max(len(units), 1))
+        .mapPartitions(lambda part: _run_units(part, settings))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    try:
+        outcome = checked.filter(lambda item: item[0] != "v").collect()
+        stats: dict[tuple[str, int], PartitionStats] = {}
+        errors: list[str] = []
+        for kind, value in outcome:
+            if kind == "e":
+                errors.append(value)
+                continue
+            key = (value.topic, value.partition)
+            if key in stats:
+                stats[key].merge(value)
+            else:
+                stats[key] = value
+        schema = StructType(
+            [StructField(name, _parse_datatype_string(kind)) for name, kind in VIOLATION_FIELDS]
+        )
+        rows = checked.filter(lambda item: item[0] == "v").map(lambda item: item[1])
+        violations_dir = request.output.rstrip("/") + "/violations"
+        _log(out, f"writing violations to {violations_dir}")
+        spark.createDataFrame(rows, schema).write.mode("overwrite").parquet(violations_dir)
+    finally:
+        checked.unpersist()
+
+    frame = spark.read.parquet(violations_dir)
+    summary = _summarise(frame, F, request, settings, stats=stats, errors=errors, started=started)
+    samples = [
+        row.asDict()
+        for row in frame.orderBy("topic", "partition", "offset", "position")
+        .limit(SAMPLE_ROWS)
+        .collect()
+    ]
+    _write_outputs(request.output, summary, samples)
+    _print_summary(out, summary, request.output)
+    return summary
+
+
+def _counts(frame: Any, column: str) -> dict[str, int]:
+    return {str(row[0]): int(row[1]) for row in frame.groupBy(column).count().collect()}
+
+
+def _summarise(
+    frame: Any,
+    F: Any,  # noqa: N803
+    request: AuditRequest,
+    settings: AuditSettings,
+    *,
+    stats: Mapping[tuple[str, int], PartitionStats],
+    errors: list[str],
+    started: float,
+) -> dict[str, Any]:
+    routing = routing_for(settings)
+    total = frame.count()
+    by_code = {
+        str(row["error_name"]): {"code": int(row["error_code"]), "count": int(row["count"])}
+        for row in frame.groupBy("error_name", "error_code").count().collect()
+    }
+    firsts = [s.first_ms for s in stats.values() if s.first_ms is not None]
+    lasts = [s.last_ms for s in stats.values() if s.last_ms is not None]
+    first_ms = min(firsts) if firsts else None
+    last_ms = max(lasts) if lasts else None
+    timeline: dict[str, Any] = {"bucket_ms": 0, "buckets": []}
+    if total and first_ms is not None and last_ms is not None:
+        bucket = bucket_size_ms(first_ms, last_ms)
+        grouped = (
+            frame.where(F.col("timestamp").isNotNull())
+            .groupBy((F.floor(F.col("timestamp") / bucket) * bucket).alias("start"), "policy")
+            .count()
+            .collect()
+        )
+        buckets: dict[int, dict[str, int]] = {}
+        for row in grouped:
+            buckets.setdefault(int(row["start"]), {})[str(row["policy"])] = int(row["count"])
+        timeline = {
+            "bucket_ms": bucket,
+            "buckets": [{"start_ms": k, "counts": buckets[k]} for k in sorted(buckets)],
+        }
+    partitions: dict[str, Any] = {}
+    for (topic, partition), item in sorted(stats.items()):
+        rule = routing.rule_for(topic)
+        compacted = rule.compacted if rule.compacted is not None else settings.compaction.get(topic)
+        partitions[f"{topic}-{partition}"] = {
+            "topic": topic,
+            "partition": partition,
+            "records": item.records,
+            "batches": item.batches,
+            "bytes": item.bytes,
+            "control_batches": item.control_batches,
+            "violations": item.violations,
+            "mode": rule.mode.value,
+            "policies": list(rule.policy_names),
+            "compacted": compacted,
+            "first_ms": item.first_ms,
+            "last_ms": item.last_ms,
+        }
+    finished = time.time()
+    inputs = list(request.inputs) + [
+        f"kafka://{request.bootstrap[0]}/{topic}" for topic in request.topics
+    ]
+    return {
+        "title": "kvproxy audit",
+        "started": _iso(started * 1000),
+        "finished": _iso(finished * 1000),
+        "duration_s": round(finished - started, 3),
+        "inputs": inputs,
+        "config": request.config,
+        "sample": request.sample,
+        "now_ms": settings.now_ms,
+        "records_scanned": sum(s.records for s in stats.values()),
+        "batches_scanned": sum(s.batches for s in stats.values()),
+        "bytes_scanned": sum(s.bytes for s in stats.values()),
+        "control_batches": sum(s.control_batches for s in stats.values()),
+        "violations": total,
+        "violations_by_policy": _counts(frame, "policy"),
+        "violations_by_topic": _counts(frame, "topic"),
+        "violations_by_code": by_code,
+        "partitions": partitions,
+        "time_range": {"first_ms": first_ms, "last_ms": last_ms},
+        "timeline": timeline,
+        "errors": errors,
+    }
+
+
+def _write_outputs(output: str, summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> None:
+    from pipeline.report import render_report  # noqa: PLC0415
+
+    files.write_text(output.rstrip("/") + "/summary.json", json.dumps(summary, indent=2) + "\n")
+    files.write_text(output.rstrip("/") + "/report.html", render_report(summary, samples))
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
+
+
+def _print_summary(out: IO[str], summary: Mapping[str, Any], output: str) -> None:
+    lines = [
+        "",
+        "kvproxy audit: "
+        f"{summary['records_scanned']} records in {summary['batches_scanned']} batches "
+        f"({_human(summary['bytes_scanned'])}) scanned in {summary['duration_s']:.1f} s",
+        f"  violations: {summary['violations']}",
+    ]
+    for name, count in sorted(summary["violations_by_policy"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {name}: {count}")
+    for name, item in sorted(summary["violations_by_code"].items(), key=lambda kv: -kv[1]["count"]):
+        lines.append(f"    {name} ({item['code']}): {item['count']}")
+    if summary["sample"] is not None:
+        lines.append(f"  sampled: about {summary['sample']} records checked")
+    for error in summary["errors"]:
+        lines.append(f"  input error: {error}")
+    lines.append(f"  written: {output}/violations/ (Parquet), summary.json, report.html")
+    print("\n".join(lines), file=out, flush=True)
