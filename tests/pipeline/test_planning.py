@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from pipeline.segments import (
 from policies.api import parse_records
 from policies.builtin.broker import BatchIntegrityPolicy, OffsetsPolicy
 from protocol.journal import encode_entry
-from protocol.records import build_batch, iter_batches
+from protocol.records import build_batch
 from tests.pipeline.segments import TESTDATA_LOGS, assign_offsets, placements, write_segment
 
 NOW = int(time.time() * 1000)
@@ -47,7 +48,7 @@ def test_ranges_tile_the_file_at_batch_boundaries(tmp_path: Path, range_bytes: i
     spans = tile(ranges)
     assert spans[0][0] == 0
     assert spans[-1][1] == path.stat().st_size
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     assert all(start in boundaries and end in boundaries for start, end in spans)
     # every range reaches its target size, except the last
     assert all(end - start >= min(range_bytes, path.stat().st_size) for start, end in spans[:-1])
@@ -121,7 +122,7 @@ def test_inputs_that_cannot_be_audited_say_why(tmp_path: Path) -> None:
         discover(str(tmp_path))
     stray = tmp_path / "00000000000000000000.log"
     stray.write_bytes(b"")
-    with pytest.raises(InputError, match="<topic>-<partition> folder"):
+    with pytest.raises(InputError, match=r"<topic>-<partition> folder"):
         discover(str(stray))
     with pytest.raises(InputError, match="needs fsspec|Permission|cannot read"):
         discover("nosuchscheme://bucket/kafka-logs")
