@@ -124,7 +124,7 @@ def test_inputs_that_cannot_be_audited_say_why(tmp_path: Path) -> None:
     stray.write_bytes(b"")
     with pytest.raises(InputError, match=r"<topic>-<partition> folder"):
         discover(str(stray))
-    with pytest.raises(InputError, match="needs fsspec|Permission|cannot read"):
+    with pytest.raises(InputError, match=r"needs fsspec|cannot read"):
         discover("nosuchscheme://bucket/kafka-logs")
 
 
