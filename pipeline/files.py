@@ -37,7 +37,10 @@ def _fs(uri: str) -> Any:
             f"{uri}: reading {scheme}:// inputs needs fsspec and the filesystem's package "
             "(for example pyarrow for hdfs://, s3fs for s3a://) on the driver and the executors"
         ) from None
-    fs, _ = fsspec.core.url_to_fs(uri)
+    try:
+        fs, _ = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:  # an unknown scheme, or its package is missing
+        raise InputError(f"{uri}: {exc}") from None
     return fs
 
 
