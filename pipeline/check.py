@@ -78,6 +78,8 @@ class AuditSettings:
     """The time the `timestamps` policy compares against."""
     sample_per_unit: int | None = None
     """Stop a unit after this many records (`--sample`)."""
+    bootstrap: tuple[str, ...] = ()
+    """The cluster to ask about topics `compaction` does not know yet (quarantined ones)."""
 
     def key(self) -> str:
         return json.dumps([self.defaults, self.topics, self.base_dir], sort_keys=True, default=str)
@@ -109,6 +111,8 @@ class PartitionStats:
     violations: int = 0
     first_ms: int | None = None
     last_ms: int | None = None
+    compacted: bool | None = None
+    """As the checks saw it (YAML, else the cluster); None when unknown."""
 
     def saw_time(self, low: int, high: int) -> None:
         if low >= 0:
@@ -122,9 +126,27 @@ class PartitionStats:
         self.bytes += other.bytes
         self.control_batches += other.control_batches
         self.violations += other.violations
+        if self.compacted is None:
+            self.compacted = other.compacted
         for value in (other.first_ms, other.last_ms):
             if value is not None:
                 self.saw_time(value, value)
+
+
+_CLUSTER_COMPACTION: dict[tuple[tuple[str, ...], str], bool | None] = {}
+
+
+def _cluster_compaction(bootstrap: tuple[str, ...], topic: str) -> bool | None:
+    """Whether the cluster compacts `topic`, asked once per Python worker."""
+    key = (bootstrap, topic)
+    if key not in _CLUSTER_COMPACTION:
+        from pipeline.live import LiveSourceError, describe_compaction  # noqa: PLC0415
+
+        try:
+            _CLUSTER_COMPACTION[key] = describe_compaction(list(bootstrap), [topic]).get(topic)
+        except LiveSourceError:
+            _CLUSTER_COMPACTION[key] = None
+    return _CLUSTER_COMPACTION[key]
 
 
 def key_preview(key: bytes | None) -> str | None:
@@ -160,14 +182,17 @@ class _Task:
         key = (topic, partition)
         stats = self.stats.get(key)
         if stats is None:
-            stats = self.stats[key] = PartitionStats(topic, partition)
+            stats = PartitionStats(topic, partition, compacted=self.compacted(topic))
+            self.stats[key] = stats
         return stats
 
     def compacted(self, topic: str) -> bool | None:
         override = self.routing.compacted_override(topic)
         if override is not None:
             return override
-        return self.settings.compaction.get(topic)
+        if topic in self.settings.compaction or not self.settings.bootstrap:
+            return self.settings.compaction.get(topic)
+        return _cluster_compaction(self.settings.bootstrap, topic)
 
     def code_of(self, verdict: Verdict) -> int:
         if self.profile is error_codes.ErrorProfile.KIP and verdict.rejection is not None:

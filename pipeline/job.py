@@ -150,7 +150,9 @@ def run_audit(
                 )
         except LiveSourceError as exc:
             raise AuditError(str(exc)) from exc
-        settings = _replace(settings, compaction=dict(compaction))
+        settings = _replace(
+            settings, compaction=dict(compaction), bootstrap=tuple(request.bootstrap)
+        )
     _log(
         out,
         f"inputs: {len(segments)} segment files, {len(journal)} journal segments, "
@@ -340,7 +342,6 @@ def _summarise(
     partitions: dict[str, Any] = {}
     for (topic, partition), item in sorted(stats.items()):
         rule = routing.rule_for(topic)
-        compacted = rule.compacted if rule.compacted is not None else settings.compaction.get(topic)
         partitions[f"{topic}-{partition}"] = {
             "topic": topic,
             "partition": partition,
@@ -351,7 +352,7 @@ def _summarise(
             "violations": item.violations,
             "mode": rule.mode.value,
             "policies": list(rule.policy_names),
-            "compacted": compacted,
+            "compacted": item.compacted,
             "first_ms": item.first_ms,
             "last_ms": item.last_ms,
         }
