@@ -656,29 +656,31 @@ def _high_watermarks(broker: _Broker, topic: str, partitions: Sequence[int]) -> 
 
 
 def _batch_at(broker: _Broker, topic: str, partition: int, offset: int) -> RecordBatch | None:
-    """The batch holding `offset` (or the first one after it); None past the end of the log."""
-    answers = _fetch(
-        broker, topic, {partition: offset}, max_bytes=1, min_bytes=0, max_wait_ms=_PROBE_WAIT_MS
+    """The batch holding `offset` (or the first one after it); None past the end of the log.
+
+    min_bytes 1: the callers ask below the high watermark, so the answer comes as soon as the
+    broker has read the batch (Tansu may answer a shorter wait with no records yet).
+    """
+    for _ in range(_MAX_STALLS):
+        answer = _fetch(broker, topic, {partition: offset}, max_bytes=1)[partition]
+        if not isinstance(answer, _FetchAnswer):
+            raise LiveSourceError(
+                f"Fetch of {topic}-{partition} at offset {offset} from {broker.address} failed: "
+                f"{error_codes.error_name(answer)}"
+            )
+        try:
+            for batch in iter_batches(answer.records, allow_partial_tail=True):
+                if batch.last_offset >= offset:
+                    return batch
+        except ProtocolError as exc:
+            raise LiveSourceError(
+                f"{topic}-{partition} near offset {offset} holds a batch that does not parse: {exc}"
+            ) from None
+        if offset >= answer.high_watermark:
+            return None
+    raise LiveSourceError(
+        f"{broker.address} returned no whole batch of {topic}-{partition} at offset {offset}"
     )
-    answer = answers[partition]
-    if not isinstance(answer, _FetchAnswer):
-        raise LiveSourceError(
-            f"Fetch of {topic}-{partition} at offset {offset} from {broker.address} failed: "
-            f"{error_codes.error_name(answer)}"
-        )
-    try:
-        for batch in iter_batches(answer.records, allow_partial_tail=True):
-            if batch.last_offset >= offset:
-                return batch
-    except ProtocolError as exc:
-        raise LiveSourceError(
-            f"{topic}-{partition} near offset {offset} holds a batch that does not parse: {exc}"
-        ) from None
-    if offset < answer.high_watermark:
-        raise LiveSourceError(
-            f"{broker.address} returned no whole batch of {topic}-{partition} at offset {offset}"
-        )
-    return None
 
 
 def _record_times(batch: RecordBatch) -> list[tuple[int, int]]:
