@@ -20,6 +20,7 @@ COPY policies ./policies
 COPY proxy ./proxy
 COPY pipeline ./pipeline
 COPY producer ./producer
+COPY kvproxy ./kvproxy
 RUN /opt/kvproxy/bin/pip install .
 
 

@@ -416,6 +416,18 @@ def test_dockerfile_installs_runtime_dependencies_only() -> None:
         assert "-e " not in run
 
 
+def test_dockerfile_copies_every_package_pip_installs() -> None:
+    """`pip install .` in the image fails on a package named in pyproject but not copied."""
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    copies = [args.split() for keyword, args in _dockerfile_instructions() if keyword == "COPY"]
+    copied = {PurePosixPath(parts[0]).name for parts in copies if not parts[0].startswith("--")}
+    assert set(packages) <= copied, set(packages) - copied
+
+
 def test_dockerfile_exposes_the_compose_ports() -> None:
     exposed: set[int] = set()
     for keyword, args in _final_stage():
