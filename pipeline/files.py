@@ -40,7 +40,7 @@ def _fs(uri: str) -> Any:
     try:
         fs, _ = fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as exc:  # an unknown scheme, or its package is missing
-        raise InputError(f"{uri}: {exc}") from None
+        raise InputError(f"cannot read {uri}: {exc}") from None
     return fs
 
 

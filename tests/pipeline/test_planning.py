@@ -236,3 +236,32 @@ def test_parse_now_and_key_preview_and_buckets() -> None:
     assert key_preview(b"k" * 40) == "k" * 32 + "…"
     assert bucket_size_ms(0, 30 * 60_000) == 60_000
     assert bucket_size_ms(0, 10 * 86_400_000) == 6 * 3_600_000
+
+
+def test_inputs_on_another_filesystem_are_planned_and_checked(tmp_path: Path) -> None:
+    """Any fsspec URI works like a local path (here fsspec's in-memory filesystem)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    parts = assign_offsets([build_batch([(None, b"v", None, NOW)]) for _ in range(3)])
+    fs.pipe("/logs/t-4/00000000000000000000.log", b"".join(parts))
+    fs.pipe("/logs/t-4/00000000000000000000.index", b"ignored")
+    try:
+        (segment,) = discover("memory://logs")
+        assert isinstance(segment, SegmentFile)
+        assert (segment.uri, segment.topic, segment.partition) == (
+            "memory://logs/t-4/00000000000000000000.log",
+            "t",
+            4,
+        )
+        units = plan_segment(segment, 1)
+        assert len(units) == 3
+        settings = AuditSettings(
+            defaults=None,
+            topics=[{"match": "t", "compacted": True}],
+            base_dir=str(tmp_path),
+            now_ms=NOW,
+        )
+        assert [[row[2] for row in check_unit(u, settings)[0]] for u in units] == [[0], [1], [2]]
+    finally:
+        fs.rm("/logs", recursive=True)
