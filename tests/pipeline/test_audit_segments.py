@@ -229,3 +229,39 @@ def test_generated_compressed_batches_are_read_by_an_independent_reader(codec: C
         assign_offsets([build_batch([(b"a", b"1", None, 5), (None, b"2", None, 6)], codec=codec)])
     )
     assert independent_offsets(data) == [(0, b"a"), (1, None)]
+
+
+def test_the_sample_report_in_examples_matches_a_fresh_audit(spark: Any, tmp_path: Path) -> None:
+    """examples/audit/ is what its command (in its kvproxy.yaml) produces today."""
+    from pipeline.cli import parse_now
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "audit"
+    summary, _ = audit(
+        spark,
+        tmp_path,
+        inputs=(str(TESTDATA_LOGS),),
+        config=str(example / "kvproxy.yaml"),
+        now_ms=parse_now("2026-11-22T00:00:00Z"),
+    )
+    kept = json.loads((example / "summary.json").read_text())
+    for key in ("records_scanned", "batches_scanned", "violations", "violations_by_policy",
+                "violations_by_topic", "violations_by_code", "timeline", "now_ms"):  # fmt: skip
+        assert summary[key] == kept[key], key
+    assert "<svg" in (example / "report.html").read_text()
+
+
+def test_ship_packages_puts_the_project_on_the_executors(spark: Any) -> None:
+    import zipfile
+
+    from pipeline.spark import ship_packages
+
+    archive = ship_packages(spark)
+    names = set(zipfile.ZipFile(archive).namelist())
+    assert {"protocol/records.py", "policies/chain.py", "pipeline/check.py"} <= names
+    assert not any(name.startswith(("proxy/", "producer/", "tests/")) for name in names)
+    paths = (
+        spark.sparkContext.parallelize([0], 1)
+        .map(lambda _: [p for p in __import__("sys").path if p.endswith("kvproxy_packages.zip")])
+        .collect()
+    )
+    assert paths[0], "the zip is on the executors' sys.path"
