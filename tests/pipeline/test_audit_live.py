@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from pipeline.job import AuditRequest, run_audit
 from protocol.records import iter_batches
@@ -49,7 +49,8 @@ def _read_back(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
             "enable.auto.commit": False,
         }
     )
-    consumer.subscribe([topic])
+    # assigned partitions, no group membership: nothing to wait for but the records
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (0, 1)])
     seen: dict[tuple[int, int], int] = {}
     deadline = time.monotonic() + 30
     while len(seen) < COUNT and time.monotonic() < deadline:
