@@ -317,27 +317,23 @@ def _corrupt_region(task: _Task, unit: CorruptRegion) -> Violation:
     stats = task.stats_for(unit.topic, unit.partition)
     stats.bytes += unit.end - unit.start
     stats.violations += 1
-    rule = task.routing.rule_for(unit.topic)
-    message = (
-        f"Record batch in topic partition {unit.topic}-{unit.partition} is corrupt: "
-        f"{unit.reason}; {unit.end - unit.start} bytes up to byte {unit.end} skipped"
+    detail = f"{unit.reason}; {unit.end - unit.start} bytes up to byte {unit.end} skipped"
+    mode = task.routing.rule_for(unit.topic).mode
+    return _corrupt(
+        unit.topic, unit.partition, unit.base_offset, mode, unit.uri, unit.start, detail
     )
+
+
+def _corrupt(
+    topic: str, partition: int, offset: int, mode: Mode, *, source: str, position: int, detail: str
+) -> Violation:
+    """A batch_integrity row for bytes that are not a batch (CORRUPT_MESSAGE, as the broker)."""
     code = error_codes.CORRUPT_MESSAGE
+    message = f"Record batch in topic partition {topic}-{partition} is corrupt: {detail}"
     return (
-        unit.topic,
-        unit.partition,
-        unit.base_offset,
-        None,
-        None,
-        None,
-        "batch_integrity",
-        code,
-        error_codes.error_name(code),
-        message,
-        rule.mode.value,
-        unit.uri,
-        unit.start,
-    )
+        topic, partition, offset, None, None, None, "batch_integrity", code,
+        error_codes.error_name(code), message, mode.value, source, position,
+    )  # fmt: skip
 
 
 def _scan_log(
@@ -361,8 +357,8 @@ def _scan_log(
             batch, _ = read_batch(view)
         except DecodeError as exc:
             stats.violations += 1
-            yield _batch_violation(
-                topic, partition, rule.mode, source=source, position=position, exc=exc
+            yield _corrupt(
+                topic, partition, -1, rule.mode, source=source, position=position, detail=str(exc)
             )
             continue
         if batch.is_control:
@@ -428,34 +424,6 @@ def _count_records(
         count = 0  # the chain reports the corrupt records
     stats.records += count
     return count
-
-
-def _batch_violation(
-    topic: str,
-    partition: int,
-    mode: Mode,
-    *,
-    source: str,
-    position: int,
-    exc: DecodeError,
-) -> Violation:
-    code = error_codes.CORRUPT_MESSAGE
-    message = f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}"
-    return (
-        topic,
-        partition,
-        -1,
-        None,
-        None,
-        None,
-        "batch_integrity",
-        code,
-        error_codes.error_name(code),
-        message,
-        mode.value,
-        source,
-        position,
-    )
 
 
 def _scan_journal(task: _Task, unit: JournalSegment) -> Iterator[Violation]:
