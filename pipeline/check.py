@@ -357,8 +357,15 @@ def _scan_log(
             batch, _ = read_batch(view)
         except DecodeError as exc:
             stats.violations += 1
+            offset = int.from_bytes(view[:8], "big", signed=True)  # framed, so 8 bytes are there
             yield _corrupt(
-                topic, partition, -1, rule.mode, source=source, position=position, detail=str(exc)
+                topic,
+                partition,
+                offset,
+                rule.mode,
+                source=source,
+                position=position,
+                detail=str(exc),
             )
             continue
         if batch.is_control:

@@ -265,3 +265,27 @@ def test_inputs_on_another_filesystem_are_planned_and_checked(tmp_path: Path) ->
         assert [[row[2] for row in check_unit(u, settings)[0]] for u in units] == [[0], [1], [2]]
     finally:
         fs.rm("/logs", recursive=True)
+
+
+def test_a_framed_batch_with_an_unknown_codec_is_reported_and_the_range_goes_on(
+    tmp_path: Path,
+) -> None:
+    parts = assign_offsets([build_batch([(None, b"v", None, NOW)]) for _ in range(3)])
+    unknown = bytearray(parts[1])
+    unknown[22] = (unknown[22] & ~0x07) | 6  # compression id 6: no such codec
+    parts[1] = bytes(unknown)
+    path = write_segment(tmp_path, "t", 0, parts)
+    settings = AuditSettings(
+        defaults=None,
+        topics=[{"match": "t", "compacted": True}],
+        base_dir=str(tmp_path),
+        now_ms=NOW,
+    )
+    (unit,) = plan_segment(SegmentFile(str(path), "t", 0))
+    rows, _ = check_unit(unit, settings)
+    assert [(r[2], r[6], r[7], r[12]) for r in rows] == [
+        (0, "compacted_key", 87, 0),
+        (1, "batch_integrity", 2, len(parts[0])),
+        (2, "compacted_key", 87, len(parts[0]) + len(parts[1])),
+    ]
+    assert "Record batch in topic partition t-0 is corrupt:" in rows[1][9]
