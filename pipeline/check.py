@@ -320,7 +320,13 @@ def _corrupt_region(task: _Task, unit: CorruptRegion) -> Violation:
     detail = f"{unit.reason}; {unit.end - unit.start} bytes up to byte {unit.end} skipped"
     mode = task.routing.rule_for(unit.topic).mode
     return _corrupt(
-        unit.topic, unit.partition, unit.base_offset, mode, unit.uri, unit.start, detail
+        unit.topic,
+        unit.partition,
+        unit.base_offset,
+        mode,
+        source=unit.uri,
+        position=unit.start,
+        detail=detail,
     )
 
 

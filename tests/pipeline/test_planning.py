@@ -289,3 +289,17 @@ def test_a_framed_batch_with_an_unknown_codec_is_reported_and_the_range_goes_on(
         (2, "compacted_key", 87, len(parts[0]) + len(parts[1])),
     ]
     assert "Record batch in topic partition t-0 is corrupt:" in rows[1][9]
+
+
+def test_a_corrupt_region_is_one_batch_integrity_violation(tmp_path: Path) -> None:
+    parts = batches(3)
+    path = write_segment(tmp_path, "t", 0, [*parts, parts[0][:20]])
+    *_, region = plan_segment(SegmentFile(str(path), "t", 0))
+    assert isinstance(region, CorruptRegion)
+    settings = AuditSettings(defaults=None, topics=None, base_dir=str(tmp_path), now_ms=NOW)
+    rows, stats = check_unit(region, settings)
+    assert [(r[2], r[6], r[7], r[8], r[12]) for r in rows] == [
+        (0, "batch_integrity", 2, "CORRUPT_MESSAGE", sum(len(p) for p in parts))
+    ]
+    assert rows[0][9].endswith(f"; 20 bytes up to byte {path.stat().st_size} skipped")
+    assert (stats[0].violations, stats[0].bytes, stats[0].records) == (1, 20, 0)
