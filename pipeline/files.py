@@ -13,7 +13,16 @@ from collections.abc import Iterator
 from typing import IO, Any
 from urllib.parse import urlparse
 
-__all__ = ["InputError", "is_dir", "list_dir", "open_binary", "read_range", "size", "write_text"]
+__all__ = [
+    "InputError",
+    "absolute",
+    "is_dir",
+    "list_dir",
+    "open_binary",
+    "read_range",
+    "size",
+    "write_text",
+]
 
 
 class InputError(Exception):
@@ -47,6 +56,14 @@ def _fs(uri: str) -> Any:
 def _describe(uri: str, exc: OSError) -> InputError:
     reason = exc.strerror or str(exc)
     return InputError(f"cannot read {uri}: {reason}")
+
+
+def absolute(uri: str) -> str:
+    """A local path made absolute (executors on other machines or folders resolve it the same);
+    URIs as they are."""
+    if urlparse(uri).scheme == "" and _local(uri) is not None:
+        return os.path.abspath(uri)
+    return uri
 
 
 def is_dir(uri: str) -> bool:

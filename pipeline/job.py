@@ -129,7 +129,7 @@ def run_audit(
     found: list[SegmentFile | JournalSegment] = []
     for uri in request.inputs:
         try:
-            found.extend(discover(uri))
+            found.extend(discover(files.absolute(uri)))
         except files.InputError as exc:
             raise AuditError(str(exc)) from exc
     segments = [f for f in found if isinstance(f, SegmentFile)]

@@ -303,3 +303,16 @@ def test_a_corrupt_region_is_one_batch_integrity_violation(tmp_path: Path) -> No
     ]
     assert rows[0][9].endswith(f"; 20 bytes up to byte {path.stat().st_size} skipped")
     assert (stats[0].violations, stats[0].bytes, stats[0].records) == (1, 20, 0)
+
+
+def test_local_inputs_are_made_absolute_for_executors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor in another folder (any non-local master) resolves the same file."""
+    from pipeline.files import absolute
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute("logs/t-0") == str(tmp_path / "logs" / "t-0")
+    assert absolute("/data/logs") == "/data/logs"
+    assert absolute("file:///data/logs") == "file:///data/logs"
+    assert absolute("hdfs://nn/kafka") == "hdfs://nn/kafka"
