@@ -1,0 +1,180 @@
+"""ResilientProducer through kvproxy in front of Tansu: per-record outcomes, resends,
+idempotence."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from producer import (
+    CommitFailedError,
+    FailureType,
+    IdempotenceUnavailableError,
+    ProduceFailedError,
+)
+from producer.resilient import ResilientProducer
+from producer.transactions import Transaction, run_transaction
+from protocol.messages import PRODUCE, decode_response
+from tests.harness import Broker
+from tests.harness.proxy import RunningProxy, run_proxy
+
+KEYLESS_MESSAGE = "Compacted topic cannot accept message without key in topic partition {}-0."
+
+
+def read_values(bootstrap: str, topic: str, expected: int) -> list[bytes]:
+    """Every value in partition 0, in offset order (assigned: no group to join)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "resilient", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(values) < expected and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+    # anything more would be a duplicate
+    extra = consumer.poll(1.0)
+    if extra is not None and extra.error() is None:
+        values.append(extra.value())
+    consumer.close()
+    return values
+
+
+def produce_answers(proxy: RunningProxy) -> list[Any]:
+    return [
+        decode_response(frame, PRODUCE, version).body
+        for key, version, frame in proxy.responses
+        if key == PRODUCE
+    ]
+
+
+async def send_ten(bootstrap: str, topic: str, **options: Any) -> list[Any]:
+    """Records 0-9 in one batch; 2 and 7 without a key. Each future's result or exception."""
+    async with ResilientProducer(bootstrap_servers=bootstrap, linger_ms=200, **options) as producer:
+        futures = [
+            await producer.send(topic, f"value-{i}".encode(), None if i in (2, 7) else b"k")
+            for i in range(10)
+        ]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
+
+async def test_only_the_refused_records_fail_and_the_rest_are_resent(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic(config={"cleanup.policy": "compact"})
+    with run_proxy(tansu.bootstrap) as proxy:
+        outcomes = await send_ten(proxy.bootstrap, topic)
+        answers = produce_answers(proxy)
+
+    for i in (2, 7):
+        failure = outcomes[i]
+        assert isinstance(failure, ProduceFailedError), failure
+        assert failure.failure_type is FailureType.MESSAGE_REJECTED
+        assert failure.message == KEYLESS_MESSAGE.format(topic)
+        assert failure.code == 87
+    good = [i for i in range(10) if i not in (2, 7)]
+    offsets = [outcomes[i].offset for i in good]
+    assert offsets == sorted(offsets)
+    assert read_values(tansu.bootstrap, topic, 8) == [f"value-{i}".encode() for i in good]
+    # The ten went out together and came back with two record errors: the resend is real.
+    refused = [
+        p
+        for answer in answers
+        for t in answer.responses
+        for p in t.partition_responses
+        if p.error_code == 87
+    ]
+    assert len(refused) == 1
+    assert [(e.batch_index, e.batch_index_error_message) for e in refused[0].record_errors] == [
+        (2, KEYLESS_MESSAGE.format(topic)),
+        (7, KEYLESS_MESSAGE.format(topic)),
+    ]
+
+
+async def test_a_refusal_without_record_errors_fails_the_whole_batch(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic()
+    acks_one = [{"match": topic, "policies": [{"acks": {"allowed": [1]}}]}]
+    with run_proxy(tansu.bootstrap, topics=acks_one) as proxy:
+        outcomes = await send_ten(proxy.bootstrap, topic, acks="all")
+    assert all(isinstance(o, ProduceFailedError) for o in outcomes), outcomes
+    assert {(o.code, o.failure_type) for o in outcomes} == {(21, FailureType.DELIVERY_FAILED)}
+    # the proxy's batch-level message (v8 error_message) reaches every record
+    assert {o.message for o in outcomes} == {
+        f"acks=-1 is not allowed for topic {topic} (allowed: 1)"
+    }
+    assert read_values(tansu.bootstrap, topic, 0) == []
+
+
+async def test_idempotence_requested_falls_back_and_says_so(
+    tansu: Broker, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = make_topic()
+    with run_proxy(tansu.bootstrap) as proxy, caplog.at_level(logging.WARNING, "kvproxy.producer"):
+        async with ResilientProducer(
+            bootstrap_servers=proxy.bootstrap, idempotence="requested"
+        ) as producer:
+            assert producer.idempotent is False
+            metadata = await producer.send_and_wait(topic, b"one", b"k")
+    assert metadata.offset == 0
+    assert any(
+        "idempotence was requested but the cluster cannot provide it" in r.getMessage()
+        for r in caplog.records
+    )
+    assert read_values(tansu.bootstrap, topic, 1) == [b"one"]
+
+
+@pytest.mark.parametrize("idempotence", ["required", True])
+async def test_idempotence_required_refuses_to_start(tansu: Broker, idempotence: Any) -> None:
+    producer = ResilientProducer(bootstrap_servers=tansu.bootstrap, idempotence=idempotence)
+    with pytest.raises(IdempotenceUnavailableError, match="idempotence is required"):
+        await producer.start()
+
+
+def test_constructor_refuses_mixed_idempotence_arguments() -> None:
+    with pytest.raises(TypeError, match="idempotence="):
+        ResilientProducer(bootstrap_servers="127.0.0.1:1", enable_idempotence=True)
+    with pytest.raises(ValueError, match="idempotence must be"):
+        ResilientProducer(bootstrap_servers="127.0.0.1:1", idempotence="sometimes")  # type: ignore[arg-type]
+
+
+async def test_a_transactional_resilient_producer_with_run_transaction(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    """In a transaction nothing is resent: the refused record fails the transaction, which is
+    aborted (CommitFailedError); the next transaction commits."""
+    topic = make_topic(config={"cleanup.policy": "compact"})
+    with run_proxy(tansu.bootstrap) as proxy:
+        async with ResilientProducer(
+            bootstrap_servers=proxy.bootstrap, transactional_id=f"resilient-{topic}", linger_ms=100
+        ) as producer:
+
+            async def bad(txn: Transaction) -> None:
+                for i in range(4):
+                    await txn.send(topic, f"bad-{i}".encode(), None if i == 2 else b"k")
+
+            with pytest.raises(CommitFailedError) as raised:
+                await run_transaction(producer, bad)
+            cause = raised.value.cause
+            assert isinstance(cause, ProduceFailedError)
+            assert cause.failure_type in (
+                FailureType.MESSAGE_REJECTED,
+                FailureType.TRANSACTION_FAILED,
+            )
+            assert raised.value.code == 87
+
+            async def good(txn: Transaction) -> int:
+                for i in range(3):
+                    await txn.send(topic, f"good-{i}".encode(), b"k")
+                return 3
+
+            assert await run_transaction(producer, good) == 3
+    assert read_values(tansu.bootstrap, topic, 3)[-3:] == [b"good-0", b"good-1", b"good-2"]
