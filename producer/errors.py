@@ -369,7 +369,7 @@ def _failure_type_of_code(code: int, profile: ErrorProfile) -> FailureType:
 
 
 def failure_type(
-    error: BaseException | int, *, profile: ErrorProfile = ErrorProfile.KAFKA
+    error: BaseException | int, *, profile: ErrorProfile | str = ErrorProfile.KAFKA
 ) -> FailureType:
     """Which FailureType a record's failure is.
 
@@ -398,6 +398,7 @@ def failure_type(
     >>> failure_type(19)
     <FailureType.DELIVERY_FAILED: 'delivery_failed'>
     """
+    profile = ErrorProfile(profile)  # "kip" as well as ErrorProfile.KIP
     if isinstance(error, ProduceFailedError):
         return error.failure_type
     if isinstance(error, CommitFailedError):

@@ -390,3 +390,10 @@ def test_idempotence_unavailable_error_says_why() -> None:
     error = IdempotenceUnavailableError("the broker answers InitProducerId only at v0")
     assert str(error) == "the broker answers InitProducerId only at v0"
     assert isinstance(error, Exception)
+
+
+def test_failure_type_takes_the_profile_by_name() -> None:
+    assert failure_type(45, profile="kip") is FailureType.MESSAGE_REJECTED
+    assert failure_type(45, profile="kafka") is FailureType.TRANSACTION_FAILED
+    with pytest.raises(ValueError, match="not a valid ErrorProfile"):
+        failure_type(45, profile="strict")
