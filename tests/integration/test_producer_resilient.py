@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from policies import ACCEPT, Verdict
 from producer import (
     CommitFailedError,
     FailureType,
@@ -25,6 +26,62 @@ from tests.harness import Broker
 from tests.harness.proxy import RunningProxy, run_proxy
 
 KEYLESS_MESSAGE = "Compacted topic cannot accept message without key in topic partition {}-0."
+
+
+class NotEnoughReplicasFirst:
+    """A custom policy answering NOT_ENOUGH_REPLICAS (19, retriable) to the first `times`
+    requests of each topic, then accepting: a cluster that recovers (or never does)."""
+
+    name = "not_enough_replicas_first"
+
+    def __init__(self) -> None:
+        self.times = 1
+        self.seen: dict[str, int] = {}
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        self.times = int(config.get("times", 1))
+
+    def validate(self, topic: str, partition: int, batch: Any) -> Verdict:
+        self.seen[topic] = self.seen.get(topic, 0) + 1
+        if self.seen[topic] <= self.times:
+            return Verdict(19, "Messages are rejected since there are fewer in-sync replicas")
+        return ACCEPT
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def flaky(topic: str, times: int) -> list[dict[str, Any]]:
+    policy = {"class": f"{__name__}:NotEnoughReplicasFirst", "config": {"times": times}}
+    return [{"match": topic, "policies": [{"custom": policy}]}]
+
+
+async def test_retriable_errors_are_retried_as_usual(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic()
+    with run_proxy(tansu.bootstrap, topics=flaky(topic, 2)) as proxy:
+        async with ResilientProducer(
+            bootstrap_servers=proxy.bootstrap, retry_backoff_ms=50
+        ) as producer:
+            metadata = await producer.send_and_wait(topic, b"eventually", b"k")
+    assert metadata.offset == 0
+    assert read_values(tansu.bootstrap, topic, 1) == [b"eventually"]
+
+
+async def test_retries_that_never_succeed_end_in_delivery_failed(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic()
+    with run_proxy(tansu.bootstrap, topics=flaky(topic, 10_000)) as proxy:
+        async with ResilientProducer(
+            bootstrap_servers=proxy.bootstrap, retry_backoff_ms=50, request_timeout_ms=1500
+        ) as producer:
+            future = await producer.send(topic, b"never", b"k")
+            with pytest.raises(ProduceFailedError) as raised:
+                await future
+    assert raised.value.failure_type is FailureType.DELIVERY_FAILED
+    assert read_values(tansu.bootstrap, topic, 0) == []
 
 
 def read_values(bootstrap: str, topic: str, expected: int) -> list[bytes]:
