@@ -333,7 +333,11 @@ def test_kill_9_mid_loop_keeps_every_entry_before_the_torn_tail(
         journal.close()
     assert report.corrupt_segments == ()
     assert report.entries == len(entries), report
-    assert report.segments >= 2, f"segment_bytes 4096 should have rolled: {report}"
+    # A segment rolls before it would pass 4096 bytes: as many segments as that takes. (How
+    # many entries reached the disk before the kill depends on how far the writer had got.)
+    on_disk = sum(path.stat().st_size for path in journal_dir.glob("*.kvq"))
+    assert on_disk > 0
+    assert report.segments >= -(-on_disk // 4096), f"segment_bytes 4096 should roll: {report}"
     # docs/quarantine.md, "What a crash can lose": a process crash loses the entries still in
     # the in-memory queue and the one being written; every entry handed to write(2) survives.
     # So at least the entries written before the kill (`handed_to_write`, read from
