@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import UnsupportedForMessageFormatError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from producer._record_errors import BatchRejected, install
@@ -33,9 +32,10 @@ from producer.errors import (
     FailureType,
     IdempotenceUnavailableError,
     ProduceFailedError,
+    error_code,
     failure_type,
 )
-from protocol.error_codes import ErrorProfile
+from protocol.error_codes import UNSUPPORTED_FOR_MESSAGE_FORMAT, ErrorProfile
 
 __all__ = ["Idempotence", "ResilientProducer"]
 
@@ -43,6 +43,16 @@ log = logging.getLogger("kvproxy.producer")
 
 Idempotence = Literal["off", "requested", "required"]
 Header = tuple[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resend:
+    """A record to send again (and, when set, why idempotence must go first)."""
+
+    record: _Record
+    outcome: asyncio.Future[RecordMetadata]
+    resends: int
+    without_idempotence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +93,9 @@ class ResilientProducer:
       A refusal without record errors fails the whole batch. Retriable errors are retried by
       aiokafka as usual (`retry_backoff_ms`, `request_timeout_ms`).
     - `idempotence`: "off" (or False), "requested" (idempotent when the broker and topic can do
-      it; otherwise produce without it and log why), "required" (or True: raise
-      `IdempotenceUnavailableError` at `start()` or on the first send that finds out).
+      it; when InitProducerId fails at start, or a topic answers UNSUPPORTED_FOR_MESSAGE_FORMAT,
+      produce without it from then on and log why), "required" (or True: raise
+      `IdempotenceUnavailableError` at `start()`, or fail the send that finds out with it).
     - `error_profile`: which numbers mean a refused record (`kip`: 45 and 85 as well as 87).
     - With `transactional_id`, the records of a refused batch are not resent (the transaction
       has to abort: use `producer.transactions.run_transaction`); they fail with
@@ -111,9 +122,10 @@ class ResilientProducer:
         self._args = producer_args
         self._idempotent = self.idempotence != "off"
         self._producer = self._new_producer()
-        self._resend_queue: asyncio.Queue[tuple[_Record, asyncio.Future[RecordMetadata], int]]
+        self._resend_queue: asyncio.Queue[_Resend]
         self._resender: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Future[RecordMetadata]] = set()
+        self._retired: set[asyncio.Task[None]] = set()
 
     def _new_producer(self) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(enable_idempotence=self._idempotent, **self._args)
@@ -170,6 +182,8 @@ class ResilientProducer:
         if self._resender is not None:
             self._resender.cancel()
             self._resender = None
+        if self._retired:
+            await asyncio.wait(set(self._retired))
         await self._producer.stop()
 
     async def flush(self) -> None:
@@ -272,26 +286,41 @@ class ResilientProducer:
                 return
             if exc.record_errors and resends < self.max_resends:
                 bound = record if record.partition is not None else _bound_to(record, exc.tp)
-                self._resend_queue.put_nowait((bound, outcome, resends + 1))
+                self._resend_queue.put_nowait(_Resend(bound, outcome, resends + 1))
                 return
-        if (
-            isinstance(exc, UnsupportedForMessageFormatError)
-            and self._idempotent
-            and self.idempotence == "required"
-        ):
+        if error_code(exc) == UNSUPPORTED_FOR_MESSAGE_FORMAT and self._idempotent:
             # The topic's message format cannot carry producer ids (magic < 2).
-            cause = IdempotenceUnavailableError(
-                f"idempotence is required but topic {record.topic} cannot store it ({exc})"
-            )
-            outcome.set_exception(ProduceFailedError(cause, FailureType.DELIVERY_FAILED))
-            return
+            reason = f"topic {record.topic} cannot store producer ids ({exc})"
+            if self.idempotence == "required":
+                cause = IdempotenceUnavailableError(f"idempotence is required but {reason}")
+                outcome.set_exception(ProduceFailedError(cause, FailureType.DELIVERY_FAILED))
+                return
+            if resends < self.max_resends:
+                self._resend_queue.put_nowait(_Resend(record, outcome, resends + 1, reason))
+                return
         outcome.set_exception(self._failure(exc))
 
     async def _resend_loop(self) -> None:
         """Resend in the order records failed (their batch order), one at a time."""
         while True:
-            record, outcome, resends = await self._resend_queue.get()
-            await self._submit(record, outcome, resends)
+            item = await self._resend_queue.get()
+            if item.without_idempotence is not None and self._idempotent:
+                await self._drop_idempotence(item.without_idempotence)
+            await self._submit(item.record, item.outcome, item.resends)
+
+    async def _drop_idempotence(self, reason: str) -> None:
+        """`requested`: go on with a producer without idempotence; the old one finishes what it
+        has in flight and closes."""
+        log.warning(
+            "idempotence was requested but %s: producing without idempotence from now on", reason
+        )
+        old = self._producer
+        self._idempotent = False
+        self._producer = self._new_producer()
+        await self._producer.start()
+        task = asyncio.get_running_loop().create_task(old.stop())
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     # transactions: the AIOKafkaProducer methods, for producer.transactions' helper
 

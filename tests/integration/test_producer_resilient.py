@@ -19,6 +19,7 @@ from producer import (
     IdempotenceUnavailableError,
     ProduceFailedError,
 )
+from producer.compat import enable_transactions
 from producer.resilient import ResilientProducer
 from producer.transactions import Transaction, run_transaction
 from protocol.messages import PRODUCE, decode_response
@@ -235,3 +236,49 @@ async def test_a_transactional_resilient_producer_with_run_transaction(
 
             assert await run_transaction(producer, good) == 3
     assert read_values(tansu.bootstrap, topic, 3)[-3:] == [b"good-0", b"good-1", b"good-2"]
+
+
+def old_format(topic: str) -> list[dict[str, Any]]:
+    """kvproxy answering as a broker whose topic keeps message format 1 (no producer ids)."""
+    return [{"match": topic, "policies": [{"message_format": {"topic_magic": 1}}]}]
+
+
+async def test_requested_idempotence_gives_way_to_a_topic_that_cannot_store_it(
+    tansu: Broker, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = make_topic()
+    with (
+        run_proxy(tansu.bootstrap, topics=old_format(topic)) as proxy,
+        caplog.at_level(logging.WARNING, "kvproxy.producer"),
+    ):
+        producer = ResilientProducer(bootstrap_servers=proxy.bootstrap, idempotence="requested")
+        enable_transactions(producer.producer)  # InitProducerId v3: Tansu grants a producer id
+        async with producer:
+            assert producer.idempotent is True
+            metadata = await producer.send_and_wait(topic, b"one", b"k")
+            assert producer.idempotent is False
+            second = await producer.send_and_wait(topic, b"two", b"k")
+    assert (metadata.offset, second.offset) == (0, 1)
+    assert read_values(tansu.bootstrap, topic, 2) == [b"one", b"two"]
+    assert any(
+        f"idempotence was requested but topic {topic} cannot store producer ids" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_required_idempotence_fails_the_send_to_such_a_topic(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic()
+    with run_proxy(tansu.bootstrap, topics=old_format(topic)) as proxy:
+        producer = ResilientProducer(bootstrap_servers=proxy.bootstrap, idempotence="required")
+        enable_transactions(producer.producer)
+        async with producer:
+            future = await producer.send(topic, b"one", b"k")
+            with pytest.raises(ProduceFailedError) as raised:
+                await future
+    assert isinstance(raised.value.cause, IdempotenceUnavailableError)
+    assert f"idempotence is required but topic {topic} cannot store producer ids" in str(
+        raised.value.cause
+    )
+    assert read_values(tansu.bootstrap, topic, 0) == []
