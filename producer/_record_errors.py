@@ -16,9 +16,11 @@ from typing import Any
 
 import aiokafka.errors as aiokafka_errors
 from aiokafka import AIOKafkaProducer
-from aiokafka.producer.sender import Sender, SendProduceReqHandler
+from aiokafka.producer.sender import Sender
 from aiokafka.protocol.produce import ProduceRequest, ProduceRequest_v8
 from aiokafka.structs import TopicPartition
+
+from producer.compat import KeepCodesHandler
 
 __all__ = ["BatchRejected", "install"]
 
@@ -63,7 +65,10 @@ class _ProduceRequestUpToV8(ProduceRequest):  # type: ignore[misc]
 _ProduceRequestUpToV8._CLASSES = (*ProduceRequest._CLASSES, ProduceRequest_v8)
 
 
-class _RecordErrorsHandler(SendProduceReqHandler):  # type: ignore[misc]
+class _RecordErrorsHandler(KeepCodesHandler):
+    """compat's handler (codes aiokafka does not know keep their number), plus v8's record
+    errors and messages."""
+
     def create_request(self) -> Any:
         request = super().create_request()
         return _ProduceRequestUpToV8(

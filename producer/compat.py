@@ -185,7 +185,7 @@ def _unknown_to_aiokafka(code: int) -> bool:
     )
 
 
-class _KeepCodesHandler(SendProduceReqHandler):  # type: ignore[misc]
+class KeepCodesHandler(SendProduceReqHandler):  # type: ignore[misc]
     """aiokafka's Produce handler, except for codes aiokafka would turn into UnknownError."""
 
     def handle_response(self, response: Any) -> None:
@@ -210,8 +210,8 @@ class _KeepCodesHandler(SendProduceReqHandler):  # type: ignore[misc]
 
 
 async def _send_produce_req(self: Any, node_id: int, batches: Any) -> None:
-    """Sender._send_produce_req with `_KeepCodesHandler`."""
-    handler = _KeepCodesHandler(self, batches)
+    """Sender._send_produce_req with `KeepCodesHandler`."""
+    handler = KeepCodesHandler(self, batches)
     await handler.do(node_id)
     self._in_flight.remove(node_id)
     for tp in batches:
