@@ -475,36 +475,26 @@ def _check_entry(
         compacted=task.compacted(topic),
         now_ms=task.settings.now_ms,
     )
-    if isinstance(parsed, Verdict):
-        stats.violations += 1
-        yield from task.violations(
-            parsed,
-            None,
-            topic,
-            partition,
-            mode=rule.mode,
-            source=uri,
-            position=position,
-            in_log=False,
-            fallback=(-1, None),
-        )
-        return
-    stats.batches += len(parsed.batches)
-    for batch in parsed.batches:
-        stats.saw_time(batch.first_timestamp, batch.max_timestamp)
-    try:
-        count = len(parsed.record_tuple())
-    except DecodeError:
-        count = 0
-    stats.records += count
-    if task.budget is not None:
-        task.budget -= count
-    verdict = rule.chain.check(parsed)
-    if verdict.ok:
-        return
+    if isinstance(parsed, Verdict):  # the entry's records do not even parse
+        verdict, produced = parsed, None
+    else:
+        produced = parsed
+        stats.batches += len(parsed.batches)
+        for batch in parsed.batches:
+            stats.saw_time(batch.first_timestamp, batch.max_timestamp)
+        try:
+            count = len(parsed.record_tuple())
+        except DecodeError:
+            count = 0
+        stats.records += count
+        if task.budget is not None:
+            task.budget -= count
+        verdict = rule.chain.check(parsed)
+        if verdict.ok:
+            return
     rows = task.violations(
         verdict,
-        parsed,
+        produced,
         topic,
         partition,
         mode=rule.mode,

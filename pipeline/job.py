@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -151,7 +151,7 @@ def run_audit(
                 )
         except LiveSourceError as exc:
             raise AuditError(str(exc)) from exc
-        settings = _replace(
+        settings = replace(
             settings, compaction=dict(compaction), bootstrap=tuple(request.bootstrap)
         )
     _log(
@@ -182,12 +182,6 @@ def run_audit(
     finally:
         if own_session:
             spark.stop()
-
-
-def _replace(settings: AuditSettings, **changes: Any) -> AuditSettings:
-    import dataclasses  # noqa: PLC0415
-
-    return dataclasses.replace(settings, **changes)
 
 
 def _plan(segment: SegmentFile, range_bytes: int) -> list[Any]:
@@ -257,7 +251,7 @@ def _run_on_spark(
     )
     if request.sample is not None:
         per_unit = max(1, math.ceil(request.sample / max(len(units), 1)))
-        settings = _replace(settings, sample_per_unit=per_unit)
+        settings = replace(settings, sample_per_unit=per_unit)
 
     checked = (
         sc.parallelize(units, max(len(units), 1))

@@ -21,7 +21,13 @@ from typing import IO
 import crc32c
 
 from pipeline import files
-from protocol.records import LOG_OVERHEAD, MIN_LENGTH
+from protocol.records import (
+    LOG_OVERHEAD,
+    MIN_LENGTH,
+    MIN_LENGTH_BY_MAGIC,
+    V2_ATTRIBUTES_POS,
+    V2_CRC_POS,
+)
 
 __all__ = [
     "RANGE_BYTES",
@@ -38,10 +44,7 @@ RANGE_BYTES = 32 * 1024 * 1024
 
 _PREFIX = struct.Struct(">qi")
 _HEAD = 17  # offset, length, leader epoch / crc, magic: enough to step and to check the magic
-_MIN_LENGTH = {0: 14, 1: 22, 2: 49}
 _V2_CRC = struct.Struct(">I")
-_V2_CRC_POS = 17
-_V2_ATTRIBUTES_POS = 21
 _RESYNC_CHUNK = 1024 * 1024
 _MAX_BATCH = 0x7FFFFFFF
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
@@ -200,7 +203,7 @@ def _step(handle: IO[bytes], pos: int, size: int) -> int | str:
     magic = head[16]
     if magic > 2:
         return f"batch at byte {pos} has unknown magic {magic}"
-    if length < _MIN_LENGTH[magic]:
+    if length < MIN_LENGTH_BY_MAGIC[magic]:
         return f"magic {magic} batch at byte {pos} has length {length}, below the minimum"
     if LOG_OVERHEAD + length > left:
         return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
@@ -235,9 +238,9 @@ def _verifies(handle: IO[bytes], at: int, size: int) -> bool:
     if len(head) < _HEAD:
         return False
     base_offset, length = _PREFIX.unpack_from(head)
-    if base_offset < 0 or not _MIN_LENGTH[2] <= length <= min(_MAX_BATCH, size - at - 12):
+    if base_offset < 0 or not MIN_LENGTH_BY_MAGIC[2] <= length <= min(_MAX_BATCH, size - at - 12):
         return False
-    handle.seek(at + _V2_CRC_POS)
-    body = handle.read(LOG_OVERHEAD + length - _V2_CRC_POS)
+    handle.seek(at + V2_CRC_POS)
+    body = handle.read(LOG_OVERHEAD + length - V2_CRC_POS)
     (crc,) = _V2_CRC.unpack_from(body)
-    return bool(crc32c.crc32c(body[_V2_ATTRIBUTES_POS - _V2_CRC_POS :]) == crc)
+    return bool(crc32c.crc32c(body[V2_ATTRIBUTES_POS - V2_CRC_POS :]) == crc)

@@ -16,11 +16,10 @@ from typing import Any
 
 import aiokafka.errors as aiokafka_errors
 from aiokafka import AIOKafkaProducer
-from aiokafka.producer.sender import Sender
 from aiokafka.protocol.produce import ProduceRequest, ProduceRequest_v8
 from aiokafka.structs import TopicPartition
 
-from producer.compat import KeepCodesHandler
+from producer.compat import KeepCodesHandler, use_produce_handler
 
 __all__ = ["BatchRejected", "install"]
 
@@ -115,15 +114,6 @@ class _RecordErrorsHandler(KeepCodesHandler):
         return True
 
 
-class _RecordErrorsSender(Sender):  # type: ignore[misc]
-    async def _send_produce_req(self, node_id: int, batches: Any) -> None:
-        handler = _RecordErrorsHandler(self, batches)
-        await handler.do(node_id)
-        self._in_flight.remove(node_id)
-        for tp in batches:
-            self._muted_partitions.remove(tp)
-
-
 def install(producer: AIOKafkaProducer) -> None:
     """Make this (not yet started) producer read record errors."""
-    producer._sender.__class__ = _RecordErrorsSender
+    use_produce_handler(producer._sender, _RecordErrorsHandler)

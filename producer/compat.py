@@ -209,13 +209,17 @@ class KeepCodesHandler(SendProduceReqHandler):  # type: ignore[misc]
         )
 
 
-async def _send_produce_req(self: Any, node_id: int, batches: Any) -> None:
-    """Sender._send_produce_req with `KeepCodesHandler`."""
-    handler = KeepCodesHandler(self, batches)
-    await handler.do(node_id)
-    self._in_flight.remove(node_id)
-    for tp in batches:
-        self._muted_partitions.remove(tp)
+def use_produce_handler(sender: Sender, handler: type[SendProduceReqHandler]) -> None:
+    """Make this one sender answer Produce responses with `handler` (its own method, as
+    Sender._send_produce_req, with only the handler class changed)."""
+
+    async def send_produce_req(self: Any, node_id: int, batches: Any) -> None:
+        await handler(self, batches).do(node_id)
+        self._in_flight.remove(node_id)
+        for tp in batches:
+            self._muted_partitions.remove(tp)
+
+    sender._send_produce_req = types.MethodType(send_produce_req, sender)
 
 
 async def _do_init_pid(self: Any, node_id: int) -> bool:
@@ -238,8 +242,8 @@ def enable_transactions(producer: AIOKafkaProducer) -> AIOKafkaProducer:
     if sender.sender_task is not None:
         raise IllegalOperation("enable_transactions must be called before start()")
     sender._do_init_pid = types.MethodType(_do_init_pid, sender)
-    if type(sender)._send_produce_req is Sender._send_produce_req:
-        sender._send_produce_req = types.MethodType(_send_produce_req, sender)
+    if "_send_produce_req" not in vars(sender):  # a handler of its own (ResilientProducer's) stays
+        use_produce_handler(sender, KeepCodesHandler)
     return producer
 
 

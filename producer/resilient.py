@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
@@ -285,7 +285,8 @@ class ResilientProducer:
                 )
                 return
             if exc.record_errors and resends < self.max_resends:
-                bound = record if record.partition is not None else _bound_to(record, exc.tp)
+                # pinned to the partition it was first sent to, so its order holds there
+                bound = replace(record, partition=exc.tp.partition)
                 self._resend_queue.put_nowait(_Resend(bound, outcome, resends + 1))
                 return
         if error_code(exc) == UNSUPPORTED_FOR_MESSAGE_FORMAT and self._idempotent:
@@ -338,9 +339,3 @@ class ResilientProducer:
         self, offsets: dict[TopicPartition, int], group_id: str
     ) -> None:
         await self._producer.send_offsets_to_transaction(offsets, group_id)
-
-
-def _bound_to(record: _Record, tp: TopicPartition) -> _Record:
-    """The record, pinned to the partition it was first sent to (so order holds there)."""
-    return _Record(record.topic, record.value, record.key, tp.partition, record.timestamp_ms,
-                   record.headers)  # fmt: skip

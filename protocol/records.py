@@ -45,8 +45,8 @@ _MAGIC_POS = 16
 # first timestamp, max timestamp, producer id, producer epoch, base sequence, record count.
 _V2_HEADER = struct.Struct(">qiibIhiqqqhii")
 V2_HEADER_SIZE = _V2_HEADER.size  # 61
-_V2_ATTRIBUTES_POS = 21
-_V2_CRC_POS = 17
+V2_ATTRIBUTES_POS = 21
+V2_CRC_POS = 17
 _V2_COUNT_POS = 57
 
 # Legacy message: offset, length, crc, magic, attributes [, timestamp (magic 1)].
@@ -56,8 +56,8 @@ _INT32 = struct.Struct(">i")
 _LEGACY_CRC_POS = 12
 
 # Smallest value the length field can hold for each magic (everything after the length field).
-_MIN_LENGTH = {0: 14, 1: 22, 2: V2_HEADER_SIZE - LOG_OVERHEAD}
-MIN_LENGTH = _MIN_LENGTH[0]
+MIN_LENGTH_BY_MAGIC: dict[int, int] = {0: 14, 1: 22, 2: V2_HEADER_SIZE - LOG_OVERHEAD}
+MIN_LENGTH = MIN_LENGTH_BY_MAGIC[0]
 
 _TIMESTAMP_TYPE_BIT = 0x08
 _TRANSACTIONAL_BIT = 0x10
@@ -228,7 +228,7 @@ class RecordBatch:
     def computed_crc(self) -> int:
         """CRC32C over attributes..end (magic 2); CRC32 over magic..end (magic 0/1)."""
         if self.magic == 2:
-            return int(crc32c.crc32c(self.buffer[_V2_ATTRIBUTES_POS:]))
+            return int(crc32c.crc32c(self.buffer[V2_ATTRIBUTES_POS:]))
         return zlib.crc32(self.buffer[_MAGIC_POS:])
 
     def crc_valid(self) -> bool:
@@ -263,7 +263,7 @@ class RecordBatch:
         if self.codec is not Codec.NONE:
             payload = decompress(self.codec, self.buffer[V2_HEADER_SIZE:])
             header = bytearray(self.buffer[:V2_HEADER_SIZE])
-            struct.pack_into(">h", header, _V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
+            struct.pack_into(">h", header, V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
             source = bytes(header) + payload
         return self._iter_v2(source, count)
 
@@ -324,11 +324,11 @@ class RecordBatch:
         )
         pos = 0
         while pos < len(inner):
-            if len(inner) - pos < LOG_OVERHEAD + _MIN_LENGTH[0]:
+            if len(inner) - pos < LOG_OVERHEAD + MIN_LENGTH_BY_MAGIC[0]:
                 raise CorruptRecords(f"inner message cut off at byte {pos} of the wrapper")
             (_, length) = _PREFIX.unpack_from(inner, pos)
             end = pos + LOG_OVERHEAD + length
-            if length < _MIN_LENGTH[0] or end > len(inner):
+            if length < MIN_LENGTH_BY_MAGIC[0] or end > len(inner):
                 raise CorruptRecords(f"inner message at byte {pos} has bad length {length}")
             yield _parse_message(inner, pos, end)
             pos = end
@@ -347,7 +347,7 @@ class _Message(NamedTuple):
 
 def _parse_message(buf: memoryview, pos: int, end: int) -> _Message:
     """One magic 0/1 message occupying buf[pos:end] exactly."""
-    if end - pos < LOG_OVERHEAD + _MIN_LENGTH[0]:
+    if end - pos < LOG_OVERHEAD + MIN_LENGTH_BY_MAGIC[0]:
         raise CorruptRecords(f"message at byte {pos} shorter than the minimum")
     magic = buf[pos + _MAGIC_POS]
     if magic == 0:
@@ -355,7 +355,7 @@ def _parse_message(buf: memoryview, pos: int, end: int) -> _Message:
         timestamp = -1
         cursor = pos + _V0_HEADER.size
     elif magic == 1:
-        if end - pos < LOG_OVERHEAD + _MIN_LENGTH[1]:
+        if end - pos < LOG_OVERHEAD + MIN_LENGTH_BY_MAGIC[1]:
             raise CorruptRecords(f"magic 1 message at byte {pos} shorter than the minimum")
         offset, _, crc, _, attributes, timestamp = _V1_HEADER.unpack_from(buf, pos)
         cursor = pos + _V1_HEADER.size
@@ -420,7 +420,7 @@ def read_batch(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Re
         magic = view[offset + _MAGIC_POS]
         if magic > 2:
             raise CorruptRecords(f"batch at byte {offset} has unknown magic {magic}")
-        if length < _MIN_LENGTH[magic]:
+        if length < MIN_LENGTH_BY_MAGIC[magic]:
             raise CorruptRecords(
                 f"magic {magic} batch at byte {offset} has length {length}, below the minimum"
             )
@@ -536,13 +536,13 @@ def _build_v2(
     body = bytes(plain[V2_HEADER_SIZE:])
     if codec is not Codec.NONE:
         body = compress(codec, body)
-    (attributes,) = struct.unpack_from(">h", header, _V2_ATTRIBUTES_POS)
+    (attributes,) = struct.unpack_from(">h", header, V2_ATTRIBUTES_POS)
     attributes = (attributes & ~CODEC_MASK) | int(codec) | attributes_extra
     struct.pack_into(">q", header, 0, base_offset)
     struct.pack_into(">i", header, 8, V2_HEADER_SIZE - LOG_OVERHEAD + len(body))
-    struct.pack_into(">h", header, _V2_ATTRIBUTES_POS, attributes)
-    crc = crc32c.crc32c(bytes(header[_V2_ATTRIBUTES_POS:]) + body)
-    struct.pack_into(">I", header, _V2_CRC_POS, crc)
+    struct.pack_into(">h", header, V2_ATTRIBUTES_POS, attributes)
+    crc = crc32c.crc32c(bytes(header[V2_ATTRIBUTES_POS:]) + body)
+    struct.pack_into(">I", header, V2_CRC_POS, crc)
     return bytes(header) + body
 
 
