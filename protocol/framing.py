@@ -4,6 +4,12 @@
 `receive_data` and pulls complete frames with `next_frame`. A size prefix above the configured
 maximum (Kafka's `socket.request.max.bytes`, 100 MiB by default) or below zero raises before any
 of the body is buffered, so a hostile size cannot make the caller allocate.
+
+For large frames (produce requests, fetch answers) the decoder can also be filled the way
+`asyncio.BufferedProtocol` fills a buffer: `get_buffer()` hands out a writable view and
+`buffer_updated(n)` says how much of it was written. Once a frame above `LARGE_FRAME` bytes has
+begun, its bytes go straight into a buffer of its own, which becomes the frame: the socket's bytes
+are copied once, by the kernel, and never again on their way through the proxy.
 """
 
 from __future__ import annotations
@@ -15,13 +21,30 @@ from protocol.errors import FrameTooLarge, NegativeSize
 
 SIZE_PREFIX: Final = 4
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
+LARGE_FRAME: Final = 64 * 1024
+"""Frames above this size are received into a buffer of their own (no copy out)."""
+INITIAL_LARGE_BUFFER: Final = 2 * 1024 * 1024
+"""A large frame's buffer starts at most this big and doubles as its bytes arrive, so a size
+prefix alone never commits more memory than this."""
+_SCRATCH_SIZE: Final = 64 * 1024
 _SIZE = struct.Struct(">i")
+
+Frame = bytes | memoryview
+"""A frame's payload: bytes for small frames, a read-only view of its own buffer for large ones."""
 
 
 class FrameDecoder:
     """Splits a byte stream into frame payloads (size prefix removed)."""
 
-    __slots__ = ("_buffer", "_max_frame_size", "_start")
+    __slots__ = (
+        "_buffer",
+        "_large",
+        "_large_filled",
+        "_large_size",
+        "_max_frame_size",
+        "_scratch",
+        "_start",
+    )
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size <= 0:
@@ -29,6 +52,10 @@ class FrameDecoder:
         self._max_frame_size = max_frame_size
         self._buffer = bytearray()
         self._start = 0
+        self._scratch: bytearray | None = None
+        self._large: bytearray | None = None
+        self._large_size = 0
+        self._large_filled = 0
 
     @property
     def max_frame_size(self) -> int:
@@ -37,29 +64,95 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buffer) - self._start
+        return len(self._buffer) - self._start + self._large_filled
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self._large is not None:
+            taken = self._fill_large(data)
+            if taken == len(data):
+                return
+            data = memoryview(data)[taken:]
         self._buffer += data
+
+    # -- asyncio.BufferedProtocol style ---------------------------------------------------------
+
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes from the socket should go (at least one byte of room)."""
+        large = self._large
+        if large is not None:
+            filled = self._large_filled
+            if filled == len(large):  # grow: the frame is longer than what was committed so far
+                large = self._large = large + bytes(min(len(large), self._large_size - filled))
+            return memoryview(large)[filled : min(len(large), self._large_size)]
+        if self._scratch is None:
+            self._scratch = bytearray(_SCRATCH_SIZE)
+        return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` were written into the view `get_buffer()` returned."""
+        if self._large is not None:
+            self._large_filled += nbytes
+        else:
+            assert self._scratch is not None
+            with memoryview(self._scratch) as view:
+                self._buffer += view[:nbytes]
+
+    # -- frames ---------------------------------------------------------------------------------
 
     def pending_frame_size(self) -> int | None:
         """Size of the frame being received, once its prefix is in; validated like `next_frame`."""
-        if self.buffered < SIZE_PREFIX:
+        if self._large is not None:
+            return self._large_size
+        if len(self._buffer) - self._start < SIZE_PREFIX:
             return None
         (size,) = _SIZE.unpack_from(self._buffer, self._start)
         self._check_size(size)
         return int(size)
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> Frame | None:
         """The next complete frame's payload, or None until more data arrives."""
+        if self._large is not None:
+            if self._large_filled < self._large_size:
+                return None
+            payload = memoryview(self._large).toreadonly()
+            self._large = None
+            self._large_size = self._large_filled = 0
+            return payload
         size = self.pending_frame_size()
         if size is None:
             return None
         begin = self._start + SIZE_PREFIX
         end = begin + size
-        if end > len(self._buffer):
+        buffer = self._buffer
+        if end > len(buffer):
+            if size > LARGE_FRAME:  # the rest of this frame goes straight into its own buffer
+                self._large = bytearray(min(size, INITIAL_LARGE_BUFFER))
+                self._large_size = size
+                with memoryview(buffer) as view:
+                    self._fill_large(view[begin:])  # all of it: the frame ends further on
+                buffer.clear()
+                self._start = 0
             return None
-        frame = bytes(self._buffer[begin:end])
+        with memoryview(buffer) as view:
+            frame = bytes(view[begin:end])
+        self._consume(end)
+        return frame
+
+    def _fill_large(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy what belongs to the large frame from `data`; returns how many bytes it took."""
+        large = self._large
+        assert large is not None
+        filled = self._large_filled
+        taken = min(len(data), self._large_size - filled)
+        if filled + taken > len(large):
+            large = self._large = large + bytes(
+                min(max(len(large), filled + taken - len(large)), self._large_size - len(large))
+            )
+        large[filled : filled + taken] = memoryview(data)[:taken]
+        self._large_filled = filled + taken
+        return taken
+
+    def _consume(self, end: int) -> None:
         self._start = end
         if self._start == len(self._buffer):
             self._buffer.clear()
@@ -67,7 +160,6 @@ class FrameDecoder:
         elif self._start > 65536 and self._start * 2 > len(self._buffer):
             del self._buffer[: self._start]
             self._start = 0
-        return frame
 
     def _check_size(self, size: int) -> None:
         if size < 0:
@@ -82,6 +174,11 @@ def write_frame(out: bytearray, payload: bytes | bytearray | memoryview) -> None
     """Append `payload` with its size prefix to `out`."""
     out += _SIZE.pack(len(payload))
     out += payload
+
+
+def size_prefix(payload: bytes | bytearray | memoryview) -> bytes:
+    """The 4-byte size prefix of `payload` (to send beside it, without copying the payload)."""
+    return _SIZE.pack(len(payload))
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:

@@ -27,6 +27,7 @@ __all__ = [
     "Record",
     "RecordBatch",
     "RecordInput",
+    "RecordScan",
     "build_batch",
     "iter_batches",
     "read_batch",
@@ -98,6 +99,21 @@ class Record(NamedTuple):
         return self.value is not None
 
 
+class RecordScan(NamedTuple):
+    """What one pass over a batch's records tells without building a `Record` per record.
+
+    The checks that pass on almost every batch (timestamps in range, keys present on a compacted
+    topic) read this first and decode `Record`s only to word a rejection.
+    """
+
+    record_count: int
+    min_timestamp: int
+    """Smallest record timestamp (-1 counts like any other value); 0 when there are no records."""
+    max_timestamp: int
+    null_keys: int
+    """Records without a key."""
+
+
 class RecordBatch:
     """A lazy view over one magic-2 batch or one magic 0/1 message (maybe a compressed wrapper).
 
@@ -109,6 +125,8 @@ class RecordBatch:
     __slots__ = (
         "_count",
         "_inner_crcs_valid",
+        "_plain",
+        "_scan",
         "attributes",
         "base_offset",
         "base_sequence",
@@ -141,11 +159,15 @@ class RecordBatch:
     base_sequence: int
     _count: int | None
     _inner_crcs_valid: bool | None
+    _plain: memoryview | bytes | None
+    _scan: RecordScan | None
 
     def __init__(self, buffer: memoryview) -> None:
         """Wrap exactly one batch's bytes; use `read_batch` rather than calling this directly."""
         self.buffer = buffer
         self._inner_crcs_valid = None
+        self._plain = None
+        self._scan = None
         magic = buffer[_MAGIC_POS]
         if magic == 2:
             (
@@ -255,17 +277,74 @@ class RecordBatch:
 
     # -- magic 2 -------------------------------------------------------------------------------
 
-    def _records_v2(self) -> Iterator[Record]:
+    def scan(self) -> RecordScan:
+        """Count, timestamp range and null keys of the records, in one pass; cached.
+
+        Magic 2 reads each record with the C reader and keeps only those figures (about three
+        times the rate of building `Record`s); bad bytes raise CorruptRecords as `records()` does.
+        """
+        if self._scan is None:
+            if self.magic == 2:
+                self._scan = self._scan_v2()
+            else:
+                records = tuple(self.records())
+                stamps = [r.timestamp for r in records] or [0]
+                self._scan = RecordScan(
+                    len(records),
+                    min(stamps),
+                    max(stamps),
+                    sum(1 for r in records if r.key is None),
+                )
+        return self._scan
+
+    def _scan_v2(self) -> RecordScan:
+        count = self._checked_count()
+        low = high = 0
+        null_keys = 0
+        index = 0
+        try:
+            for raw in DefaultRecordBatch(self._plain_v2()):
+                timestamp = raw.timestamp
+                if index == 0:
+                    low = high = timestamp
+                elif timestamp < low:
+                    low = timestamp
+                elif timestamp > high:
+                    high = timestamp
+                if raw.key is None:
+                    null_keys += 1
+                index += 1
+        except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
+            raise CorruptRecords(
+                f"record {index} of batch at offset {self.base_offset} does not decode: {exc}"
+            ) from exc
+        if index != count:
+            raise CorruptRecords(
+                f"batch at offset {self.base_offset} holds {index} of {count} records"
+            )
+        return RecordScan(count, low, high, null_keys)
+
+    def _checked_count(self) -> int:
         count = self._count
         if count is None or count < 0:
             raise CorruptRecords(f"invalid record count {count} in batch at {self.base_offset}")
-        source: memoryview | bytes = self.buffer
-        if self.codec is not Codec.NONE:
-            payload = decompress(self.codec, self.buffer[V2_HEADER_SIZE:])
-            header = bytearray(self.buffer[:V2_HEADER_SIZE])
-            struct.pack_into(">h", header, V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
-            source = bytes(header) + payload
-        return self._iter_v2(source, count)
+        return count
+
+    def _plain_v2(self) -> memoryview | bytes:
+        """The batch with its records uncompressed (decompressed once, kept for a second pass)."""
+        if self._plain is None:
+            if self.codec is Codec.NONE:
+                self._plain = self.buffer
+            else:
+                payload = decompress(self.codec, self.buffer[V2_HEADER_SIZE:])
+                header = bytearray(self.buffer[:V2_HEADER_SIZE])
+                struct.pack_into(">h", header, V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
+                self._plain = bytes(header) + payload
+        return self._plain
+
+    def _records_v2(self) -> Iterator[Record]:
+        count = self._checked_count()
+        return self._iter_v2(self._plain_v2(), count)
 
     def _iter_v2(self, source: memoryview | bytes, count: int) -> Iterator[Record]:
         base_offset = self.base_offset

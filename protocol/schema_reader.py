@@ -70,9 +70,37 @@ def _read_error_code(buf: Buf, offset: int) -> tuple[Any, int]:
         return UnknownErrorCode(code), offset + _INT16.size
 
 
+def _records(flexible: bool) -> FieldReader:
+    """A `records` field as a view of the input, not a copy: a produce request's batches are
+    most of its bytes, and the proxy checks and forwards them where they arrived."""
+
+    def read(buf: Buf, offset: int) -> tuple[memoryview | None, int]:
+        if flexible:
+            encoded, offset = read_unsigned_varint(buf, offset)
+            size = encoded - 1
+        else:
+            if len(buf) - offset < _INT32.size:
+                raise BufferUnderflow("input ended inside a records length")
+            (size,) = _INT32.unpack_from(buf, offset)
+            offset += _INT32.size
+        if size == _NULL_ENTITY:
+            return None, offset
+        if size < 0:
+            raise DecodeError(f"records length {size} is negative")
+        end = offset + size
+        if end > len(buf):
+            raise BufferUnderflow(f"records of {size} bytes but only {len(buf) - offset} remain")
+        view = buf if isinstance(buf, memoryview) else memoryview(buf)
+        return view[offset:end].toreadonly(), end
+
+    return read
+
+
 def _primitive(kafka_type: str, flexible: bool, optional: bool) -> FieldReader:
     if kafka_type == "error_code":
         return _read_error_code
+    if kafka_type == "records":
+        return _records(flexible)
     sized = get_reader(kafka_type, flexible, optional)
 
     def read(buf: Buf, offset: int) -> tuple[Any, int]:

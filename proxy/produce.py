@@ -20,6 +20,7 @@ from policies.config import TopicRouting
 from protocol import error_codes
 from protocol.error_codes import ErrorProfile, Rejection, rejection_code
 from protocol.errors import DecodeError
+from protocol.framing import Frame
 from protocol.messages import (
     PRODUCE,
     Request,
@@ -71,7 +72,7 @@ class ProduceDecision:
     correlation_id: int
     acks: int
     topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
-    forward: bytes | None
+    forward: Frame | None
     """What goes upstream: the original frame, a re-encoded one, or nothing."""
 
     @property
@@ -108,7 +109,7 @@ class ProduceEngine:
         override = self.routing.compacted_override(topic)
         return override if override is not None else self._compacted(topic)
 
-    def decide(self, frame: bytes, request: Request, now_ms: int | None = None) -> ProduceDecision:
+    def decide(self, frame: Frame, request: Request, now_ms: int | None = None) -> ProduceDecision:
         header, body = request.header, request.body
         version = header.api_version
         if version >= _FIRST_WITH_TOPIC_IDS:
@@ -172,7 +173,7 @@ class ProduceEngine:
         enforced = chain.mode.value == "enforce"
         return PartitionOutcome(topic, index, verdict, enforced, produced=parsed, raw=raw)
 
-    def _forward(self, frame: bytes, request: Request, decision: ProduceDecision) -> bytes | None:
+    def _forward(self, frame: Frame, request: Request, decision: ProduceDecision) -> Frame | None:
         rejected = decision.rejected
         if not rejected:
             return frame
@@ -195,7 +196,7 @@ class ProduceEngine:
 
     # ---- answers ----
 
-    def observe(self, decision: ProduceDecision, upstream: bytes) -> None:
+    def observe(self, decision: ProduceDecision, upstream: Frame) -> None:
         """Feed the producer-state tracker with the idempotent batches the broker accepted."""
         idempotent = [
             o
@@ -220,7 +221,7 @@ class ProduceEngine:
                 for batch in outcome.produced.batches:
                     tracker.record_batch_success(outcome.topic, outcome.index, batch)
 
-    def answer(self, decision: ProduceDecision, upstream: bytes | None) -> bytes:
+    def answer(self, decision: ProduceDecision, upstream: Frame | None) -> bytes:
         """The client's answer: local errors merged with the broker's answer, in request order."""
         version = decision.api_version
         types = produce_response_types(version)

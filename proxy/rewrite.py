@@ -166,8 +166,8 @@ def _rewrite_body(
 
 
 def rewrite_response(
-    frame: bytes, api_key: int, api_version: int, host: str, port_for: PortFor
-) -> tuple[bytes, dict[int, NodeAddress]]:
+    frame: bytes | memoryview, api_key: int, api_version: int, host: str, port_for: PortFor
+) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """The frame with proxy addresses (or trimmed versions), and the node addresses it named.
 
     An unchanged body is returned as the original bytes, so the common case costs one decode.

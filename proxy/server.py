@@ -29,7 +29,7 @@ from typing import Any, cast
 from policies.config import PolicyConfigError, TopicRouting, build_routing
 from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder, frame
+from protocol.framing import Frame, FrameDecoder, size_prefix
 from protocol.headers import read_request_prefix
 from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
 from protocol.produce import read_produce_acks
@@ -86,28 +86,35 @@ class _Slot:
         self.correlation_id = correlation_id
         self.api_key = api_key
         self.api_version = api_version
-        self.payload: bytes | None = None
+        self.payload: Frame | None = None
         self.decision: ProduceDecision | None = None
         self.sent_at = 0.0
         self.silent = silent
         """An acks=0 Produce: the client expects no answer, so one from the broker is dropped."""
 
 
-class UpstreamConnection(asyncio.Protocol):
-    """The broker side of one client connection: frames in, handed to the client side."""
+class UpstreamConnection(asyncio.BufferedProtocol):
+    """The broker side of one client connection: frames in, handed to the client side.
+
+    A buffered protocol: the transport reads into the frame decoder's buffers, so a large answer
+    (a Fetch) reaches the client without being copied in between.
+    """
 
     def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
         self._client = client
-        self._metrics = client.metrics
+        self._bytes_in = client.metrics.bytes.labels("upstream_in")
         self._decoder = FrameDecoder(max_frame_bytes)
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
 
-    def data_received(self, data: bytes) -> None:
-        self._metrics.bytes.labels("upstream_in").inc(len(data))
-        self._decoder.receive_data(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._bytes_in.inc(nbytes)
+        self._decoder.buffer_updated(nbytes)
         try:
             while (payload := self._decoder.next_frame()) is not None:
                 self._client.on_upstream_frame(payload)
@@ -124,20 +131,27 @@ class UpstreamConnection(asyncio.Protocol):
         self._client.on_upstream_lost(exc)
 
 
-class ClientConnection(asyncio.Protocol):
-    """One client connection and its upstream: requests out in order, answers back in order."""
+class ClientConnection(asyncio.BufferedProtocol):
+    """One client connection and its upstream: requests out in order, answers back in order.
+
+    A buffered protocol: the transport reads into the frame decoder's buffers, and a request
+    that passes its checks goes upstream as those very bytes.
+    """
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
         self._server = server
         self._node_id = node_id
         self.metrics = server.metrics
+        self._bytes_in = self.metrics.bytes.labels("client_in")
+        self._bytes_out = self.metrics.bytes.labels("client_out")
+        self._bytes_upstream = self.metrics.bytes.labels("upstream_out")
         limits = server.config.limits
         self._max_in_flight = limits.max_in_flight_requests
         self._decoder = FrameDecoder(limits.max_frame_bytes)
         self._slots: collections.deque[_Slot] = collections.deque()
         self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
-        self._pending_frames: list[bytes] = []
-        self._held: collections.deque[bytes] | None = None
+        self._pending_frames: list[Frame] = []
+        self._held: collections.deque[Frame] | None = None
         self._connect_task: asyncio.Task[Any] | None = None
         self._paused_for: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -159,9 +173,12 @@ class ClientConnection(asyncio.Protocol):
         self.pause_reading("connecting")
         self._connect_task = self._spawn(self._connect_upstream())
 
-    def data_received(self, data: bytes) -> None:
-        self.metrics.bytes.labels("client_in").inc(len(data))
-        self._decoder.receive_data(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._bytes_in.inc(nbytes)
+        self._decoder.buffer_updated(nbytes)
         try:
             while (payload := self._decoder.next_frame()) is not None:
                 if self._held is not None:
@@ -191,7 +208,7 @@ class ClientConnection(asyncio.Protocol):
 
     # ---- requests ----
 
-    def _on_request(self, payload: bytes) -> None:
+    def _on_request(self, payload: Frame) -> None:
         (api_key, api_version, correlation_id), _ = read_request_prefix(payload)
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
             slot = _Slot(correlation_id, api_key, 0)
@@ -221,7 +238,7 @@ class ClientConnection(asyncio.Protocol):
 
     # ---- produce requests: the policies decide ----
 
-    def _on_produce(self, engine: ProduceEngine, payload: bytes) -> None:
+    def _on_produce(self, engine: ProduceEngine, payload: Frame) -> None:
         request = decode_request(payload)  # malformed: DecodeError ends the connection
         unknown = self._server.topics_to_describe(request)
         if unknown:
@@ -232,7 +249,7 @@ class ClientConnection(asyncio.Protocol):
         self._apply_produce(engine, payload, request)
 
     async def _after_describe(
-        self, engine: ProduceEngine, payload: bytes, request: Request, topics: list[str]
+        self, engine: ProduceEngine, payload: Frame, request: Request, topics: list[str]
     ) -> None:
         await self._server.describe_topics(topics)
         held, self._held = self._held, None
@@ -248,7 +265,7 @@ class ClientConnection(asyncio.Protocol):
         if self._held is None:
             self.resume_reading("topic-configs")
 
-    def _apply_produce(self, engine: ProduceEngine, payload: bytes, request: Request) -> None:
+    def _apply_produce(self, engine: ProduceEngine, payload: Frame, request: Request) -> None:
         started = time.perf_counter()
         decision = engine.decide(payload, request)
         header = request.header
@@ -291,16 +308,16 @@ class ClientConnection(asyncio.Protocol):
         slot.sent_at = time.perf_counter()
         self._send_upstream(decision.forward)
 
-    def _send_upstream(self, payload: bytes) -> None:
+    def _send_upstream(self, payload: Frame) -> None:
         if self.upstream is None or self.upstream.transport is None:
             self._pending_frames.append(payload)
             return
-        self.upstream.transport.write(frame(payload))
-        self.metrics.bytes.labels("upstream_out").inc(len(payload) + 4)
+        self.upstream.transport.writelines((size_prefix(payload), payload))
+        self._bytes_upstream.inc(len(payload) + 4)
 
     # ---- answers ----
 
-    def on_upstream_frame(self, payload: bytes) -> None:
+    def on_upstream_frame(self, payload: Frame) -> None:
         correlation_id = _CORRELATION.unpack_from(payload)[0] if len(payload) >= 4 else None
         while self._awaiting_upstream and self._awaiting_upstream[0].silent:
             if self._awaiting_upstream.popleft().correlation_id == correlation_id:
@@ -323,7 +340,7 @@ class ClientConnection(asyncio.Protocol):
             slot.payload = self._merged(slot, payload)
             self._flush()
 
-    def _merged(self, slot: _Slot, payload: bytes) -> bytes:
+    def _merged(self, slot: _Slot, payload: Frame) -> Frame:
         """The broker's answer, merged with the proxy's own errors when it rejected partitions."""
         decision = slot.decision
         engine = self._server.produce_engine
@@ -334,7 +351,7 @@ class ClientConnection(asyncio.Protocol):
             return payload
         return engine.answer(decision, payload)
 
-    async def _rewrite(self, slot: _Slot, payload: bytes) -> None:
+    async def _rewrite(self, slot: _Slot, payload: Frame) -> None:
         server = self._server
         try:
             rewritten, learned = rewrite_response(
@@ -362,10 +379,10 @@ class ClientConnection(asyncio.Protocol):
         tap = self._server.tap
         while self._slots and (payload := self._slots[0].payload) is not None:
             slot = self._slots.popleft()
-            transport.write(frame(payload))
-            self.metrics.bytes.labels("client_out").inc(len(payload) + 4)
+            transport.writelines((size_prefix(payload), payload))
+            self._bytes_out.inc(len(payload) + 4)
             if tap is not None:
-                tap(slot.api_key, slot.api_version, payload)
+                tap(slot.api_key, slot.api_version, bytes(payload))
         if len(self._slots) < self._max_in_flight:
             self.resume_reading("in-flight")
 
@@ -380,7 +397,7 @@ class ClientConnection(asyncio.Protocol):
         if self._closing:
             if upstream.transport is not None:
                 for payload in self._pending_frames:
-                    upstream.transport.write(frame(payload))
+                    upstream.transport.writelines((size_prefix(payload), payload))
                 self._pending_frames.clear()
                 upstream.transport.close()
             return

@@ -100,7 +100,7 @@ async def _round_trip(
             if not chunk:
                 raise ConnectionError(f"{host}:{port} closed the connection")
             decoder.receive_data(chunk)
-        return payload
+        return bytes(payload)
     finally:
         writer.close()
 

@@ -302,8 +302,8 @@ class TimestampsPolicy(BuiltinPolicy):
     the batch's time); on a LogAppendTime topic (`type: LogAppendTime`) no range applies but a
     producer-set LogAppendTime batch is refused.
 
-    Every record is decoded: the batch header's max timestamp is the producer's claim, and a
-    check that trusted it could be bypassed by a client that lies in it.
+    Every record is read (`RecordBatch.scan`): the batch header's max timestamp is the producer's
+    claim, and a check that trusted it could be bypassed by a client that lies in it.
     """
 
     name = "timestamps"
@@ -322,14 +322,19 @@ class TimestampsPolicy(BuiltinPolicy):
         now = batch.now_ms
         low = now - self.before_max_ms
         high = now + self.after_max_ms
-        # Fast paths (the common, valid case): one pass over timestamps, messages only on failure.
+        # Fast path (the common, valid case): each batch's timestamp range from one scan of its
+        # records; `Record`s are decoded only to word a rejection. A range that reaches outside
+        # [low, high] may still be valid (-1 is not range-checked): the exact pass decides.
         if all(b.timestamp_type == 0 for b in batch.batches):
             if not create_time:
                 return ACCEPT  # LogAppendTime topic, no producer-set LogAppendTime
-            if not any(
-                r.timestamp != -1 and (r.timestamp < low or r.timestamp > high)
-                for r in batch.record_tuple()
-            ):
+            in_range = True
+            for b in batch.batches:
+                scan = b.scan()
+                if scan.record_count and (scan.min_timestamp < low or scan.max_timestamp > high):
+                    in_range = False
+                    break
+            if in_range:
                 return ACCEPT
         errors: list[RecordError] = []
         for b, record, offset in _iter_with_offsets(batch):
@@ -364,9 +369,9 @@ class CompactedKeyPolicy(BuiltinPolicy):
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         if batch.compacted is not True:
             return ACCEPT
-        records = batch.record_tuple()
-        if all(r.key is not None for r in records):
+        if all(b.scan().null_keys == 0 for b in batch.batches):
             return ACCEPT
+        records = batch.record_tuple()
         message = (
             "Compacted topic cannot accept message without key in topic partition "
             f"{batch.topic_partition}."

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import DecodeError, FrameTooLarge, NegativeSize
-from protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, frame, write_frame
+from protocol.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    INITIAL_LARGE_BUFFER,
+    LARGE_FRAME,
+    FrameDecoder,
+    frame,
+    write_frame,
+)
 
 
 def test_default_maximum_is_kafkas_socket_request_max_bytes() -> None:
@@ -103,3 +110,92 @@ def test_any_chunking_yields_the_same_frames(payloads: list[bytes], cuts: list[i
             got.append(item)
     assert got == payloads
     assert decoder.buffered == 0
+
+
+# ---- large frames: received into a buffer of their own ----
+
+
+def _payload(size: int, seed: int = 0) -> bytes:
+    return bytes((i * 31 + seed) % 251 for i in range(size))
+
+
+def _feed_buffered(decoder: FrameDecoder, stream: bytes, chunks: list[int]) -> list[bytes]:
+    """Fill the decoder the way asyncio.BufferedProtocol does: get_buffer, write, buffer_updated."""
+    got: list[bytes] = []
+    position = 0
+    turn = 0
+    while position < len(stream):
+        view = decoder.get_buffer()
+        assert len(view) >= 1
+        size = min(len(view), chunks[turn % len(chunks)], len(stream) - position)
+        turn += 1
+        view[:size] = stream[position : position + size]
+        del view
+        decoder.buffer_updated(size)
+        position += size
+        while (item := decoder.next_frame()) is not None:
+            got.append(bytes(item))
+    return got
+
+
+@pytest.mark.parametrize("chunks", [[1 << 20], [65536], [1000, 7, 131072], [1]])
+def test_large_frames_through_get_buffer_in_any_chunking(chunks: list[int]) -> None:
+    sizes = [5, LARGE_FRAME + 1, 3, 300_000, 0, LARGE_FRAME, 2 * LARGE_FRAME]
+    if chunks == [1]:
+        sizes = [5, LARGE_FRAME + 1, 3]  # one byte at a time: keep it quick
+    payloads = [_payload(size, seed) for seed, size in enumerate(sizes)]
+    stream = b"".join(frame(p) for p in payloads)
+    decoder = FrameDecoder()
+    assert _feed_buffered(decoder, stream, chunks) == payloads
+    assert decoder.buffered == 0
+
+
+def test_a_large_frame_is_a_read_only_view_of_its_own_buffer() -> None:
+    payload = _payload(LARGE_FRAME * 3)
+    decoder = FrameDecoder()
+    decoder.receive_data(frame(payload)[:1000])
+    assert decoder.next_frame() is None
+    assert decoder.buffered == 996  # the prefix is no longer counted: the frame has begun
+    decoder.receive_data(frame(payload)[1000:] + frame(b"next"))
+    got = decoder.next_frame()
+    assert isinstance(got, memoryview) and got.readonly
+    assert got == payload
+    assert decoder.next_frame() == b"next"
+    assert decoder.next_frame() is None
+    assert decoder.buffered == 0
+
+
+def test_a_frame_beyond_the_initial_buffer_grows_as_its_bytes_arrive() -> None:
+    size = INITIAL_LARGE_BUFFER * 2 + 12345
+    payload = _payload(size, 7)
+    stream = frame(payload) + frame(b"tail")
+    decoder = FrameDecoder()
+    decoder.receive_data(stream[:100])
+    decoder.next_frame()
+    assert len(decoder.get_buffer()) <= INITIAL_LARGE_BUFFER  # a prefix alone commits no more
+    assert _feed_buffered(decoder, stream[100:], [262144]) == [payload, b"tail"]
+
+
+def test_receive_data_with_trailing_bytes_after_a_large_frame() -> None:
+    first, second = _payload(LARGE_FRAME + 10, 1), _payload(LARGE_FRAME + 20, 2)
+    stream = frame(first) + frame(second) + struct.pack(">i", 3) + b"a"
+    decoder = FrameDecoder()
+    got: list[bytes] = []
+    for begin in range(0, len(stream), 50_000):
+        decoder.receive_data(stream[begin : begin + 50_000])
+        while (item := decoder.next_frame()) is not None:
+            got.append(bytes(item))
+    assert got == [first, second]
+    assert decoder.buffered == 5
+    decoder.receive_data(b"bc")
+    assert decoder.next_frame() == b"abc"
+
+
+def test_oversize_prefix_through_get_buffer_raises_before_allocating() -> None:
+    decoder = FrameDecoder(max_frame_size=LARGE_FRAME * 4)
+    view = decoder.get_buffer()
+    view[:4] = struct.pack(">i", LARGE_FRAME * 4 + 1)
+    del view
+    decoder.buffer_updated(4)
+    with pytest.raises(FrameTooLarge):
+        decoder.next_frame()
