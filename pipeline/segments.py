@@ -50,6 +50,8 @@ _MAX_BATCH = 0x7FFFFFFF
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 _SEGMENT = re.compile(r"^\d+\.log$")
 _JOURNAL_SEGMENT = re.compile(r"^\d{20}\.kvq$")
+_WORKER_JOURNAL = re.compile(r"^worker-\d+$")
+"""Where each worker of `kvproxy serve --workers N` keeps its journal, inside quarantine.dir."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,11 @@ def discover(uri: str) -> list[SegmentFile | JournalSegment]:
         return [SegmentFile(uri, *owner)]
     children = list(files.list_dir(uri))
     journal = [JournalSegment(c) for c in children if _JOURNAL_SEGMENT.match(_name(c))]
+    for child in children:
+        if _WORKER_JOURNAL.match(_name(child)) and files.is_dir(child):
+            journal.extend(
+                JournalSegment(c) for c in files.list_dir(child) if _JOURNAL_SEGMENT.match(_name(c))
+            )
     if journal:
         return list(journal)
     owner = _partition_of(_name(uri))

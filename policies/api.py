@@ -116,9 +116,14 @@ def record_errors_verdict(
     return Verdict(code, message, errors, policy, rejection)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ProducedRecords:
-    """What one partition of one Produce request carries, plus the request context a check needs."""
+    """What one partition of one Produce request carries, plus the request context a check needs.
+
+    Read-only by contract, not frozen: one is built for every partition of every request, and a
+    frozen dataclass's `__init__` costs five times as much (2.4 against 0.5 µs here, an eighth
+    of the whole budget of a 16 KiB batch at 2 GB/s). It also caches the decoded records.
+    """
 
     topic: str
     partition: int
@@ -136,9 +141,7 @@ class ProducedRecords:
     """True when the records come from a log (the audit) rather than a Produce request: offsets
     were assigned by the broker, the log cleaner may have removed records (gaps in offset deltas,
     empty batches), so the checks of what only a producer's batch must satisfy are relaxed."""
-    _records: list[tuple[Record, ...]] = field(
-        default_factory=list, compare=False, repr=False, hash=False
-    )
+    _records: tuple[Record, ...] | None = field(default=None, repr=False)
 
     @property
     def topic_partition(self) -> str:
@@ -155,8 +158,8 @@ class ProducedRecords:
 
     def record_tuple(self) -> tuple[Record, ...]:
         """`records()` as a tuple (decoded once, cached)."""
-        if self._records:
-            return self._records[0]
+        if self._records is not None:
+            return self._records
         out: list[Record] = []
         for batch in self.batches:
             start = len(out)
@@ -164,9 +167,8 @@ class ProducedRecords:
                 out.extend(batch.records())
             else:
                 out.extend(r._replace(index=start + r.index) for r in batch.records())
-        result = tuple(out)
-        self._records.append(result)
-        return result
+        self._records = tuple(out)
+        return self._records
 
     def batch_records(self) -> Iterator[tuple[RecordBatch, Record]]:
         """(batch, record) pairs with the partition-wide record index."""

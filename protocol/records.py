@@ -484,9 +484,17 @@ def read_batch(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Re
     (length below the minimum for its magic, magic above 2); UnsupportedCompression for codec
     ids 5-7.
     """
+    return _read_batch(_byte_view(buf), offset)
+
+
+def _byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
+    return view
+
+
+def _read_batch(view: memoryview, offset: int) -> tuple[RecordBatch, int]:
     available = len(view) - offset
     if offset < 0:
         raise CorruptRecords(f"negative buffer offset {offset}")
@@ -519,13 +527,11 @@ def iter_batches(
     A trailing partial batch raises BufferUnderflow, or ends the iteration silently with
     `allow_partial_tail` (fetch responses and segments being written may end mid-batch).
     """
-    view = buf if isinstance(buf, memoryview) else memoryview(buf)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
+    view = _byte_view(buf)
     end = len(view)
     while offset < end:
         try:
-            batch, offset = read_batch(view, offset)
+            batch, offset = _read_batch(view, offset)
         except BufferUnderflow:
             if allow_partial_tail:
                 return

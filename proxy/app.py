@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,14 +14,14 @@ from pathlib import Path
 from proxy.config import ProxyConfig
 from proxy.embedded import EmbeddedBroker, run_embedded_broker
 from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
-from proxy.server import ProxyServer, build_routing_for
+from proxy.server import ProxyServer, WorkerRole, build_routing_for
 
 log = logging.getLogger("kvproxy")
 
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    config: ProxyConfig, config_dir: Path | None = None
+    config: ProxyConfig, config_dir: Path | None = None, worker: WorkerRole | None = None
 ) -> AsyncIterator[ProxyServer]:
     """A started proxy (and its embedded broker when `upstream.embedded`), stopped on exit.
 
@@ -32,7 +33,7 @@ async def running_proxy(
             broker: EmbeddedBroker = stack.enter_context(run_embedded_broker())
             log.info("embedded broker listening on %s", broker.bootstrap)
             bootstrap = ((broker.host, broker.port),)
-        server = ProxyServer(config, bootstrap, routing=routing, base_dir=config_dir)
+        server = ProxyServer(config, bootstrap, routing=routing, base_dir=config_dir, worker=worker)
         await server.start()
         try:
             yield server
@@ -53,6 +54,7 @@ async def serve(
     config_path: Path | None = None,
     reload_poll_s: float = DEFAULT_POLL_INTERVAL,
     on_reload: ReloadListener | None = None,
+    worker: WorkerRole | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain in-flight requests and close.
 
@@ -63,9 +65,12 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watcher = None
+    if worker is not None:  # a worker does not outlive its supervisor
+        watcher = loop.create_task(_watch_parent(stop), name="kvproxy-parent-watch")
     reloader: ConfigReloader | None = None
     try:
-        async with running_proxy(config, config_dir) as server:
+        async with running_proxy(config, config_dir, worker) as server:
             log.info(
                 "kvproxy ready: bootstrap %s:%s, broker ports from %s",
                 config.listen.public_host,
@@ -95,6 +100,8 @@ async def serve(
                     await reloader.stop()
         server.rejection_log.flush(everything=True)
     finally:
+        if watcher is not None:
+            watcher.cancel()
         if reloader is not None:
             reloader.close()  # rules replaced by a reload, once no request can still use them
 
@@ -110,6 +117,19 @@ def _reload_listener(server: ProxyServer, also: ReloadListener | None) -> Reload
     return report
 
 
+PARENT_CHECK_S = 1.0
+
+
+async def _watch_parent(stop: asyncio.Event) -> None:
+    """Stop when the supervisor that started this worker is gone (killed, say)."""
+    parent = os.getppid()
+    while not stop.is_set():
+        await asyncio.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            log.error("the supervisor (pid %d) is gone: stopping this worker", parent)
+            stop.set()
+
+
 async def _flush_rejections(server: ProxyServer) -> None:
     while True:
         await asyncio.sleep(REJECTION_FLUSH_S)
@@ -122,9 +142,12 @@ def run(
     *,
     config_path: Path | None = None,
     reload_poll_s: float = DEFAULT_POLL_INTERVAL,
+    worker: WorkerRole | None = None,
 ) -> None:
-    """Blocking entry point of `kvproxy serve` (uvloop when installed)."""
-    main = serve(config, config_dir, config_path=config_path, reload_poll_s=reload_poll_s)
+    """Blocking entry point of `kvproxy serve` and of each of its workers (uvloop if installed)."""
+    main = serve(
+        config, config_dir, config_path=config_path, reload_poll_s=reload_poll_s, worker=worker
+    )
     try:
         import uvloop  # noqa: PLC0415
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform

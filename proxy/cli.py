@@ -29,6 +29,16 @@ def _add_serve(subparsers: Any) -> None:
         metavar="SECONDS",
         help="how often the config file is checked for changes (default 1; 0: only on SIGHUP)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N proxy processes sharing the listeners (SO_REUSEPORT; default 1)",
+    )
+    # Set by the supervisor of --workers N for each worker it starts; not for people.
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-state", type=Path, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=_serve)
 
 
@@ -41,13 +51,29 @@ def _add_check(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
     from proxy.logs import configure_logging  # noqa: PLC0415
-    from proxy.server import ProxyError  # noqa: PLC0415
+    from proxy.server import ProxyError, WorkerRole  # noqa: PLC0415
+    from proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
 
-    configure_logging(args.log_format)
+    configure_logging(args.log_format, worker=args.worker_index)
     path = Path(args.config)
+    worker = None
+    if args.worker_index is not None and args.worker_state is not None:
+        worker = WorkerRole(args.worker_index, args.worker_state)
     try:
         config = load_config(path)
-        run(config, path.resolve().parent, config_path=path, reload_poll_s=args.reload_interval)
+        if args.workers != 1 and worker is None:
+            settings = WorkerSettings(path, args.workers, args.log_format, args.reload_interval)
+            run_workers(config, settings)
+            return 0
+        run(
+            config,
+            path.resolve().parent,
+            config_path=path,
+            reload_poll_s=args.reload_interval,
+            worker=worker,
+        )
+    except WorkersError as exc:
+        return _fail(args, str(exc), exc.exit_code)
     except ConfigError as exc:
         return _fail(args, str(exc), 2)
     except ProxyError as exc:  # e.g. a broker node id outside the configured port range

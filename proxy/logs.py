@@ -60,12 +60,34 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class _WorkerField(logging.Filter):
+    """Marks every record with the worker that wrote it (`serve --workers N`)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
+
+
 def configure_logging(
-    log_format: LogFormat = "text", level: int = logging.INFO, stream: TextIO | None = None
+    log_format: LogFormat = "text",
+    level: int = logging.INFO,
+    stream: TextIO | None = None,
+    *,
+    worker: int | None = None,
 ) -> None:
-    """Send every log record to `stream` (stderr) in `log_format`; replaces earlier handlers."""
+    """Send every log record to `stream` (stderr) in `log_format`; replaces earlier handlers.
+
+    A worker of `serve --workers N` names itself: `worker` in JSON, `[worker i]` in text."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    text_format = TEXT_FORMAT
+    if worker is not None:
+        handler.addFilter(_WorkerField(worker))
+        text_format = TEXT_FORMAT.replace("%(name)s:", "%(name)s[worker %(worker)s]:")
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(text_format)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -175,18 +175,37 @@ class ProxyMetrics:
 
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+Exposition = Callable[[], Awaitable[bytes]]
+"""Renders /metrics (async: the supervisor of several workers gathers theirs)."""
 
 
 async def start_http_endpoint(
-    host: str, port: int, metrics: ProxyMetrics, ready: ReadyCheck
+    host: str, port: int, metrics: ProxyMetrics | Exposition, ready: ReadyCheck
 ) -> asyncio.Server:
     """Serve GET /metrics, /healthz and /readyz (HTTP/1.0-style: one request per connection)."""
+    render: Exposition
+    if isinstance(metrics, ProxyMetrics):
+        registry = metrics
+
+        async def render_registry() -> bytes:
+            return registry.exposition()
+
+        render = render_registry
+
+        def readiness_seen(is_ready: bool) -> None:
+            registry.ready.set(1 if is_ready else 0)
+
+    else:
+        render = metrics
+
+        def readiness_seen(is_ready: bool) -> None:
+            return None
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             method, path = _request_line(head)
-            status, body, content_type = await _route(method, path, metrics, ready)
+            status, body, content_type = await _route(method, path, render, ready, readiness_seen)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
             status, body, content_type = 400, b"bad request\n", "text/plain"
         except ConnectionError:
@@ -213,16 +232,20 @@ def _request_line(head: bytes) -> tuple[str, str]:
 
 
 async def _route(
-    method: str, path: str, metrics: ProxyMetrics, ready: ReadyCheck
+    method: str,
+    path: str,
+    render: Exposition,
+    ready: ReadyCheck,
+    readiness_seen: Callable[[bool], None],
 ) -> tuple[int, bytes, str]:
     if method not in ("GET", "HEAD"):
         return 405, b"only GET\n", "text/plain"
     if path == "/metrics":
-        return 200, metrics.exposition(), CONTENT_TYPE
+        return 200, await render(), CONTENT_TYPE
     if path == "/healthz":
         return 200, b"ok\n", "text/plain"
     if path == "/readyz":
         is_ready, why = await ready()
-        metrics.ready.set(1 if is_ready else 0)
+        readiness_seen(is_ready)
         return (200 if is_ready else 503), (why + "\n").encode(), "text/plain"
     return 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain"

@@ -48,6 +48,9 @@ GiB = 1024 * MiB
 DAY_MS = 24 * 60 * 60 * 1000
 
 SEGMENT_SUFFIX = ".kvq"
+WORKER_DIR_PREFIX = "worker-"
+"""With `kvproxy serve --workers N`, worker i journals into `<dir>/worker-<i>`; readers of `<dir>`
+read those too."""
 LOCK_FILE = ".lock"
 """Held (flock, exclusive) by the one Journal writing a directory; readers do not take it."""
 KINDS = ("rejected", "warned", "replayed")
@@ -266,11 +269,15 @@ class JournalReader:
         self.problems: list[SegmentProblem] = []
 
     def segments(self) -> list[Path]:
-        """Segment files in write order (an absent directory has none)."""
-        try:
-            return [path for _, path in _list_segments(self.directory)]
-        except FileNotFoundError:
-            return []
+        """Segment files in write order (an absent directory has none): the directory's own, then
+        each worker's (`worker-<i>/`, see WORKER_DIR_PREFIX) in worker order."""
+        found: list[Path] = []
+        for directory in journal_directories(self.directory):
+            try:
+                found.extend(path for _, path in _list_segments(directory))
+            except FileNotFoundError:
+                continue
+        return found
 
     def entries(
         self,
@@ -317,6 +324,17 @@ class JournalReader:
             for entry in self.entries(kinds=("replayed",))
             if entry.replayed_id is not None
         }
+
+
+def journal_directories(directory: Path) -> list[Path]:
+    """`directory` and the journals of its workers (`worker-<i>`, in the order of i)."""
+    workers: list[tuple[int, Path]] = []
+    with contextlib.suppress(OSError):
+        for child in directory.iterdir():
+            suffix = child.name.removeprefix(WORKER_DIR_PREFIX)
+            if child.name.startswith(WORKER_DIR_PREFIX) and suffix.isdigit() and child.is_dir():
+                workers.append((int(suffix), child))
+    return [directory, *(path for _, path in sorted(workers))]
 
 
 def open_journal_for_reading(directory: Path | str) -> JournalReader:

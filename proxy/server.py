@@ -38,7 +38,7 @@ from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_match
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
 from proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine, ProduceSettings
-from proxy.quarantine import Journal, QuarantineEntry
+from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
 
@@ -53,6 +53,24 @@ _MAX_SILENT = 10_000
 
 ResponseTap = Callable[[int, int, bytes], None]
 """Sees every answer as it leaves for a client: (api key, api version, frame). For tracing."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRole:
+    """This process is worker `index` of `kvproxy serve --workers N` (see proxy/workers.py).
+
+    Its listeners share their ports with the other workers (SO_REUSEPORT), its quarantine journal
+    is `<quarantine.dir>/worker-<index>` (a journal has one writer), and its metrics endpoint
+    listens on a loopback port of its own, written to `<state_dir>/worker-<index>.port`, where
+    the supervisor reads it to serve every worker's metrics on the configured port.
+    """
+
+    index: int
+    state_dir: Path
+
+    @property
+    def port_file(self) -> Path:
+        return self.state_dir / f"worker-{self.index}.port"
 
 
 class ProxyError(Exception):
@@ -474,7 +492,16 @@ class ProxyServer:
         tap: ResponseTap | None = None,
         routing: TopicRouting | None = None,
         base_dir: Path | None = None,
+        *,
+        worker: WorkerRole | None = None,
     ) -> None:
+        self.worker = worker
+        if worker is not None:
+            config = config.model_copy(
+                update={
+                    "metrics": config.metrics.model_copy(update={"host": "127.0.0.1", "port": 0})
+                }
+            )
         self.config = config
         self.base_dir = base_dir or Path.cwd()
         self.tap = tap
@@ -564,6 +591,8 @@ class ProxyServer:
         if settings.dir is None:
             return None
         directory = settings.dir if settings.dir.is_absolute() else self.base_dir / settings.dir
+        if self.worker is not None:
+            directory = directory / f"{WORKER_DIR_PREFIX}{self.worker.index}"
         return Journal(
             directory,
             segment_bytes=settings.segment_bytes,
@@ -736,6 +765,7 @@ class ProxyServer:
                 port=port,
                 ssl=self._client_ssl,
                 reuse_address=True,
+                reuse_port=self.worker is not None,
             )
             self._listeners[node_id] = server
             bound = server.sockets[0].getsockname()
@@ -834,7 +864,12 @@ class ProxyServer:
             else:
                 bound = self._http.sockets[0].getsockname()
                 log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
+
         self._readiness_task = asyncio.get_running_loop().create_task(self._watch_readiness())
+        if self.worker is not None:  # started: where the supervisor finds this worker's metrics
+            staged = self.worker.port_file.with_suffix(".tmp")
+            staged.write_text("" if self.metrics_port is None else str(self.metrics_port))
+            staged.replace(self.worker.port_file)
 
     async def _watch_readiness(self) -> None:
         """Keep `kvproxy_ready` current even when nothing polls /readyz."""
