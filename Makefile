@@ -8,14 +8,14 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup system-deps lint test demo clean
+.PHONY: setup system-deps lint test demo bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	@touch $(STAMP)
 
 system-deps:
@@ -36,6 +36,10 @@ test: lint
 
 demo: setup
 	$(BIN)/kvproxy demo
+
+# The six benchmarks of docs/benchmarks.md (under 10 minutes); figures in bench/results/latest.md
+bench: setup
+	$(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

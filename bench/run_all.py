@@ -1,0 +1,98 @@
+"""`make bench`: the six benchmarks of docs/benchmarks.md, one after the other.
+
+Each runs as its own process (a fresh Tansu and kvproxy each, nothing shared) and writes
+`bench/results/<name>.json`; this collects what each printed into `bench/results/latest.md`
+with the machine and the time each took. `--quick` passes `--quick` on (a smoke run of about a
+minute); `--only NAME ...` runs some of them.
+
+    .venv/bin/python bench/run_all.py [--quick] [--only engine latency]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, ROOT, machine
+
+BENCHMARKS = (
+    ("throughput", "1. End-to-end produce throughput"),
+    ("request_rate", "2. Small-request rate"),
+    ("latency", "3. Produce latency at 5k records/s"),
+    ("engine", "4. Validation engine alone"),
+    ("connections", "5. Connections: idle memory, then 100 active"),
+    ("workers", "6. Scale: --workers 1 vs 2"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small and short")
+    parser.add_argument("--only", nargs="+", choices=[name for name, _ in BENCHMARKS])
+    args = parser.parse_args(argv)
+    chosen = [(n, t) for n, t in BENCHMARKS if args.only is None or n in args.only]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    host = machine()
+    report = [
+        "# kvproxy benchmarks: latest run",
+        "",
+        f"{host['date']}; {host['cpus']} CPUs ({host['cpu_model']}), {host['memory_gib']} GiB, "
+        f"Python {host['python']}, {host['platform']}; load average at the start "
+        f"{', '.join(map(str, host['load_average']))}" + ("; --quick" if args.quick else ""),
+        "",
+    ]
+    failed = []
+    started = time.monotonic()
+    for name, title in chosen:
+        command = [sys.executable, str(ROOT / "bench" / f"{name}.py")]
+        if args.quick:
+            command.append("--quick")
+        print(f"\n=== {title}: {' '.join(command[1:])}", flush=True)
+        begun = time.monotonic()
+        printed: list[str] = []
+        with subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:  # shown as it comes, kept for the report
+                print(line, end="", flush=True)
+                printed.append(line.rstrip("\n"))
+        took = time.monotonic() - begun
+        status = "ok" if process.returncode == 0 else f"FAILED (exit {process.returncode})"
+        if process.returncode != 0:
+            failed.append(name)
+        print(f"=== {name}: {status} in {took:.0f} s", flush=True)
+        report += [
+            f"## {title}",
+            "",
+            f"`{Path(sys.executable).name} bench/{name}.py{' --quick' if args.quick else ''}`: "
+            f"{status}, {took:.0f} s",
+            "",
+            "```",
+            *_printed(printed),
+            "```",
+            "",
+        ]
+    total = time.monotonic() - started
+    report.append(f"All {len(chosen)} took {total:.0f} s.")
+    out = RESULTS / "latest.md"
+    out.write_text("\n".join(report) + "\n")
+    print(f"\n{len(chosen) - len(failed)}/{len(chosen)} ran in {total:.0f} s; figures in {out}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _printed(lines: list[str]) -> list[str]:
+    """What a benchmark printed, without librdkafka's connection chatter."""
+    return [line for line in lines if not line.startswith("%")]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
