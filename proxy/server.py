@@ -133,11 +133,13 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._bytes_in.inc(nbytes)
         self._decoder.buffer_updated(nbytes)
+        client = self._client
         try:
             while (payload := self._decoder.next_frame()) is not None:
-                self._client.on_upstream_frame(payload)
+                client.on_upstream_frame(payload)
         except ProtocolError as exc:
-            self._client.abort(f"upstream sent an undecodable frame: {exc}")
+            client.abort(f"upstream sent an undecodable frame: {exc}")
+        client.flush()  # every answer this read completed, in one write
 
     def pause_writing(self) -> None:
         self._client.pause_reading("upstream-full")
@@ -170,6 +172,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
         self._pending_frames: list[Frame] = []
         self._held: collections.deque[Frame] | None = None
+        self._outgoing: list[Frame] | None = None
+        """While a read is being handled: what goes upstream when it is done (one write)."""
         self._connect_task: asyncio.Task[Any] | None = None
         self._paused_for: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -197,6 +201,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._bytes_in.inc(nbytes)
         self._decoder.buffer_updated(nbytes)
+        self._outgoing = []  # the requests of this read go upstream in one write
         try:
             while (payload := self._decoder.next_frame()) is not None:
                 if self._held is not None:
@@ -205,6 +210,11 @@ class ClientConnection(asyncio.BufferedProtocol):
                     self._on_request(payload)
         except ProtocolError as exc:
             self.abort(f"client {self.peer} sent an undecodable frame: {exc}", reason="malformed")
+        finally:
+            outgoing, self._outgoing = self._outgoing, None
+            if outgoing and self.upstream is not None and self.upstream.transport is not None:
+                self.upstream.transport.writelines(outgoing)
+        self.flush()
 
     def pause_writing(self) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
@@ -233,7 +243,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             slot.payload = unsupported_api_versions_answer(correlation_id)
             self.metrics.requests.labels(api_name(api_key), "answered_locally").inc()
             self._slots.append(slot)
-            self._flush()
+            self.flush()
             return
         engine = self._server.produce_engine
         if api_key == PRODUCE and engine is not None:
@@ -318,7 +328,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._slots.append(slot)
         if decision.forward is None:
             slot.payload = engine.answer(decision, None)
-            self._flush()
+            self.flush()
             return
         self._awaiting_upstream.append(slot)
         if len(self._slots) >= self._max_in_flight:
@@ -330,7 +340,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.upstream is None or self.upstream.transport is None:
             self._pending_frames.append(payload)
             return
-        self.upstream.transport.writelines((size_prefix(payload), payload))
+        if self._outgoing is not None:
+            self._outgoing += (size_prefix(payload), payload)
+        else:
+            self.upstream.transport.writelines((size_prefix(payload), payload))
         self._bytes_upstream.inc(len(payload) + 4)
 
     # ---- answers ----
@@ -353,10 +366,22 @@ class ClientConnection(asyncio.BufferedProtocol):
             )
             return
         if needs_rewrite(slot.api_key, slot.api_version):
-            self._spawn(self._rewrite(slot, payload))
-        else:
-            slot.payload = self._merged(slot, payload)
-            self._flush()
+            server = self._server
+            try:
+                payload, learned = rewrite_response(
+                    payload, slot.api_key, slot.api_version, server.public_host, server.port_for
+                )
+            except (ProtocolError, ProxyError) as exc:
+                self.abort(
+                    f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}",
+                    reason="upstream_error",
+                )
+                return
+            if not server.knows_nodes(learned):  # a listener to open first: the answer waits
+                self._spawn(self._learn_then_answer(slot, payload, learned))
+                return
+        self._answer(slot, payload)
+        # the caller flushes once the read is done
 
     def _merged(self, slot: _Slot, payload: Frame) -> Frame:
         """The broker's answer, merged with the proxy's own errors when it rejected partitions."""
@@ -369,39 +394,48 @@ class ClientConnection(asyncio.BufferedProtocol):
             return payload
         return engine.answer(decision, payload)
 
-    async def _rewrite(self, slot: _Slot, payload: Frame) -> None:
+    def _answer(self, slot: _Slot, payload: Frame) -> None:
+        try:
+            slot.payload = self._merged(slot, payload)
+        except ProtocolError as exc:
+            self.abort(f"cannot merge the broker's produce answer: {exc}", reason="upstream_error")
+
+    async def _learn_then_answer(
+        self, slot: _Slot, payload: Frame, learned: dict[int, tuple[str, int]]
+    ) -> None:
         server = self._server
         try:
-            rewritten, learned = rewrite_response(
-                payload, slot.api_key, slot.api_version, server.public_host, server.port_for
-            )
             for node_id, address in learned.items():
                 await server.learn_node(node_id, address)
-        except (ProtocolError, ProxyError) as exc:
+        except (OSError, ProxyError) as exc:
             self.abort(
-                f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}",
+                f"cannot open a listener for the nodes named by api {slot.api_key}: {exc}",
                 reason="upstream_error",
             )
             return
-        try:
-            slot.payload = self._merged(slot, rewritten)
-        except ProtocolError as exc:
-            self.abort(f"cannot merge the broker's produce answer: {exc}", reason="upstream_error")
-            return
-        self._flush()
+        self._answer(slot, payload)
+        self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send the answers that are ready, in request order, in one write."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        slots = self._slots
+        if not slots or slots[0].payload is None:
+            return
         tap = self._server.tap
-        while self._slots and (payload := self._slots[0].payload) is not None:
-            slot = self._slots.popleft()
-            transport.writelines((size_prefix(payload), payload))
-            self._bytes_out.inc(len(payload) + 4)
+        parts: list[Frame] = []
+        sent = 0
+        while slots and (payload := slots[0].payload) is not None:
+            slot = slots.popleft()
+            parts += (size_prefix(payload), payload)
+            sent += len(payload) + 4
             if tap is not None:
                 tap(slot.api_key, slot.api_version, bytes(payload))
-        if len(self._slots) < self._max_in_flight:
+        transport.writelines(parts)
+        self._bytes_out.inc(sent)
+        if len(slots) < self._max_in_flight:
             self.resume_reading("in-flight")
 
     # ---- upstream lifecycle ----
@@ -745,6 +779,13 @@ class ProxyServer:
     @property
     def nodes(self) -> dict[int, tuple[str, int]]:
         return dict(self._nodes)
+
+    def knows_nodes(self, nodes: dict[int, tuple[str, int]]) -> bool:
+        """True when every node is known at that address and has its listener open."""
+        return all(
+            self._nodes.get(node_id) == address and node_id in self._listeners
+            for node_id, address in nodes.items()
+        )
 
     async def learn_node(self, node_id: int, address: tuple[str, int]) -> None:
         """Remember where node `node_id` lives and make sure its listener is open."""
