@@ -1,0 +1,454 @@
+"""Benchmark 1: end-to-end produce throughput, direct to the broker vs through kvproxy.
+
+One librdkafka producer (confluent-kafka; 1 KiB records, acks=all, linger.ms=5,
+batch.size=1 MiB) sends `--mib` MiB to a fresh single-partition topic on Tansu, three ways:
+
+- `direct`: straight to the broker (the baseline);
+- `default`: through `kvproxy serve` with the default checks (batch_integrity, crc, timestamps,
+  compacted_key);
+- `record-level`: through a second `kvproxy serve` whose `rl-*` topics are marked compacted and
+  checked by compacted_key, max_record_bytes and json (every record has a key and a ~1 KiB JSON
+  value, so every record is decoded and parsed).
+
+Every variant sends the same keys and values. Both proxies start once, before the rounds; each
+variant first sends a small unmeasured warm-up, then the variants alternate round by round and the
+median of `--rounds` rounds is taken. A run only counts when flush() returned 0, no delivery
+callback reported an error and every record was acknowledged (offsets 0 to records - 1);
+otherwise the benchmark stops with an error. Before the rounds, one non-JSON record is sent to an
+`rl-` topic through the record-level proxy and must be refused, so that the policies are known to
+be active.
+
+How to read it: MB/s is the producer's client-side rate (value bytes, 10^6 bytes per MB, from the
+first produce() to flush() returning). The ratios divide each median by direct's median from the
+same run, which is what the targets in DESIGN.md are about (>= 0.9 default, >= 0.8 record-level);
+the absolute MB/s move with the machine's load; "round ratios" divide each run by direct's run of
+the same round, a second reading. "CPU s/GiB" is user + system CPU during a run divided by the GiB
+sent, for the proxy process, the broker and the producer (this process, librdkafka's threads
+included): CPU seconds per GiB / 1.07 = cores busy at 1 GB/s. Two cores are shared by all three,
+so whatever the proxy burns is taken from the broker and the producer.
+Figures go to bench/results/throughput.json.
+
+    .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from confluent_kafka import KafkaError, Message, Producer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    RECORD_LEVEL_RULE,
+    ROOT,
+    ProxyProcess,
+    create_topic,
+    median,
+    start_proxy,
+    tansu,
+    write_results,
+)
+
+from tests.harness.tansu import TansuServer
+
+RECORD_BYTES = 1024
+DISTINCT_VALUES = 1024
+"""Values cycle through this many distinct JSON documents (the same for every variant)."""
+WARM_UP_MIB = 4
+"""Sent once per variant before the rounds, not measured: connections, metadata, first batches."""
+FLUSH_TIMEOUT = 120.0
+RECORD_LEVEL_PREFIX = "rl-"
+TARGETS = {"default": 0.9, "record-level": 0.8}
+PRODUCER_CONFIG: dict[str, Any] = {
+    "acks": "all",
+    "linger.ms": 5,
+    "batch.size": 1048576,
+    "queue.buffering.max.messages": 200000,
+}
+
+
+@dataclass
+class Broker:
+    """The Tansu broker under test: where to reach it and its process, for its CPU."""
+
+    bootstrap: str
+    process: psutil.Process
+
+    @classmethod
+    def of(cls, server: TansuServer) -> Broker:
+        assert server.proc is not None
+        return cls(server.broker.bootstrap, psutil.Process(server.proc.pid))
+
+    def cpu_seconds(self) -> float:
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
+
+def source_state() -> dict[str, Any]:
+    """The commit measured and the files changed in the working tree (they are measured too)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], capture_output=True, text=True, cwd=ROOT, check=False, timeout=30
+        )
+        return done.stdout.strip()
+
+    changed = git("status", "--short", "--untracked-files=no").splitlines()
+    return {"commit": git("rev-parse", "HEAD"), "changed_files": [ln.split()[-1] for ln in changed]}
+
+
+def json_value(index: int) -> bytes:
+    """A JSON document of exactly RECORD_BYTES bytes (an order-like object padded by `note`)."""
+    doc: dict[str, Any] = {
+        "id": index,
+        "customer": f"customer-{index % 977:04d}",
+        "items": [
+            {"sku": f"sku-{(index * 7 + n) % 10007:05d}", "qty": n + 1, "price": 9.5 + n}
+            for n in range(4)
+        ],
+        "currency": "EUR",
+        "paid": index % 3 != 0,
+        "note": "",
+    }
+    pad = RECORD_BYTES - len(json.dumps(doc, separators=(",", ":")).encode())
+    doc["note"] = "n" * pad
+    value = json.dumps(doc, separators=(",", ":")).encode()
+    assert len(value) == RECORD_BYTES, len(value)
+    return value
+
+
+VALUES: list[bytes] = [json_value(i) for i in range(DISTINCT_VALUES)]
+
+
+def records_for(mib: float) -> int:
+    """How many 1 KiB records make `mib` MiB."""
+    return max(1, round(mib * 1024 * 1024 / RECORD_BYTES))
+
+
+@dataclass
+class ProduceRun:
+    """What one producer run sent and how long it took (client side)."""
+
+    records: int
+    value_bytes: int
+    seconds: float
+    client_cpu_seconds: float
+    delivered: int
+    last_offset: int
+    delivery_errors: int
+    first_error: str | None
+    unflushed: int
+    started_at: float
+    """time.monotonic() when the first record was handed over (comparable across processes)."""
+    finished_at: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.value_bytes / self.seconds / 1e6
+
+
+def produce(
+    bootstrap: str, topic: str, records: int, *, ready: Callable[[], object] | None = None
+) -> ProduceRun:
+    """Send `records` keyed JSON records of 1 KiB to partition 0 of `topic`, wait for every ack.
+
+    The producer connects (metadata for `topic`) before the clock starts; `ready` is called
+    then, before the clock starts (several processes wait on a barrier there to start together).
+    """
+    errors = delivered = 0
+    last_offset = -1
+    first_error: list[str] = []
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal errors, delivered, last_offset
+        if err is not None:
+            errors += 1
+            if not first_error:
+                first_error.append(str(err))
+        else:
+            delivered += 1
+            last_offset = max(last_offset, msg.offset() or 0)
+
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
+    producer.list_topics(topic, timeout=10)
+    if ready is not None:
+        ready()
+    values = VALUES
+    count = len(values)
+    cpu0 = time.process_time()
+    started_at = time.monotonic()
+    started = time.perf_counter()
+    for i in range(records):
+        key = b"key-%09d" % i
+        value = values[i % count]
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=0, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.005)
+        if i & 1023 == 0:
+            producer.poll(0)
+    unflushed = producer.flush(FLUSH_TIMEOUT)
+    seconds = time.perf_counter() - started
+    finished_at = time.monotonic()
+    cpu = time.process_time() - cpu0
+    return ProduceRun(
+        records=records,
+        value_bytes=records * RECORD_BYTES,
+        seconds=seconds,
+        client_cpu_seconds=cpu,
+        delivered=delivered,
+        last_offset=last_offset,
+        delivery_errors=errors,
+        first_error=first_error[0] if first_error else None,
+        unflushed=unflushed,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def check_run(run: ProduceRun, label: str) -> None:
+    """A run with a failed delivery or a missing acknowledgement is a benchmark error.
+
+    The topic is fresh, so the broker's acknowledged offsets must run up to records - 1. (Tansu
+    0.6's ListOffsets answers the last batch's base offset + 1 as the high watermark, so the
+    delivery reports are the broker's word used here.)
+    """
+    if run.unflushed != 0:
+        raise RuntimeError(f"{label}: flush() left {run.unflushed} records unacknowledged")
+    if run.delivery_errors:
+        raise RuntimeError(
+            f"{label}: {run.delivery_errors} deliveries failed (first: {run.first_error})"
+        )
+    if run.delivered != run.records or run.last_offset != run.records - 1:
+        raise RuntimeError(
+            f"{label}: {run.delivered} of {run.records} records acknowledged, "
+            f"last offset {run.last_offset}"
+        )
+
+
+def topic_name(variant: str, label: str) -> str:
+    prefix = RECORD_LEVEL_PREFIX if variant == "record-level" else "tp-"
+    return f"{prefix}{variant}-{label}-{uuid.uuid4().hex[:8]}"
+
+
+def check_policies_active(broker: Broker, proxy: ProxyProcess) -> str:
+    """The record-level proxy must refuse a non-JSON value on an `rl-` topic; returns its error."""
+    topic = create_topic(broker.bootstrap, topic_name("record-level", "refused"), 1, None)
+    outcome: list[KafkaError | None] = []
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
+    producer.produce(
+        topic, b"not json", b"k", partition=0, on_delivery=lambda err, _m: outcome.append(err)
+    )
+    if producer.flush(30) != 0 or not outcome:
+        raise RuntimeError("record-level check: no answer for the non-JSON record")
+    if outcome[0] is None:
+        raise RuntimeError("record-level proxy accepted a non-JSON value: policies not active")
+    return str(outcome[0])
+
+
+@dataclass
+class VariantRun:
+    """One measured run of one variant."""
+
+    round: int
+    topic: str
+    mb_per_s: float
+    seconds: float
+    records: int
+    client_cpu_s_per_gib: float
+    broker_cpu_s_per_gib: float
+    proxy_cpu_seconds: float | None
+    proxy_cpu_s_per_gib: float | None
+    proxy_rss_mib: float | None
+
+
+def measure(
+    variant: str,
+    broker: Broker,
+    proxy: ProxyProcess | None,
+    *,
+    records: int,
+    label: str,
+    rnd: int,
+) -> VariantRun:
+    """One checked run of `variant` to a fresh topic; the proxy's and broker's CPU during it."""
+    topic = create_topic(broker.bootstrap, topic_name(variant, label), 1, None)
+    bootstrap = proxy.bootstrap if proxy else broker.bootstrap
+    cpu0 = proxy.cpu_seconds() if proxy else 0.0
+    broker_cpu0 = broker.cpu_seconds()
+    run = produce(bootstrap, topic, records)
+    broker_cpu = broker.cpu_seconds() - broker_cpu0
+    proxy_cpu = proxy.cpu_seconds() - cpu0 if proxy else None
+    check_run(run, f"{variant} {label}")
+    gib = run.value_bytes / 2**30
+    return VariantRun(
+        round=rnd,
+        topic=topic,
+        mb_per_s=run.mb_per_s,
+        seconds=run.seconds,
+        records=run.records,
+        client_cpu_s_per_gib=run.client_cpu_seconds / gib,
+        broker_cpu_s_per_gib=broker_cpu / gib,
+        proxy_cpu_seconds=proxy_cpu,
+        proxy_cpu_s_per_gib=proxy_cpu / gib if proxy_cpu is not None else None,
+        proxy_rss_mib=proxy.rss_bytes() / 2**20 if proxy else None,
+    )
+
+
+def summarize(
+    runs: dict[str, list[VariantRun]], targets: dict[str, float], baseline: str
+) -> dict[str, dict[str, Any]]:
+    """Medians per variant, ratios against `baseline`'s median, with the target beside.
+
+    The median of the per-round ratios (each run against the baseline's run of the same round)
+    is kept too: a second reading, less moved by a slow stretch that spans whole rounds.
+    """
+    base = median([r.mb_per_s for r in runs[baseline]])
+    summary: dict[str, dict[str, Any]] = {}
+    for name, variant_runs in runs.items():
+        mbs = median([r.mb_per_s for r in variant_runs])
+        cpus = [r.proxy_cpu_s_per_gib for r in variant_runs if r.proxy_cpu_s_per_gib is not None]
+        pairs = zip(variant_runs, runs[baseline], strict=True)
+        round_ratios = [run.mb_per_s / base_run.mb_per_s for run, base_run in pairs]
+        summary[name] = {
+            "median_mb_per_s": mbs,
+            "ratio_to_direct": mbs / base,
+            "round_ratios": round_ratios,
+            "median_round_ratio": median(round_ratios),
+            "target": targets.get(name),
+            "meets_target": mbs / base >= targets[name] if name in targets else None,
+            "median_proxy_cpu_s_per_gib": median(cpus) if cpus else None,
+            "median_broker_cpu_s_per_gib": median([r.broker_cpu_s_per_gib for r in variant_runs]),
+            "median_client_cpu_s_per_gib": median([r.client_cpu_s_per_gib for r in variant_runs]),
+        }
+    return summary
+
+
+def print_table(
+    runs: dict[str, list[VariantRun]], summary: dict[str, dict[str, Any]], baseline: str
+) -> None:
+    """Every run's MB/s, then the medians, ratios, targets and CPU per GiB."""
+    rounds = max(len(v) for v in runs.values())
+    head = f"{'variant':<14}" + "".join(f"{'r' + str(i + 1):>8}" for i in range(rounds))
+    print("\nMB/s per round (client side, 10^6 bytes of values per second)")
+    print(head + f"{'median':>9}")
+    for name, variant_runs in runs.items():
+        cells = "".join(f"{r.mb_per_s:8.1f}" for r in variant_runs)
+        print(f"{name:<14}{cells}{summary[name]['median_mb_per_s']:9.1f}")
+    print(
+        f"\n{'variant':<14}{'median MB/s':>12}{'/ ' + baseline:>10}{'target':>8}{'met':>6}"
+        f"{'CPU s/GiB: proxy':>19}{'broker':>7}{'client':>7}  round ratios (median)"
+    )
+    for name, figures in summary.items():
+        target = figures["target"]
+        met = figures["meets_target"]
+        cpu = figures["median_proxy_cpu_s_per_gib"]
+        print(
+            f"{name:<14}{figures['median_mb_per_s']:12.1f}{figures['ratio_to_direct']:10.2f}"
+            f"{'>= ' + format(target, '.1f') if target else '-':>8}"
+            f"{('yes' if met else 'NO') if met is not None else '-':>6}"
+            f"{format(cpu, '.2f') if cpu is not None else '-':>19}"
+            f"{figures['median_broker_cpu_s_per_gib']:7.2f}"
+            f"{figures['median_client_cpu_s_per_gib']:7.2f}"
+            f"  {' '.join(f'{x:.2f}' for x in figures['round_ratios'])}"
+            f" ({figures['median_round_ratio']:.2f})"
+        )
+    print(
+        f"(ratio = median MB/s / {baseline}'s median MB/s; round ratios = each run / {baseline}'s"
+        " run of the same round)"
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=float, default=200, help="MiB sent per run (default 200)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three (default 5)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20 MiB, 2 rounds")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mib, args.rounds = 20, 2
+    records = records_for(args.mib)
+    started = time.monotonic()
+    print(
+        f"throughput: {records:,} records of {RECORD_BYTES} B ({args.mib:g} MiB) per run, "
+        f"{args.rounds} rounds of direct / default / record-level",
+        flush=True,
+    )
+    source = source_state()
+    changed = len(source["changed_files"])
+    print(
+        f"source: commit {source['commit'][:10]}, {changed} file{'s' * (changed != 1)} changed "
+        "in the working tree",
+        flush=True,
+    )
+    runs: dict[str, list[VariantRun]] = {"direct": [], "default": [], "record-level": []}
+    with contextlib.ExitStack() as stack:
+        broker = Broker.of(stack.enter_context(tansu()))
+        default_proxy = stack.enter_context(start_proxy(broker.bootstrap))
+        rule = RECORD_LEVEL_RULE.format(pattern=f"{RECORD_LEVEL_PREFIX}*")
+        record_proxy = stack.enter_context(start_proxy(broker.bootstrap, rules=rule))
+        proxies: dict[str, ProxyProcess | None] = {
+            "direct": None,
+            "default": default_proxy,
+            "record-level": record_proxy,
+        }
+        refusal = check_policies_active(broker, record_proxy)
+        print(f"record-level proxy refuses a non-JSON value: {refusal}", flush=True)
+        for name, proxy in proxies.items():
+            measure(name, broker, proxy, records=records_for(WARM_UP_MIB), label="warmup", rnd=0)
+        for rnd in range(1, args.rounds + 1):
+            for name, proxy in proxies.items():
+                run = measure(name, broker, proxy, records=records, label=f"r{rnd}", rnd=rnd)
+                runs[name].append(run)
+                cpu = (
+                    f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB"
+                    if run.proxy_cpu_s_per_gib is not None
+                    else ""
+                )
+                print(
+                    f"  round {rnd}/{args.rounds} {name:<12} {run.mb_per_s:7.1f} MB/s "
+                    f"({run.seconds:.2f} s{cpu})",
+                    flush=True,
+                )
+    summary = summarize(runs, TARGETS, "direct")
+    elapsed = time.monotonic() - started
+    print_table(runs, summary, "direct")
+    print(f"\ntook {elapsed:.0f} s")
+    results: dict[str, Any] = {
+        "settings": {
+            "mib_per_run": args.mib,
+            "records_per_run": records,
+            "record_bytes": RECORD_BYTES,
+            "rounds": args.rounds,
+            "warm_up_mib": WARM_UP_MIB,
+            "producer": PRODUCER_CONFIG,
+            "record_level_rule": rule,
+            "partitions": 1,
+        },
+        "source": source,
+        "targets": TARGETS,
+        "record_level_refusal": refusal,
+        "runs": {name: [asdict(r) for r in variant_runs] for name, variant_runs in runs.items()},
+        "summary": summary,
+        "elapsed_seconds": round(elapsed, 1),
+    }
+    write_results("throughput", results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
