@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import ACCEPT, ProducedRecords, Verdict, parse_records
@@ -49,8 +49,14 @@ class ProduceSettings:
     reject_request: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class PartitionOutcome:
+    """What the proxy decided for one partition of one request.
+
+    Read-only by contract, not frozen: built per partition per request, and a frozen
+    dataclass's `__init__` costs several times as much (see `policies.api.ProducedRecords`).
+    """
+
     topic: str
     index: int
     verdict: Verdict
@@ -66,26 +72,26 @@ class PartitionOutcome:
         return self.enforced and not self.verdict.ok
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ProduceDecision:
+    """What the proxy decided for one Produce request (read-only by contract, as above)."""
+
     api_version: int
     correlation_id: int
     acks: int
     topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
-    forward: Frame | None
+    forward: Frame | None = None
     """What goes upstream: the original frame, a re-encoded one, or nothing."""
+    outcomes: tuple[PartitionOutcome, ...] = field(init=False)
+    rejected: tuple[PartitionOutcome, ...] = field(init=False)
+    """The partitions whose rejection the client receives."""
+    warned: tuple[PartitionOutcome, ...] = field(init=False)
+    """Warn mode: the partitions that would have been rejected."""
 
-    @property
-    def outcomes(self) -> list[PartitionOutcome]:
-        return [outcome for _, partitions in self.topics for outcome in partitions]
-
-    @property
-    def rejected(self) -> list[PartitionOutcome]:
-        return [outcome for outcome in self.outcomes if outcome.rejected]
-
-    @property
-    def warned(self) -> list[PartitionOutcome]:
-        return [o for o in self.outcomes if not o.enforced and not o.verdict.ok]
+    def __post_init__(self) -> None:
+        self.outcomes = tuple(o for _, partitions in self.topics for o in partitions)
+        self.rejected = tuple(o for o in self.outcomes if o.rejected)
+        self.warned = tuple(o for o in self.outcomes if not o.enforced and not o.verdict.ok)
 
     @property
     def needs_merge(self) -> bool:
@@ -132,8 +138,9 @@ class ProduceEngine:
                 for data in topic_data.partition_data
             )
             topics.append((name, partitions))
-        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics), None)
-        return dataclasses.replace(decision, forward=self._forward(frame, request, decision))
+        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics))
+        decision.forward = self._forward(frame, request, decision)
+        return decision
 
     def _check(
         self,

@@ -250,7 +250,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._on_produce(engine, payload)
             return
         expects_answer = not (api_key == PRODUCE and read_produce_acks(payload) == 0)
-        self.metrics.requests.labels(api_name(api_key), "forwarded").inc()
+        self.metrics.child(self.metrics.requests, api_name(api_key), "forwarded").inc()
         if expects_answer:
             slot = _Slot(correlation_id, api_key, api_version)
             self._slots.append(slot)
@@ -303,7 +303,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         outcome = "forwarded"
         if decision.rejected:
             outcome = "rejected" if decision.forward is None else "partially_rejected"
-        self.metrics.requests.labels("produce", outcome).inc()
+        self.metrics.child(self.metrics.requests, "produce", outcome).inc()
         try:
             self._route_produce(engine, decision, header.correlation_id, header.api_version)
         finally:
@@ -712,8 +712,10 @@ class ProxyServer:
                 verdict = "accepted"
             topic = metrics.topic(outcome.topic)
             batches = outcome.produced.batches
-            metrics.batches.labels(topic, verdict).inc(len(batches))
-            metrics.records.labels(topic, verdict).inc(sum(b.record_count for b in batches))
+            metrics.child(metrics.batches, topic, verdict).inc(len(batches))
+            metrics.child(metrics.records, topic, verdict).inc(
+                sum(b.record_count for b in batches)
+            )
 
     def record_reload(self, result: str) -> None:
         """Count a configuration reload ("success" or "failure")."""
