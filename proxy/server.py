@@ -497,6 +497,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
         if self.upstream is not None and self.upstream.transport is not None:
+            outgoing, self._outgoing = self._outgoing, None
+            if outgoing:  # requests accepted before the close still reach the broker
+                self.upstream.transport.writelines(outgoing)
             self.upstream.transport.close()
 
     def close(self) -> None:
@@ -713,9 +716,7 @@ class ProxyServer:
             topic = metrics.topic(outcome.topic)
             batches = outcome.produced.batches
             metrics.child(metrics.batches, topic, verdict).inc(len(batches))
-            metrics.child(metrics.records, topic, verdict).inc(
-                sum(b.record_count for b in batches)
-            )
+            metrics.child(metrics.records, topic, verdict).inc(sum(b.record_count for b in batches))
 
     def record_reload(self, result: str) -> None:
         """Count a configuration reload ("success" or "failure")."""

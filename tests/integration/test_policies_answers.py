@@ -252,12 +252,13 @@ def test_records_1_and_3_of_5_bad_give_their_indexes_and_messages(
     expected = [
         (
             1,
-            "Record value is not valid JSON (Expecting value: line 1 column 1) "
+            "Record value is not valid JSON (invalid literal, expected 'null': "
+            "line 1 column 1) "
             f"in topic partition {tp}",
         ),
         (
             3,
-            "Record value is not valid JSON (Expecting property name enclosed in double quotes: "
+            "Record value is not valid JSON (unexpected character, expected a string key: "
             f"line 1 column 2) in topic partition {tp}",
         ),
     ]

@@ -151,11 +151,13 @@ def test_json() -> None:
     verdict = check("json", rows)
     assert verdict.code == 87 and indexes(verdict) == [1, 3]
     assert verdict.record_errors[0].message == (
-        "Record value is not valid JSON (Expecting property name enclosed in double quotes: "
+        "Record value is not valid JSON (unexpected character, expected a string key: "
         "line 1 column 2) in topic partition t-0"
     )
     assert indexes(check("json", rows, {"allow_null": False})) == [1, 3, 4]
     assert check("json", values(b'"s"', b"1", b"null", None)).ok
+    # RFC 8259 JSON: Python's json module accepts NaN and lone surrogates, the policy does not
+    assert indexes(check("json", values(b"NaN", b'"\xed\xa0\x80"', b"[1.5e3]"))) == [0, 1]
 
 
 # -- json_schema ------------------------------------------------------------------------------
