@@ -86,6 +86,8 @@ async def serve(
                     on_result=_reload_listener(server, on_reload),
                 )
                 reloader.start()
+            if worker is not None:  # listeners open, SIGHUP handled: the supervisor may count on it
+                worker.announce(server.metrics_port)
             flusher = loop.create_task(_flush_rejections(server), name="kvproxy-rejection-log")
             if on_ready is not None:
                 on_ready(server)

@@ -29,7 +29,7 @@ from typing import Any, cast
 from policies.config import PolicyConfigError, TopicRouting, build_routing
 from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError
-from protocol.framing import Frame, FrameDecoder, size_prefix
+from protocol.framing import BufferPool, Frame, FrameDecoder, size_prefix
 from protocol.headers import read_request_prefix
 from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
 from protocol.produce import read_produce_acks
@@ -71,6 +71,12 @@ class WorkerRole:
     @property
     def port_file(self) -> Path:
         return self.state_dir / f"worker-{self.index}.port"
+
+    def announce(self, metrics_port: int | None) -> None:
+        """Tell the supervisor this worker serves (and handles SIGHUP): write the port file."""
+        staged = self.port_file.with_suffix(".tmp")
+        staged.write_text("" if metrics_port is None else str(metrics_port))
+        staged.replace(self.port_file)
 
 
 class ProxyError(Exception):
@@ -121,7 +127,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
         self._client = client
         self._bytes_in = client.metrics.bytes.labels("upstream_in")
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._decoder = FrameDecoder(max_frame_bytes, client.buffer_pool)
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -167,7 +173,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._bytes_upstream = self.metrics.bytes.labels("upstream_out")
         limits = server.config.limits
         self._max_in_flight = limits.max_in_flight_requests
-        self._decoder = FrameDecoder(limits.max_frame_bytes)
+        self.buffer_pool = server.buffer_pool
+        self._decoder = FrameDecoder(limits.max_frame_bytes, self.buffer_pool)
         self._slots: collections.deque[_Slot] = collections.deque()
         self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
         self._pending_frames: list[Frame] = []
@@ -550,6 +557,8 @@ class ProxyServer:
         self._listeners: dict[int | None, asyncio.Server] = {}
         self._listener_lock = asyncio.Lock()
         self._clients: set[ClientConnection] = set()
+        self.buffer_pool = BufferPool()
+        """Large-frame buffers shared by every connection of this server (one event loop)."""
         self._upstreams = 0
         self._tasks = 0
         self._client_ssl = _client_side_ssl(config)
@@ -910,10 +919,6 @@ class ProxyServer:
                 log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
 
         self._readiness_task = asyncio.get_running_loop().create_task(self._watch_readiness())
-        if self.worker is not None:  # started: where the supervisor finds this worker's metrics
-            staged = self.worker.port_file.with_suffix(".tmp")
-            staged.write_text("" if self.metrics_port is None else str(self.metrics_port))
-            staged.replace(self.worker.port_file)
 
     async def _watch_readiness(self) -> None:
         """Keep `kvproxy_ready` current even when nothing polls /readyz."""

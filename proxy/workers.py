@@ -202,6 +202,14 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     worker.process.send_signal(sig)
 
+    def reload_all(self) -> None:
+        """SIGHUP to every worker that has started; one still starting has no handler for it
+        yet (it would die of it) and reads the configuration file as it starts anyway."""
+        for worker in self.workers:
+            if worker.running and worker.started and worker.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.send_signal(signal.SIGHUP)
+
     async def stop(self) -> None:
         """SIGTERM every worker (each drains its in-flight requests), SIGKILL what outlives
         the drain timeout by 10 s."""
@@ -321,7 +329,7 @@ async def supervise(config: ProxyConfig, settings: WorkerSettings) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, supervisor.signal_all, signal.SIGHUP)
+    loop.add_signal_handler(signal.SIGHUP, supervisor.reload_all)
     http = None
     try:
         await supervisor.start()

@@ -14,6 +14,8 @@ from protocol.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     INITIAL_LARGE_BUFFER,
     LARGE_FRAME,
+    BufferPool,
+    Frame,
     FrameDecoder,
     frame,
     write_frame,
@@ -199,3 +201,49 @@ def test_oversize_prefix_through_get_buffer_raises_before_allocating() -> None:
     decoder.buffer_updated(4)
     with pytest.raises(FrameTooLarge):
         decoder.next_frame()
+
+
+def test_a_pooled_buffer_is_used_again_only_once_no_frame_view_of_it_is_alive() -> None:
+    pool = BufferPool()
+    first, second = _payload(LARGE_FRAME * 2, 1), _payload(LARGE_FRAME * 2, 2)
+    decoder = FrameDecoder(pool=pool)
+    decoder.receive_data(frame(first)[:100])
+    assert decoder.next_frame() is None
+    decoder.receive_data(frame(first)[100:])
+    held = decoder.next_frame()
+    assert held == first
+    # the first frame's view is alive: the second frame must not overwrite its buffer
+    assert _feed_buffered(decoder, frame(second), [70_000]) == [second]
+    assert held == first
+    assert pool.pooled_bytes == 2 * LARGE_FRAME * 2
+    del held
+    third = _payload(LARGE_FRAME * 2, 3)
+    assert _feed_buffered(decoder, frame(third), [50_000]) == [third]
+    assert pool.pooled_bytes == 2 * LARGE_FRAME * 2  # a free buffer came back: nothing new
+
+
+def _feed_buffered_views(decoder: FrameDecoder, stream: bytes) -> list[Frame]:
+    """Like _feed_buffered, keeping the frames themselves (views of their buffers) alive."""
+    got: list[Frame] = []
+    position = 0
+    while position < len(stream):
+        view = decoder.get_buffer()
+        size = min(len(view), 10_000, len(stream) - position)
+        view[:size] = stream[position : position + size]
+        del view
+        decoder.buffer_updated(size)
+        position += size
+        while (item := decoder.next_frame()) is not None:
+            got.append(item)
+    return got
+
+
+def test_the_pool_is_bounded_and_frames_beyond_it_get_their_own_buffers() -> None:
+    pool = BufferPool(max_buffers=1)
+    decoder = FrameDecoder(pool=pool)
+    payloads = [_payload(LARGE_FRAME + 1, seed) for seed in range(3)]
+    views = []
+    for payload in payloads:
+        views += _feed_buffered_views(decoder, frame(payload))
+    assert views == payloads  # every view still holds its own bytes
+    assert pool.pooled_bytes == LARGE_FRAME + 1
