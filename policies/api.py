@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from protocol import error_codes
 from protocol.errors import DecodeError
-from protocol.records import Record, RecordBatch, iter_batches
+from protocol.records import Record, RecordBatch, read_batches
 
 __all__ = [
     "ACCEPT",
@@ -217,7 +217,7 @@ def parse_records(
     elif isinstance(raw, bytearray):
         raw = bytes(raw)
     try:
-        batches = tuple(iter_batches(raw))
+        batches = read_batches(raw)
     except DecodeError as exc:
         return Verdict(
             code=error_codes.CORRUPT_MESSAGE,

@@ -37,7 +37,7 @@ class PolicyChain:
     once per `CRASH_LOG_INTERVAL_S` per policy.
     """
 
-    __slots__ = ("_last_logged", "clock", "crash_counts", "mode", "policies")
+    __slots__ = ("_last_logged", "clock", "crash_counts", "mode", "names", "policies")
 
     def __init__(
         self,
@@ -48,6 +48,8 @@ class PolicyChain:
     ) -> None:
         self.mode = Mode(mode)
         self.policies: tuple[RecordsPolicy, ...] = () if self.mode is Mode.OFF else tuple(policies)
+        self.names: tuple[str, ...] = tuple(policy.name for policy in self.policies)
+        """The policies' names in order (read per request, so kept)."""
         self.crash_counts: dict[str, int] = {}
         self.clock = clock
         self._last_logged: dict[str, float] = {}
@@ -55,10 +57,6 @@ class PolicyChain:
     def __repr__(self) -> str:
         names = ", ".join(policy.name for policy in self.policies)
         return f"PolicyChain(mode={self.mode.value}, policies=[{names}])"
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(policy.name for policy in self.policies)
 
     def check(self, produced: ProducedRecords) -> Verdict:
         topic = produced.topic

@@ -31,6 +31,7 @@ __all__ = [
     "build_batch",
     "iter_batches",
     "read_batch",
+    "read_batches",
 ]
 
 Header = tuple[str, bytes | None]
@@ -517,6 +518,21 @@ def _read_batch(view: memoryview, offset: int) -> tuple[RecordBatch, int]:
             f"batch at byte {offset} needs {end - offset} bytes, {available} left"
         )
     return RecordBatch(view[offset:end]), end
+
+
+def read_batches(buf: bytes | bytearray | memoryview) -> tuple[RecordBatch, ...]:
+    """Every batch of `buf`, which must end where its last batch ends (BufferUnderflow if not).
+
+    `tuple(iter_batches(buf))` without the generator: this runs for every partition of every
+    produce request."""
+    view = _byte_view(buf)
+    end = len(view)
+    offset = 0
+    batches = []
+    while offset < end:
+        batch, offset = _read_batch(view, offset)
+        batches.append(batch)
+    return tuple(batches)
 
 
 def iter_batches(

@@ -36,6 +36,7 @@ __all__ = [
 
 LONG_MAX = 9223372036854775807
 _CODEC_MASK = 0x07
+_CONTROL_BIT = 0x20
 _CREATE_TIME = "CreateTime"
 _LOG_APPEND_TIME = "LogAppendTime"
 
@@ -118,7 +119,6 @@ class BatchIntegrityPolicy(BuiltinPolicy):
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         version = batch.produce_version
         batches = batch.batches
-        tp = batch.topic_partition
         # ProduceRequest.validateRecords (KafkaApis, before the log is touched)
         if version >= 3:
             if not batches:
@@ -149,8 +149,8 @@ class BatchIntegrityPolicy(BuiltinPolicy):
         for b in batches:
             if not batch.stored and b.magic >= 2 and b.base_offset != 0:
                 return _invalid(
-                    f"The baseOffset of the record batch in the append to {tp} should be 0, "
-                    f"but it is {b.base_offset}"
+                    f"The baseOffset of the record batch in the append to "
+                    f"{batch.topic_partition} should be 0, but it is {b.base_offset}"
                 )
         # LogValidator.getFirstBatchAndMaybeValidateNoMoreBatches
         first = batches[0]
@@ -158,13 +158,25 @@ class BatchIntegrityPolicy(BuiltinPolicy):
             return _invalid("Compressed outer record has more than one batch")
         # LogValidator.validateBatch
         for b in batches:
-            verdict = self._validate_batch(first, b, tp, stored=batch.stored)
+            verdict = self._validate_batch(first, b, batch)
             if verdict.code:
                 return verdict
-        return self._validate_records(batch, tp)
+        return self._validate_records(batch)
 
     @staticmethod
-    def _validate_batch(first: RecordBatch, b: RecordBatch, tp: str, *, stored: bool) -> Verdict:
+    def _validate_batch(first: RecordBatch, b: RecordBatch, produced: ProducedRecords) -> Verdict:
+        """One batch; the common, valid case touches each header field once and builds no text."""
+        stored = produced.stored
+        magic = b.magic
+        if (
+            magic == 2
+            and magic == first.magic
+            and b.last_offset_delta + 1 == b.record_count > 0
+            and not b.attributes & _CONTROL_BIT
+            and (b.producer_id < 0 or b.base_sequence >= 0)
+        ):
+            return ACCEPT
+        tp = produced.topic_partition
         if b.magic != first.magic:
             return _invalid(
                 f"Batch magic {b.magic} is not the same as the first batch'es magic byte "
@@ -200,10 +212,11 @@ class BatchIntegrityPolicy(BuiltinPolicy):
         return ACCEPT
 
     @staticmethod
-    def _validate_records(produced: ProducedRecords, tp: str) -> Verdict:
+    def _validate_records(produced: ProducedRecords) -> Verdict:
         """Inner records: magic equal to the batch's; no compression bits inside a wrapper."""
         if all(b.magic == 2 for b in produced.batches):
             return ACCEPT  # DefaultRecords carry neither their own magic nor attributes
+        tp = produced.topic_partition
         errors: list[RecordError] = []
         for b, record, offset in _iter_with_offsets(produced):
             if b.codec is not Codec.NONE and record.attributes & _CODEC_MASK:
