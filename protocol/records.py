@@ -325,6 +325,29 @@ class RecordBatch:
             )
         return RecordScan(count, low, high, null_keys)
 
+    def values(self) -> Iterator[bytes | None]:
+        """Each record's value, without building `Record`s (for checks that read only values);
+        bad bytes raise CorruptRecords as `records()` does."""
+        if self.magic != 2:
+            return (record.value for record in self.records())
+        return self._values_v2()
+
+    def _values_v2(self) -> Iterator[bytes | None]:
+        count = self._checked_count()
+        index = 0
+        try:
+            for raw in DefaultRecordBatch(self._plain_v2()):
+                yield raw.value
+                index += 1
+        except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
+            raise CorruptRecords(
+                f"record {index} of batch at offset {self.base_offset} does not decode: {exc}"
+            ) from exc
+        if index != count:
+            raise CorruptRecords(
+                f"batch at offset {self.base_offset} holds {index} of {count} records"
+            )
+
     def _checked_count(self) -> int:
         count = self._count
         if count is None or count < 0:

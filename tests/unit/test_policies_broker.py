@@ -327,6 +327,17 @@ def test_timestamps_records_1_and_3_of_5_in_the_future() -> None:
     )
 
 
+def test_timestamps_range_of_a_batch_reaching_minus_one_is_decided_record_by_record() -> None:
+    """-1 (no timestamp) is never range-checked: a batch whose smallest timestamp is -1 falls back
+    from the one-pass range to the exact check, which accepts it, or names only the bad record."""
+    options = {"before_max_ms": 1000}
+    rows = [(b"k", b"v", None, ts) for ts in (NOW, -1, NOW - 10)]
+    assert check("timestamps", build_batch(rows), options).ok
+    rows.append((b"k", b"v", None, NOW - 5000))
+    verdict = check("timestamps", build_batch(rows), options)
+    assert verdict.code == 32 and [e.index for e in verdict.record_errors] == [3]
+
+
 def test_timestamps_before_max_ms_and_legacy() -> None:
     old = NOW - 10_000
     verdict = check(

@@ -126,6 +126,14 @@ def test_round_trip_every_magic_and_codec(
         assert batch.codec is codec
         assert batch.crc_valid()
         assert batch.inner_crcs_valid()
+        # the one-pass readers agree with the records
+        records_of_batch = list(batch.records())
+        scan = batch.scan()
+        stamps = [r.timestamp for r in records_of_batch] or [0]
+        assert scan.record_count == len(records_of_batch)
+        assert (scan.min_timestamp, scan.max_timestamp) == (min(stamps), max(stamps))
+        assert scan.null_keys == sum(1 for r in records_of_batch if r.key is None)
+        assert list(batch.values()) == [r.value for r in records_of_batch]
     if codec is Codec.NONE and magic < 2:
         assert len(batches) == len(records)
         assert [r.index for r in decoded] == [0] * len(records)
@@ -305,6 +313,10 @@ def test_negative_and_wrong_record_counts_are_corrupt() -> None:
         batch, _ = read_batch(data)
         with pytest.raises(CorruptRecords):
             list(batch.records())
+        with pytest.raises(CorruptRecords):
+            batch.scan()
+        with pytest.raises(CorruptRecords):
+            list(batch.values())
 
 
 def test_garbage_compressed_payload_is_corrupt() -> None:
