@@ -154,7 +154,11 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._client.resume_reading("upstream-full")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._client.on_upstream_lost(exc)
+        client = self._client
+        client.on_upstream_lost(exc)
+        # Break the client <-> upstream cycle, so a closed pair (and the frame buffers its
+        # pending answers hold) is freed at once rather than by the cycle collector.
+        client.upstream = None
 
 
 class ClientConnection(asyncio.BufferedProtocol):

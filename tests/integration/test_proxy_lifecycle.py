@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from protocol.messages import API_VERSIONS, FETCH, decode_response
 from proxy.cli import main
 from tests.harness import Broker, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through
-from tests.harness.proxy import free_port_range
+from tests.harness.proxy import RunningProxy, free_port_range
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.tansu import free_port
 from tests.integration.test_proxy_ordering import (
@@ -293,3 +294,36 @@ def test_serve_on_a_port_in_use_exits_1(tansu: Broker, tmp_path: Path) -> None:
         )
     assert done.returncode == 1
     assert "kvproxy: cannot serve:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_closed_connection_pair_is_freed_without_the_cycle_collector(
+    proxy: RunningProxy,
+) -> None:
+    """A closed client connection and its upstream are freed at once (no reference cycle), so
+    the frame buffers their last answers held go back to the pool instead of waiting for gc."""
+    import gc
+
+    from proxy.server import ClientConnection, UpstreamConnection
+
+    def alive() -> int:
+        return sum(
+            1 for o in gc.get_objects() if isinstance(o, ClientConnection | UpstreamConnection)
+        )
+
+    request = struct.pack(">hhih", API_VERSIONS, 0, 7, 1) + b"x"
+    gc.collect()
+    gc.disable()
+    try:
+        before = alive()
+        for _ in range(20):
+            with socket.create_connection((proxy.host, proxy.port), timeout=5) as sock:
+                sock.sendall(struct.pack(">i", len(request)) + request)
+                assert len(sock.recv(8)) > 0
+        deadline = time.monotonic() + 10
+        while proxy.stats().client_connections or proxy.stats().upstream_connections:
+            assert time.monotonic() < deadline, proxy.stats()
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert alive() <= before
+    finally:
+        gc.enable()
