@@ -17,6 +17,12 @@ The two sides are interleaved to be fair under noise: slices of `--seconds / --s
 (default 3 slices of 10 s per side, 30 s each), direct then proxy, each slice preceded by a
 warm-up second whose records are not counted. Both producers stay connected for the whole run.
 
+A second, shorter part measures the floor: one raw Produce request (one 1 KiB record) at a time on
+one connection, send to answer, `--round-trips` of them per side (default 3,000, after 200 not
+counted), direct and proxy alternating twice. At 5,000 records/s Tansu itself is near its limit on
+this machine, which dominates the paced figures; one request at a time shows what the proxy's
+two extra hops and its own work add when nothing else is queued.
+
 How to read it: p50/p99/p99.9 of each side over all its slices, and the added latency (proxy minus
 direct at each percentile); targets (DESIGN.md "Performance targets"): added p50 <= 0.2 ms, added
 p99 <= 1 ms. `achieved` is the measured produce() rate and `send lag` how late the calls were
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import threading
 import time
@@ -43,7 +50,16 @@ from confluent_kafka import KafkaError, Message, Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import create_topic, median, start_proxy, tansu, write_results
-from request_rate import BenchmarkError, check_stored, metric, metrics_url, percentile
+from request_rate import (
+    AnswerCheck,
+    BenchmarkError,
+    ProduceTemplate,
+    check_stored,
+    leader_address,
+    metric,
+    metrics_url,
+    percentile,
+)
 
 PERCENTILES = {"p50": 0.50, "p99": 0.99, "p99.9": 0.999}
 TARGETS_MS = {"p50": 0.2, "p99": 1.0}
@@ -158,6 +174,28 @@ class PacedProducer:
         }
 
 
+def round_trips(bootstrap: str, topic: str, count: int, skip: int = 200) -> list[float]:
+    """Seconds from sending one Produce request to reading its answer, one at a time."""
+    template = ProduceTemplate(topic, b"r" * 1024)
+    check = AnswerCheck(topic)
+    out: list[float] = []
+    with socket.create_connection(leader_address(bootstrap, topic), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for correlation_id in range(count + skip):
+            frame = template.frame(correlation_id)
+            started = time.perf_counter()
+            sock.sendall(frame)
+            size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            payload = sock.recv(size, socket.MSG_WAITALL)
+            elapsed = time.perf_counter() - started
+            if len(payload) != size:
+                raise BenchmarkError("connection closed inside an answer")
+            check.offset(payload, correlation_id)
+            if correlation_id >= skip:
+                out.append(elapsed)
+    return out
+
+
 def percentiles_ms(values: Sequence[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {name: percentile(ordered, q) * 1e3 for name, q in PERCENTILES.items()}
@@ -170,10 +208,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--slices", type=int, default=3, help="alternating slices per side")
     parser.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds per slice")
     parser.add_argument("--record-bytes", type=int, default=1024, help="value size of a record")
+    parser.add_argument(
+        "--round-trips", type=int, default=3000, help="one-at-a-time requests per side and round"
+    )
     parser.add_argument("--quick", action="store_true", help="3 slices of 1 s: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup = 3.0, 0.3
+        args.round_trips = 300
     slice_seconds = args.seconds / args.slices
     began = time.monotonic()
 
@@ -226,11 +268,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             proxied = producers["proxy"].delivered
             if accepted != proxied:
                 raise BenchmarkError(f"the proxy accepted {accepted:.0f} records, {proxied} sent")
+            trips: dict[str, list[float]] = {"direct": [], "proxy": []}
+            trip_topics = {s: create_topic(broker, f"latency-rt-{s}", 1, None) for s in trips}
+            for _ in range(2):
+                for side, bootstrap in (("direct", broker), ("proxy", proxy.bootstrap)):
+                    trips[side] += round_trips(bootstrap, trip_topics[side], args.round_trips)
         finally:
             for producer in producers.values():
                 producer.close()
 
     overall = {side: percentiles_ms(values) for side, values in pooled.items()}
+    unloaded = {side: percentiles_ms(values) for side, values in trips.items()}
+    unloaded_added = {k: unloaded["proxy"][k] - unloaded["direct"][k] for k in PERCENTILES}
     added = {k: overall["proxy"][k] - overall["direct"][k] for k in PERCENTILES}
     added_per_slice = [
         {k: p[f"{k}_ms"] - d[f"{k}_ms"] for k in PERCENTILES}
@@ -253,6 +302,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "records_per_request": per_request,
         "proxy_cpu_share_during_proxy_slices": proxy_share,
         "samples": {side: len(values) for side, values in pooled.items()},
+        "one_at_a_time_ms": unloaded,
+        "one_at_a_time_added_ms": unloaded_added,
     }
     settings = {
         "rate": args.rate,
@@ -293,6 +344,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "through the proxy (librdkafka batches what queues up)"
     )
     print(f"proxy CPU       : {proxy_share:.2f} of a core during the proxy slices")
+    print(f"\none request at a time ({len(trips['direct']):,} per side, 1 KiB record, raw client)")
+    print(f"{'ms':16}{'p50':>9}{'p99':>9}{'p99.9':>9}")
+    for name, side in (("direct to Tansu", "direct"), ("through kvproxy", "proxy")):
+        print(f"{name:16}" + "".join(f"{unloaded[side][k]:9.3f}" for k in PERCENTILES))
+    print(f"{'added':16}" + "".join(f"{unloaded_added[k]:9.3f}" for k in PERCENTILES))
     print("every record delivered without error; stored records = delivered records")
     print(f"took {elapsed:.0f} s")
     write_results(
