@@ -48,7 +48,8 @@ __all__ = [
     "write_results",
 ]
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = Path(os.environ.get("KVPROXY_BENCH_RESULTS", ROOT / "bench" / "results"))
+"""Where figures go (`KVPROXY_BENCH_RESULTS` moves them, e.g. for the smoke test)."""
 HOST = "127.0.0.1"
 
 RECORD_LEVEL_RULE = """\
@@ -216,5 +217,5 @@ def write_results(name: str, figures: Mapping[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **figures}, indent=2))
-    print(f"figures written to {path.relative_to(ROOT)}")
+    print(f"figures written to {path}")
     return path
