@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup system-deps lint test demo bench clean
+.PHONY: setup system-deps lint test demo bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -36,6 +36,11 @@ test: lint
 
 demo: setup
 	$(BIN)/kvproxy demo
+
+# The fuzzer's long run: 100,000 mutated requests through a running proxy (minutes); make test
+# runs a 10,000-input slice of the same test
+fuzz: setup
+	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q -p no:randomly tests/integration/test_fuzz_proxy.py
 
 # The six benchmarks of docs/benchmarks.md (under 10 minutes); figures in bench/results/latest.md
 bench: setup
