@@ -40,7 +40,7 @@ demo: setup
 # The fuzzer's long run: 100,000 mutated requests through a running proxy (minutes); make test
 # runs a 10,000-input slice of the same test
 fuzz: setup
-	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q -p no:randomly tests/integration/test_fuzz_proxy.py
+	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q tests/integration/test_fuzz_proxy.py
 
 # The six benchmarks of docs/benchmarks.md (under 10 minutes); figures in bench/results/latest.md
 bench: setup
