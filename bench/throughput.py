@@ -109,6 +109,12 @@ def source_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "changed_files": [ln.split()[-1] for ln in changed]}
 
 
+def announce_source() -> dict[str, Any]:
+    """`source_state()`, printed: which code the figures are for."""
+    source = announce_source()
+    return source
+
+
 def json_value(index: int) -> bytes:
     """A JSON document of exactly RECORD_BYTES bytes (an order-like object padded by `note`)."""
     doc: dict[str, Any] = {

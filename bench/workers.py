@@ -46,10 +46,10 @@ from throughput import (
     RECORD_BYTES,
     Broker,
     ProduceRun,
+    announce_source,
     check_run,
     produce,
     records_for,
-    source_state,
 )
 
 BARRIER_TIMEOUT = 60.0
@@ -286,13 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "with ONE worker (a second copy of 'workers 1')",
             flush=True,
         )
-    source = source_state()
-    changed = len(source["changed_files"])
-    print(
-        f"source: commit {source['commit'][:10]}, {changed} file{'s' * (changed != 1)} changed "
-        "in the working tree",
-        flush=True,
-    )
+    source = announce_source()
     runs: dict[str, list[WorkersRun]] = {"direct": [], "workers 1": [], "workers 2": []}
     with contextlib.ExitStack() as stack:
         broker = Broker.of(stack.enter_context(tansu()))

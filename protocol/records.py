@@ -316,13 +316,8 @@ class RecordBatch:
                     null_keys += 1
                 index += 1
         except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
-            raise CorruptRecords(
-                f"record {index} of batch at offset {self.base_offset} does not decode: {exc}"
-            ) from exc
-        if index != count:
-            raise CorruptRecords(
-                f"batch at offset {self.base_offset} holds {index} of {count} records"
-            )
+            raise self._undecodable(index, exc) from exc
+        self._check_read(index, count)
         return RecordScan(count, low, high, null_keys)
 
     def values(self) -> Iterator[bytes | None]:
@@ -340,9 +335,16 @@ class RecordBatch:
                 yield raw.value
                 index += 1
         except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
-            raise CorruptRecords(
-                f"record {index} of batch at offset {self.base_offset} does not decode: {exc}"
-            ) from exc
+            raise self._undecodable(index, exc) from exc
+        self._check_read(index, count)
+
+    def _undecodable(self, index: int, exc: Exception) -> CorruptRecords:
+        return CorruptRecords(
+            f"record {index} of batch at offset {self.base_offset} does not decode: {exc}"
+        )
+
+    def _check_read(self, index: int, count: int) -> None:
+        """The reader stopped after `index` records: the header said `count`."""
         if index != count:
             raise CorruptRecords(
                 f"batch at offset {self.base_offset} holds {index} of {count} records"
@@ -394,11 +396,8 @@ class RecordBatch:
         except CorruptRecords:
             raise
         except Exception as exc:  # aiokafka's CorruptRecordException, UnicodeDecodeError, ...
-            raise CorruptRecords(
-                f"record {index} of batch at offset {base_offset} does not decode: {exc}"
-            ) from exc
-        if index != count:
-            raise CorruptRecords(f"batch at offset {base_offset} holds {index} of {count} records")
+            raise self._undecodable(index, exc) from exc
+        self._check_read(index, count)
 
     # -- magic 0 / 1 ---------------------------------------------------------------------------
 
