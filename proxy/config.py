@@ -8,13 +8,23 @@ every key.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
@@ -27,14 +37,36 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _secret_from_env(value: Any) -> Any:
+    """A secret written as `${NAME}` is read from environment variable NAME, so the file (and
+    whatever copies it: config maps, repositories) need not hold it. Only the whole value is a
+    reference; a missing variable is an error that names the variable."""
+    if isinstance(value, str) and (match := _ENV_REFERENCE.fullmatch(value.strip())):
+        name = match.group(1)
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+Secret = Annotated[SecretStr, BeforeValidator(_secret_from_env)]
+"""A password or other secret: `${NAME}` reads it from the environment, and it prints as
+`**********` (repr, str, logs, error messages); `.get_secret_value()` is the only way to it."""
+
+
 class ListenerTls(_Section):
     """TLS for client connections: the proxy's certificate chain and key (PEM)."""
 
     cert_file: Path
     key_file: Path
-    key_password: str | None = None
+    key_password: Secret | None = None
+    """Password of an encrypted `key_file`; `${NAME}` reads it from the environment."""
     client_ca_file: Path | None = None
-    """When set, clients must present a certificate signed by this CA (mutual TLS)."""
+    """When set, clients must present a certificate signed by this CA, valid (not expired) at
+    the time of the handshake (mutual TLS); when unset, client certificates are not asked for."""
 
 
 class ListenConfig(_Section):
@@ -73,9 +105,15 @@ class UpstreamTls(_Section):
     """TLS to the brokers: the CA to trust and, for mutual TLS, a client certificate."""
 
     ca_file: Path | None = None
+    """Verify brokers against this CA bundle; None: the system's trusted CAs. Brokers are always
+    verified: there is no setting that accepts an untrusted or expired certificate."""
     cert_file: Path | None = None
     key_file: Path | None = None
+    key_password: Secret | None = None
+    """Password of an encrypted client key; `${NAME}` reads it from the environment."""
     check_hostname: bool = True
+    """Check that the broker's certificate names the host the proxy connects to (the bootstrap
+    server's host, or the host the cluster advertises for a node)."""
 
 
 class UpstreamConfig(_Section):

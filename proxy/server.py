@@ -1027,7 +1027,8 @@ def _client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
     if tls is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(tls.cert_file), str(tls.key_file), tls.key_password)
+    password = tls.key_password.get_secret_value() if tls.key_password is not None else None
+    context.load_cert_chain(str(tls.cert_file), str(tls.key_file), password)
     if tls.client_ca_file is not None:
         context.load_verify_locations(cafile=str(tls.client_ca_file))
         context.verify_mode = ssl.CERT_REQUIRED
@@ -1041,7 +1042,10 @@ def _upstream_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
     context = ssl.create_default_context(
         ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca_file) if tls.ca_file else None
     )
-    context.check_hostname = tls.check_hostname
+    context.check_hostname = tls.check_hostname  # verify_mode stays CERT_REQUIRED either way
     if tls.cert_file is not None:
-        context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+        password = tls.key_password.get_secret_value() if tls.key_password is not None else None
+        context.load_cert_chain(
+            str(tls.cert_file), str(tls.key_file) if tls.key_file else None, password
+        )
     return context

@@ -190,10 +190,10 @@ def test_listener_tls() -> None:
     )
     tls = config.listen.tls
     assert tls is not None
-    assert (tls.cert_file, tls.key_file, tls.key_password, tls.client_ca_file) == (
+    assert tls.key_password is not None and tls.key_password.get_secret_value() == "pw"
+    assert (tls.cert_file, tls.key_file, tls.client_ca_file) == (
         Path("/c.pem"),
         Path("/k.pem"),
-        "pw",
         None,
     )
     mutual = parse_config(
