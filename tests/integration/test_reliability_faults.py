@@ -57,7 +57,6 @@ from tests.integration.test_proxy_ordering import fetch_request, produce_request
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
-UNKNOWN_PRODUCER_ID = 59
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
