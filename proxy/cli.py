@@ -99,6 +99,7 @@ def describe(config: ProxyConfig) -> list[str]:
         if upstream.embedded
         else ", ".join(upstream.bootstrap_servers)
     )
+    limits = config.limits
     first = listen.broker_port_base
     last = first + listen.max_brokers - 1
     return [
@@ -108,8 +109,13 @@ def describe(config: ProxyConfig) -> list[str]:
         f"broker listeners: node N -> port {first} + (N - {listen.lowest_node_id}), "
         f"ports {first}-{last}",
         f"upstream: {source}" + (" (TLS)" if upstream.tls else ""),
-        f"limits: frames up to {config.limits.max_frame_bytes} bytes, "
-        f"{config.limits.max_in_flight_requests} requests in flight per connection",
+        f"limits: frames up to {limits.max_frame_bytes} bytes, "
+        f"{limits.max_in_flight_requests} requests in flight per connection, "
+        f"{limits.max_records_per_request} records per produce request",
+        f"connections: {limits.max_connections_per_listener} per listener, "
+        f"{limits.max_connections_per_client} per client address; closed after "
+        f"{limits.idle_timeout_ms} ms idle or {limits.request_timeout_ms} ms stalled inside a "
+        "request",
         f"shutdown: drain in-flight requests for up to {config.shutdown.drain_timeout_ms} ms",
     ]
 

@@ -149,9 +149,45 @@ class UpstreamConfig(_Section):
 
 
 class LimitsConfig(_Section):
+    """What one client may cost the proxy. Every limit has a default that a well-behaved client
+    never reaches, so the defaults protect the proxy without changing what clients see.
+
+    Connection counts are per `kvproxy serve` process (each worker of `--workers N` counts its
+    own), because the counts live in that process's memory.
+    """
+
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_SIZE, ge=1024)
+    """Kafka's `socket.request.max.bytes` (100 MiB): a larger size prefix closes the connection
+    before any of the frame is buffered."""
     max_in_flight_requests: int = Field(default=100, ge=1)
     write_buffer_high_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_connections_per_listener: int = Field(default=10_000, ge=1)
+    """Open client connections per listening port (bootstrap and each broker port). Each one
+    holds an upstream connection, two sockets and their buffers (tens of KiB at rest, up to
+    `write_buffer_high_bytes` each way), so 10,000 stays within the file descriptors and memory of
+    an ordinary host while being far above what a fleet of producers and consumers opens (one
+    connection per client per broker). Beyond it a new connection is closed at once, before the
+    proxy opens anything upstream."""
+    max_connections_per_client: int = Field(default=1_000, ge=1)
+    """Open client connections from one IP address, over all listeners. One misbehaving host
+    (a connection leak, a reconnect loop) should not take every slot of a listener: a tenth of the
+    listener limit leaves room for nine other such hosts. Hosts behind one NAT share the count."""
+    idle_timeout_ms: int = Field(default=600_000, ge=10)
+    """A connection with no request in flight and no bytes received for this long is closed
+    (10 minutes, just above Kafka's `connections.max.idle.ms` of 9 minutes, so the broker, which
+    closes first, decides as it would without the proxy). Clients reconnect when they need to."""
+    request_timeout_ms: int = Field(default=30_000, ge=10)
+    """A client that has sent part of a frame and then sends nothing for this long is dropped (a
+    slowloris). The clock restarts with every byte received, so a large frame on a slow link is
+    never cut while it is still arriving; 30 seconds is Kafka's own `request.timeout.ms`, after
+    which the client has given up on the request anyway."""
+    max_records_per_request: int = Field(default=1_000_000, ge=1)
+    """Records a Produce request may declare over all its batches. Checking records costs CPU per
+    record, so a request declaring more is answered MESSAGE_TOO_LARGE for every partition before
+    any record is decoded. An uncompressed 1 MiB request (the Java producer's `max.request.size`)
+    holds at most about 150,000 records (7 bytes each at the least), and producers batch far
+    fewer than that, so 1,000,000 is not reached by real traffic, while it bounds the decoding of
+    one request to a fraction of a second (the record parser reads 2-5 million records a second)."""
 
 
 class ShutdownConfig(_Section):

@@ -18,6 +18,7 @@ from typing import Any
 from policies.api import ACCEPT, ProducedRecords, Verdict, parse_records
 from policies.config import TopicRouting
 from protocol import error_codes
+from protocol.compression import Codec
 from protocol.error_codes import ErrorProfile, Rejection, rejection_code
 from protocol.errors import DecodeError
 from protocol.framing import Frame
@@ -39,6 +40,8 @@ ANOTHER_PARTITION = (
 )
 _VALID_ACKS = frozenset({-1, 0, 1})
 _FIRST_WITH_TOPIC_IDS = 13
+RECORDS_LIMIT = "max_records_per_request"
+"""`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,8 @@ class ProduceSettings:
     legacy_below: int = 3
     legacy_code: int = error_codes.CORRUPT_MESSAGE
     reject_request: bool = False
+    max_records_per_request: int | None = None
+    """A request declaring more records is answered MESSAGE_TOO_LARGE before any is decoded."""
 
 
 @dataclass(slots=True, eq=False)
@@ -123,11 +128,13 @@ class ProduceEngine:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         acks = int(body.acks)
         transactional_id = getattr(body, "transactional_id", None)
-        topics = []
+        # First every partition's batch headers (no record decoded), then the record limit,
+        # then the policies, which decode records only when one of them needs to.
+        parsed = []
         for topic_data in body.topic_data:
             name = str(topic_data.name)
-            partitions = tuple(
-                self._check(
+            partitions = [
+                self._parse(
                     name,
                     data=data,
                     version=version,
@@ -136,13 +143,38 @@ class ProduceEngine:
                     now=now,
                 )
                 for data in topic_data.partition_data
-            )
-            topics.append((name, partitions))
+            ]
+            parsed.append((name, partitions))
+        limit = self.settings.max_records_per_request
+        too_many = None if limit is None else _over_records_limit(parsed, limit)
+        topics: list[tuple[str, tuple[PartitionOutcome, ...]]] = []
+        if too_many is not None:
+            for name, partitions in parsed:
+                topics.append(
+                    (
+                        name,
+                        tuple(
+                            PartitionOutcome(
+                                name,
+                                index,
+                                p if isinstance(p, Verdict) else too_many,
+                                enforced=True,
+                                raw=raw,
+                            )
+                            for index, raw, p in partitions
+                        ),
+                    )
+                )
+        else:
+            for name, partitions in parsed:
+                topics.append(
+                    (name, tuple(self._judge(name, index, raw, p) for index, raw, p in partitions))
+                )
         decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics))
         decision.forward = self._forward(frame, request, decision)
         return decision
 
-    def _check(
+    def _parse(
         self,
         topic: str,
         *,
@@ -151,7 +183,8 @@ class ProduceEngine:
         acks: int,
         transactional_id: str | None,
         now: int,
-    ) -> PartitionOutcome:
+    ) -> tuple[int, bytes | memoryview, ProducedRecords | Verdict]:
+        """One partition's batch views (headers only), or the verdict that needs none."""
         index = int(data.index)
         if acks not in _VALID_ACKS:
             verdict = Verdict(
@@ -159,8 +192,7 @@ class ProduceEngine:
                 message=f"Invalid required acks {acks}: only -1, 0 and 1 are allowed",
                 policy="acks",
             )
-            return PartitionOutcome(topic, index, verdict, enforced=True)
-        chain = self.routing.chain_for(topic)
+            return index, b"", verdict
         raw = data.records if data.records is not None else b""
         parsed = parse_records(
             topic,
@@ -172,8 +204,15 @@ class ProduceEngine:
             compacted=self.compaction_for(topic),
             now_ms=now,
         )
-        if isinstance(parsed, Verdict):  # malformed: never forwarded, whatever the mode
+        return index, raw, parsed
+
+    def _judge(
+        self, topic: str, index: int, raw: bytes | memoryview, parsed: ProducedRecords | Verdict
+    ) -> PartitionOutcome:
+        """The partition's outcome: its chain's verdict on what `_parse` read."""
+        if isinstance(parsed, Verdict):  # malformed or bad acks: never forwarded, whatever the mode
             return PartitionOutcome(topic, index, parsed, enforced=True, raw=raw)
+        chain = self.routing.chain_for(topic)
         if chain.mode.value == "off":
             return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
         verdict = chain.check(parsed)
@@ -286,9 +325,47 @@ class ProduceEngine:
         rejection = getattr(verdict, "rejection", None)
         if self.settings.profile is ErrorProfile.KIP and rejection is not None:
             code = rejection_code(ErrorProfile.KIP, Rejection(rejection))
-        if version < self.settings.legacy_below and code not in (
-            error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-            error_codes.INVALID_REQUIRED_ACKS,
+        if (
+            version < self.settings.legacy_below
+            and code
+            not in (error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT, error_codes.INVALID_REQUIRED_ACKS)
+            and verdict.policy != RECORDS_LIMIT  # MESSAGE_TOO_LARGE: every version knows it
         ):
             code = self.settings.legacy_code
         return code
+
+
+def _over_records_limit(
+    parsed: list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]],
+    limit: int,
+) -> Verdict | None:
+    """The verdict for every partition when the request declares more than `limit` records.
+
+    Magic 2 batches declare their count in the header (a negative count adds nothing; the
+    integrity check rejects it). A magic 0/1 message is one record, except a compressed wrapper
+    (Produce v0-v2 only), which has no count but its inner messages: those are counted, and one
+    that does not decode counts as one (its partition is rejected as corrupt anyway).
+    """
+    declared = 0
+    for _, partitions in parsed:
+        for _, _, produced in partitions:
+            if isinstance(produced, Verdict):
+                continue
+            for batch in produced.batches:
+                if batch.magic == 2 or batch.codec is Codec.NONE:
+                    declared += max(batch.record_count, 0)
+                else:
+                    try:
+                        declared += batch.record_count
+                    except DecodeError:
+                        declared += 1
+    if declared <= limit:
+        return None
+    return Verdict(
+        code=error_codes.MESSAGE_TOO_LARGE,
+        message=(
+            f"The request declares {declared} records, more than the proxy accepts in one "
+            f"request ({limit}, limits.max_records_per_request)"
+        ),
+        policy=RECORDS_LIMIT,
+    )

@@ -47,6 +47,10 @@ log = logging.getLogger("kvproxy")
 _CORRELATION = struct.Struct(">i")
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
 READINESS_INTERVAL_S = 5.0
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""Refused connections are logged at most once per interval, with a count of the rest."""
+_SWEEP_MIN_S = 0.01
+_SWEEP_MAX_S = 5.0
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
@@ -170,7 +174,8 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
         self._server = server
-        self._node_id = node_id
+        self.node_id = node_id
+        """The listener this connection came through: None for bootstrap, else the node id."""
         self.metrics = server.metrics
         self._bytes_in = self.metrics.bytes.labels("client_in")
         self._bytes_out = self.metrics.bytes.labels("client_out")
@@ -191,18 +196,31 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamConnection | None = None
         self.peer = "?"
+        self.client_host = "?"
         self._closing = False
+        self._received = 0
+        """Bytes read from the client; the timeout sweep compares it with what it saw last."""
+        self._seen_received = 0
+        self._quiet_since = 0.0
+        """When the sweep last saw bytes arrive (or reading paused by the proxy itself)."""
+        self._idle_since = 0.0
+        """As `_quiet_since`, and also moved on while a request is in flight."""
 
     # ---- client side ----
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = self.transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.client_host = str(peer[0]) if peer else "?"
+        if not self._server.connection_opened(self):
+            self._closing = True  # over a connection limit: nothing opened upstream
+            self.transport.close()
+            return
         self.transport.set_write_buffer_limits(
             high=self._server.config.limits.write_buffer_high_bytes
         )
-        peer = self.transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._server.connection_opened(self)
+        self._quiet_since = self._idle_since = asyncio.get_running_loop().time()
         self.pause_reading("connecting")
         self._connect_task = self._spawn(self._connect_upstream())
 
@@ -211,6 +229,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._bytes_in.inc(nbytes)
+        self._received += nbytes  # the timeouts' only per-read cost: the sweep reads it
         self._decoder.buffer_updated(nbytes)
         self._outgoing = []  # the requests of this read go upstream in one write
         try:
@@ -453,7 +472,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     async def _connect_upstream(self) -> None:
         try:
-            upstream = await self._server.open_upstream(self, self._node_id)
+            upstream = await self._server.open_upstream(self, self.node_id)
         except (OSError, ProxyError, TimeoutError) as exc:
             self.abort(f"no upstream for client {self.peer}: {exc}", reason="no_upstream")
             return
@@ -477,6 +496,39 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.abort(
                 f"upstream closed the connection of client {self.peer}{reason}",
                 reason="upstream_closed",
+            )
+
+    # ---- timeouts ----
+
+    def check_timeouts(self, now: float, idle_after: float, stall_after: float) -> None:
+        """Close the connection if it has been idle, or stalled inside a frame, for too long.
+
+        Called by the server's sweep, never per read: a read only adds to `_received`, and the
+        sweep notices the change. Time during which the proxy itself does not read (backpressure,
+        connecting upstream, waiting for topic configs) counts as activity, not as a stall.
+        """
+        if self._closing:
+            return
+        received = self._received
+        if received != self._seen_received or self._paused_for:
+            self._seen_received = received
+            self._quiet_since = self._idle_since = now
+            return
+        if self._slots:
+            self._idle_since = now
+        if self._decoder.buffered:
+            if now - self._quiet_since >= stall_after:
+                self.abort(
+                    f"client {self.peer} sent part of a request and nothing more for "
+                    f"{now - self._quiet_since:.1f} s",
+                    logging.INFO,
+                    reason="slow_request",
+                )
+        elif now - self._idle_since >= idle_after:
+            self.abort(
+                f"client {self.peer} idle for {now - self._idle_since:.1f} s",
+                logging.DEBUG,
+                reason="idle",
             )
 
     # ---- helpers ----
@@ -561,6 +613,12 @@ class ProxyServer:
         self._listeners: dict[int | None, asyncio.Server] = {}
         self._listener_lock = asyncio.Lock()
         self._clients: set[ClientConnection] = set()
+        self._per_listener: collections.Counter[int | None] = collections.Counter()
+        self._per_client: collections.Counter[str] = collections.Counter()
+        self._refused = 0
+        """Connections refused since the last log line about them."""
+        self._refused_logged_at = float("-inf")
+        self._sweep_task: asyncio.Task[None] | None = None
         self.buffer_pool = BufferPool()
         """Large-frame buffers shared by every connection of this server (one event loop)."""
         self._upstreams = 0
@@ -764,6 +822,7 @@ class ProxyServer:
                 legacy_below=errors.legacy_below,
                 legacy_code=errors.legacy_code,
                 reject_request=self.config.reject == "request",
+                max_records_per_request=self.config.limits.max_records_per_request,
             ),
             self.topic_configs.compacted,
         )
@@ -923,6 +982,26 @@ class ProxyServer:
                 log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
 
         self._readiness_task = asyncio.get_running_loop().create_task(self._watch_readiness())
+        self._sweep_task = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Close idle and stalled client connections: one pass over them every tick.
+
+        One task for the whole server instead of a timer per connection, so neither a read nor a
+        request ever touches a timer. A tenth of the shorter timeout (between 10 ms and 5 s) per
+        tick: a connection is closed at most that much later than its timeout.
+        """
+        limits = self.config.limits
+        idle_after = limits.idle_timeout_ms / 1000
+        stall_after = limits.request_timeout_ms / 1000
+        tick = min(max(min(idle_after, stall_after) / 10, _SWEEP_MIN_S), _SWEEP_MAX_S)
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for client in list(self._clients):
+                client.check_timeouts(now, idle_after, stall_after)
+            self._log_refusals(now)
 
     async def _watch_readiness(self) -> None:
         """Keep `kvproxy_ready` current even when nothing polls /readyz."""
@@ -965,6 +1044,8 @@ class ProxyServer:
         self._stopping = True
         if self._readiness_task is not None:
             self._readiness_task.cancel()
+        if self._sweep_task is not None:
+            self._sweep_task.cancel()
         if self._http is not None:
             self._http.close()
         if drain_timeout is None:
@@ -986,14 +1067,68 @@ class ProxyServer:
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
 
-    def connection_opened(self, client: ClientConnection) -> None:
+    def connection_opened(self, client: ClientConnection) -> bool:
+        """Count a new client connection; False (and counted as refused) when it would pass
+        `limits.max_connections_per_listener` or `limits.max_connections_per_client`."""
+        limits = self.config.limits
+        listener, host = client.node_id, client.client_host
+        if (
+            self._per_listener[listener] >= limits.max_connections_per_listener
+            or self._per_client[host] >= limits.max_connections_per_client
+        ):
+            self.metrics.closed.labels("too_many_connections").inc()
+            self._refused += 1
+            self._log_refusals(asyncio.get_running_loop().time(), client)
+            return False
+        self._per_listener[listener] += 1
+        self._per_client[host] += 1
         self._clients.add(client)
         self.metrics.client_connections.inc()
+        return True
+
+    def _log_refusals(self, now: float, client: ClientConnection | None = None) -> None:
+        """One line per `REFUSAL_LOG_INTERVAL_S` at most, however many connections a flood
+        brings: the first refusal of a quiet period at once, the rest summed up later."""
+        if not self._refused or now - self._refused_logged_at < REFUSAL_LOG_INTERVAL_S:
+            return
+        limits = self.config.limits
+        if client is not None and self._refused == 1:
+            listener = "bootstrap" if client.node_id is None else f"node {client.node_id}"
+            log.warning(
+                "refusing a connection from %s on the %s listener: %d open from that address "
+                "(limit %d), %d on the listener (limit %d)",
+                client.peer,
+                listener,
+                self._per_client[client.client_host],
+                limits.max_connections_per_client,
+                self._per_listener[client.node_id],
+                limits.max_connections_per_listener,
+            )
+        else:
+            log.warning(
+                "refused %d connections over the connection limits in the last %.0f s "
+                "(max_connections_per_client %d, max_connections_per_listener %d)",
+                self._refused,
+                min(now - self._refused_logged_at, 1e9),
+                limits.max_connections_per_client,
+                limits.max_connections_per_listener,
+            )
+        self._refused = 0
+        self._refused_logged_at = now
 
     def connection_closed(self, client: ClientConnection) -> None:
         if client in self._clients:
             self._clients.discard(client)
             self.metrics.client_connections.dec()
+            self._forget(self._per_listener, client.node_id)
+            self._forget(self._per_client, client.client_host)
+
+    @staticmethod
+    def _forget(counts: collections.Counter[Any], key: Any) -> None:
+        if counts[key] <= 1:
+            del counts[key]  # a client address that has gone leaves nothing behind
+        else:
+            counts[key] -= 1
 
     def upstream_closed(self) -> None:
         self._upstreams -= 1

@@ -1,0 +1,94 @@
+"""proxy.config `limits`: the connection, timeout and record limits' defaults and validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.cli import describe
+from proxy.config import ConfigError, parse_config
+
+UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
+
+
+def error_of(limits: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"upstream": UPSTREAM, "limits": limits}, "test.yaml")
+    return str(caught.value)
+
+
+def test_defaults() -> None:
+    limits = parse_config({"upstream": UPSTREAM}).limits
+    assert limits.max_connections_per_listener == 10_000
+    assert limits.max_connections_per_client == 1_000
+    assert limits.idle_timeout_ms == 600_000
+    assert limits.request_timeout_ms == 30_000
+    assert limits.max_records_per_request == 1_000_000
+
+
+def test_values_are_read() -> None:
+    limits = parse_config(
+        {
+            "upstream": UPSTREAM,
+            "limits": {
+                "max_connections_per_listener": 5,
+                "max_connections_per_client": 2,
+                "idle_timeout_ms": 300,
+                "request_timeout_ms": 200,
+                "max_records_per_request": 10,
+            },
+        }
+    ).limits
+    assert (
+        limits.max_connections_per_listener,
+        limits.max_connections_per_client,
+        limits.idle_timeout_ms,
+        limits.request_timeout_ms,
+        limits.max_records_per_request,
+    ) == (5, 2, 300, 200, 10)
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "bound"),
+    [
+        ("max_connections_per_listener", 0, "greater than or equal to 1"),
+        ("max_connections_per_client", -1, "greater than or equal to 1"),
+        ("idle_timeout_ms", 0, "greater than or equal to 10"),
+        ("request_timeout_ms", 5, "greater than or equal to 10"),
+        ("max_records_per_request", 0, "greater than or equal to 1"),
+        ("idle_timeout_ms", "soon", "valid integer"),
+    ],
+)
+def test_bad_values_name_the_key(key: str, bad: Any, bound: str) -> None:
+    message = error_of({key: bad})
+    assert f"limits.{key}:" in message
+    assert bound in message
+
+
+def test_unknown_limit_is_an_error() -> None:
+    assert "limits.max_connections: unknown key" in error_of({"max_connections": 5})
+
+
+def test_check_prints_every_limit() -> None:
+    config = parse_config(
+        {
+            "upstream": UPSTREAM,
+            "limits": {
+                "max_connections_per_listener": 5,
+                "max_connections_per_client": 2,
+                "idle_timeout_ms": 300,
+                "request_timeout_ms": 200,
+                "max_records_per_request": 10,
+            },
+        }
+    )
+    lines = describe(config)
+    assert (
+        "limits: frames up to 104857600 bytes, 100 requests in flight per connection, "
+        "10 records per produce request"
+    ) in lines
+    assert (
+        "connections: 5 per listener, 2 per client address; closed after 300 ms idle or "
+        "200 ms stalled inside a request"
+    ) in lines
