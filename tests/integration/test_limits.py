@@ -25,6 +25,7 @@ from tests.integration.test_proxy_ordering import (
     correlation_id_of,
     fetch_request,
     metadata_request,
+    produce_request,
     topic_id_of,
 )
 
@@ -261,6 +262,20 @@ def test_too_many_records_are_refused_before_any_is_decoded(
         assert_serves(proxy)
     assert stored(tansu, guarded, 0) == [] and stored(tansu, guarded, 1) == []
     assert stored(tansu, plain) == values[:10]
+
+
+def test_too_many_records_with_acks_0_close_the_connection(tansu: Broker, topic: str) -> None:
+    """acks=0 gets no answer, so the proxy closes the connection, as a broker does."""
+    config = proxy_config(tansu.bootstrap, limits={"max_records_per_request": 10})
+    with run_proxy(config=config) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as client:
+            client.send_frame(
+                produce_request(9, 1, topic, [(b"k", b"v%d" % n) for n in range(11)], acks=0)
+            )
+            assert client.is_closed_by_peer(timeout=5)
+        assert closed(proxy, "acks0_rejection") == 1
+        assert_serves(proxy)
+    assert stored(tansu, topic) == []
 
 
 def test_a_real_producer_sees_message_too_large(tansu: Broker, topic: str) -> None:
