@@ -176,9 +176,8 @@ def metadata_request(version: int, correlation_id: int, topics: Sequence[str] | 
 
 
 def _codecs_for(version: int, magic: int) -> tuple[Codec, ...]:
-    if magic < 2:
-        return (Codec.NONE, Codec.GZIP, Codec.SNAPPY, Codec.LZ4)
-    if version < 7:
+    """The codecs a client may use: zstd needs magic 2 and Produce v7+."""
+    if magic < 2 or version < 7:
         return (Codec.NONE, Codec.GZIP, Codec.SNAPPY, Codec.LZ4)
     return tuple(Codec)
 

@@ -159,6 +159,8 @@ class _Run:
     def __init__(self, proxy: RunningProxy, tally: Tally) -> None:
         self.proxy = proxy
         self.tally = tally
+        self.hung: list[tuple[int, int, int]] = []
+        """(api key, version, correlation id) of the requests a hang left unanswered."""
         self.sent: set[int] = set()
         """Hashes of the complete frames clients sent in this chunk (see check_forwarded)."""
 
@@ -202,7 +204,7 @@ class _Run:
             else:
                 writer.write(item.wire)
                 await writer.drain()
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, RuntimeError):  # uvloop: "the handler is closed"
             pass  # the proxy closed while we were still sending: its answers are still read
         buffer = bytearray()
         got = 0
@@ -213,6 +215,7 @@ class _Run:
             try:
                 data = await asyncio.wait_for(conn.reader.read(65536), max(remaining, 0.001))
             except TimeoutError:
+                self.hung.extend(expected.answers[got:])
                 self.tally.fail(
                     item,
                     f"hang: {got} of {len(expected.answers)} answers and no close after "
@@ -341,6 +344,18 @@ def _check_upstream(cluster: StubCluster, run: _Run, tally: Tally) -> None:
                 tally.fail(None, f"node {node_id} received {problem}: {payload[:512].hex()}")
             elif answer is None and payload[:2] != b"\x00\x00":
                 tally.stub_closes_opaque += 1
+    for api_key, version, cid in run.hung:  # where did the unanswered request go?
+        seen = [
+            answer is not None
+            for node_id in cluster.node_ids
+            for frame, answer in cluster.frames(node_id)
+            if len(frame) >= 8 and struct.unpack_from(">hhi", frame) == (api_key, version, cid)
+        ]
+        where = "never reached the stub" if not seen else f"reached the stub (answered: {seen})"
+        tally.fail(
+            None, f"the request a hang left unanswered ({api_key}, v{version}, {cid}) {where}"
+        )
+    run.hung.clear()
     cluster.clear()
     run.sent.clear()
 
@@ -672,3 +687,31 @@ def test_a_decompression_bomb_is_refused_without_expanding_it() -> None:
     assert peak < BOMB_PEAK_LIMIT, (
         f"a {len(request)}-byte request made the proxy allocate {peak / 2**20:.0f} MiB"
     )
+
+
+def test_an_answer_is_not_taken_for_an_earlier_acks0_request_with_the_same_id() -> None:
+    """Found by the fuzzer (seed 20261122, indexes 37947, 54016, 97882 of the 100,000-input run:
+    requests the stub answered and the proxy never passed on).
+
+    A client sends an acks=0 Produce request with correlation id 7, then an ApiVersions request
+    that also carries id 7 (ids need not be unique on the wire; they also wrap around). The
+    broker sends no answer to acks=0 requests, so the proxy remembers the acks=0 one as "silent"
+    in case a broker answers it anyway (Tansu does). When the ApiVersions answer arrives, id 7
+    matches the remembered silent request (`ClientConnection.on_upstream_frame`), and the
+    answer is dropped as that request's: the client never gets it (it waits for ever, or until
+    a timeout of the proxy closes the connection). It must get its answer.
+    """
+    batch = build_batch([(b"k", b"v", None, fuzz.TIMESTAMP_MS)])
+    acks0 = fuzz.produce_request(9, 7, [(fuzz.TOPIC, 0, batch)], acks=0)
+    with (
+        run_stub_cluster(node_ids=(1,)) as cluster,
+        run_proxy(cluster.bootstrap, topics=[{"match": "*", "compacted": False}]) as proxy,
+        RawKafkaClient(proxy.host, proxy.port) as client,
+    ):
+        client.send_frame(acks0)
+        try:
+            answer = client.request(fuzz.api_versions_request(3, 7), timeout=5)
+        except RawClientError as exc:
+            answered = [a is not None for f, a in cluster.frames(1) if f[:2] == b"\0\x12"]
+            raise AssertionError(f"no answer ({exc}); the stub answered: {answered}") from None
+        assert _SIZE.unpack_from(answer)[0] == 7
