@@ -351,10 +351,12 @@ def _check_upstream(cluster: StubCluster, run: _Run, tally: Tally) -> None:
             for frame, answer in cluster.frames(node_id)
             if len(frame) >= 8 and struct.unpack_from(">hhi", frame) == (api_key, version, cid)
         ]
-        where = "never reached the stub" if not seen else f"reached the stub (answered: {seen})"
-        tally.fail(
-            None, f"the request a hang left unanswered ({api_key}, v{version}, {cid}) {where}"
+        where = (
+            f"frames with that key, version and id reached the stub (answered: {seen})"
+            if seen
+            else "no frame with that key, version and id reached the stub"
         )
+        tally.fail(None, f"a hang left ({api_key}, v{version}, id {cid}) unanswered; {where}")
     run.hung.clear()
     cluster.clear()
     run.sent.clear()
