@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import cramjam
 
@@ -48,6 +48,12 @@ _INT32 = struct.Struct(">i")
 # A snappy element of 3 bytes expands to at most 64 bytes; anything claiming more is not snappy
 # and must not make us allocate what it claims.
 _SNAPPY_MAX_RATIO = 64
+
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+"""A compressed payload that expands beyond this is refused as corrupt (a decompression bomb):
+a few KiB of zstd can claim gigabytes. 64 MiB is far above what Kafka producers write into one
+batch (batch.size defaults to 16 KiB, max.request.size to 1 MiB)."""
+_FIRST_GUESS_RATIO = 16
 
 _LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
 
@@ -91,7 +97,7 @@ def decompress(codec: Codec | int, data: Buffer, *, legacy_lz4_checksum: bool = 
         if codec is Codec.NONE:
             return bytes(data)
         if codec is Codec.GZIP:
-            return bytes(cramjam.gzip.decompress(data))
+            return _bounded(cramjam.gzip, data)
         if codec is Codec.SNAPPY:
             if bytes(data[:8]) == XERIAL_MAGIC:
                 return _xerial_decode(data)
@@ -99,12 +105,34 @@ def decompress(codec: Codec | int, data: Buffer, *, legacy_lz4_checksum: bool = 
         if codec is Codec.LZ4:
             if legacy_lz4_checksum:
                 data = _lz4_set_header_checksum(bytes(data), legacy=False)
-            return bytes(cramjam.lz4.decompress(data))
-        return bytes(cramjam.zstd.decompress(data))
+            return _bounded(cramjam.lz4, data)
+        return _bounded(cramjam.zstd, data)
     except CorruptRecords:
         raise
     except Exception as exc:  # cramjam raises its own DecompressionError, ValueError, ...
         raise CorruptRecords(f"{codec.name.lower()} payload does not decompress: {exc}") from exc
+
+
+def _bounded(codec: Any, data: Buffer) -> bytes:
+    """`codec.decompress(data)` into buffers of bounded size: a first guess of 16 times the
+    input, then four times larger each time it does not fit, up to MAX_DECOMPRESSED_BYTES."""
+    size = min(MAX_DECOMPRESSED_BYTES, max(65536, len(data) * _FIRST_GUESS_RATIO))
+    while True:
+        out = bytearray(size)
+        try:
+            written = codec.decompress_into(data, out)
+        except Exception as exc:  # cramjam's DecompressionError: corrupt, or does not fit
+            if "failed to write whole buffer" not in str(exc):
+                raise
+            if size >= MAX_DECOMPRESSED_BYTES:
+                raise CorruptRecords(
+                    f"payload of {len(data)} bytes expands beyond {MAX_DECOMPRESSED_BYTES} bytes"
+                ) from None
+            size = min(MAX_DECOMPRESSED_BYTES, size * 4)
+            del out  # before the larger one is allocated: at most one buffer at a time
+            continue
+        with memoryview(out) as view:
+            return bytes(view[: int(written)])
 
 
 def _snappy_raw_decode(block: Buffer) -> bytes:

@@ -31,7 +31,14 @@ from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError
 from protocol.framing import BufferPool, Frame, FrameDecoder, size_prefix
 from protocol.headers import read_request_prefix
-from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
+from protocol.messages import (
+    API_VERSIONS,
+    PRODUCE,
+    Request,
+    decode_request,
+    decode_response,
+    supported_versions,
+)
 from protocol.produce import read_produce_acks
 from proxy.config import ProxyConfig
 from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
@@ -381,7 +388,8 @@ class ClientConnection(asyncio.BufferedProtocol):
     def on_upstream_frame(self, payload: Frame) -> None:
         correlation_id = _CORRELATION.unpack_from(payload)[0] if len(payload) >= 4 else None
         while self._awaiting_upstream and self._awaiting_upstream[0].silent:
-            if self._awaiting_upstream.popleft().correlation_id == correlation_id:
+            silent = self._awaiting_upstream.popleft()
+            if silent.correlation_id == correlation_id and self._answers_silent(silent, payload):
                 return  # the broker answered an acks=0 request: the client expects nothing
         if not self._awaiting_upstream:
             self.abort("upstream sent an answer nobody asked for", reason="upstream_error")
@@ -423,6 +431,24 @@ class ClientConnection(asyncio.BufferedProtocol):
         if not decision.needs_merge:
             return payload
         return engine.answer(decision, payload)
+
+    def _answers_silent(self, silent: _Slot, payload: Frame) -> bool:
+        """Whether an answer carrying an acks=0 request's correlation id is that request's.
+
+        Usually yes (Tansu answers acks=0 requests; Kafka does not). But ids need not be unique:
+        when a later request awaiting its answer has the same id, the answer is the acks=0
+        request's only if it decodes as a Produce answer of that version, else it is the later
+        request's (a broker that never answers acks=0)."""
+        if not any(
+            not slot.silent and slot.correlation_id == silent.correlation_id
+            for slot in self._awaiting_upstream
+        ):
+            return True
+        try:
+            decode_response(payload, PRODUCE, silent.api_version)
+        except ProtocolError:
+            return False
+        return True
 
     def _answer(self, slot: _Slot, payload: Frame) -> None:
         try:
@@ -787,7 +813,9 @@ class ProxyServer:
             topic = metrics.topic(outcome.topic)
             batches = outcome.produced.batches
             metrics.child(metrics.batches, topic, verdict).inc(len(batches))
-            metrics.child(metrics.records, topic, verdict).inc(sum(b.record_count for b in batches))
+            metrics.child(metrics.records, topic, verdict).inc(
+                max(0, sum(b.record_count for b in batches))
+            )
 
     def record_reload(self, result: str) -> None:
         """Count a configuration reload ("success" or "failure")."""

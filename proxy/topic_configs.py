@@ -67,9 +67,11 @@ class TopicConfigCache:
             finally:
                 for topic in missing:
                     self._inflight.pop(topic, None)
-                future.set_result(None)
+                if not future.done():
+                    future.set_result(None)
         for pending in waiting:
-            await pending
+            # shielded: one waiting client going away must not cancel the lookup for the others
+            await asyncio.shield(pending)
 
     async def _describe(self, topics: list[str]) -> None:
         for host, port in self._bootstrap():

@@ -66,7 +66,8 @@ def java_record(batch: RecordBatch, record: Record, offset: int) -> str:
             f"DefaultRecord(offset={offset}, timestamp={record.timestamp}, "
             f"key={key_len} bytes, value={value_len} bytes)"
         )
-    codec = Codec(record.attributes & _CODEC_MASK).name.lower()
+    codec_id = record.attributes & _CODEC_MASK
+    codec = Codec(codec_id).name.lower() if codec_id <= max(Codec) else f"unknown({codec_id})"
     ts = ""
     if record.magic > 0:
         kind = _LOG_APPEND_TIME if record.attributes & 0x08 else _CREATE_TIME

@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.compression import XERIAL_MAGIC, Codec, codec_from_id, compress, decompress
+from protocol.compression import (
+    MAX_DECOMPRESSED_BYTES,
+    XERIAL_MAGIC,
+    Codec,
+    codec_from_id,
+    compress,
+    decompress,
+)
 from protocol.errors import CorruptRecords, UnsupportedCompression
 
 PAYLOADS = [b"", b"x", b"hello kafka " * 1000, os.urandom(3000), os.urandom(100) + b"\x00" * 70_000]
@@ -134,3 +141,14 @@ def test_codec_ids_match_kafka() -> None:
         ("ZSTD", 4),
     ]
     assert issubclass(UnsupportedCompression, CorruptRecords)
+
+
+@pytest.mark.parametrize("codec", [Codec.GZIP, Codec.LZ4, Codec.ZSTD])
+def test_decompression_is_bounded_and_grows_to_fit(codec: Codec) -> None:
+    """A payload expanding far beyond its size still decompresses (the buffer grows), up to
+    MAX_DECOMPRESSED_BYTES; beyond that it is refused as corrupt without being expanded."""
+    plain = b"kafka " * (2 * 1024 * 1024)  # 12 MiB from well under 1 MiB: several growth steps
+    assert decompress(codec, compress(codec, plain)) == plain
+    bomb = compress(codec, bytes(MAX_DECOMPRESSED_BYTES + 1))
+    with pytest.raises(CorruptRecords, match="expands beyond"):
+        decompress(codec, bomb)
