@@ -100,6 +100,7 @@ def produce_request(
     *,
     acks: int = -1,
     transactional_id: str | None = None,
+    client_id: str = CLIENT_ID,
 ) -> bytes:
     """A Produce request payload of `version` carrying `parts` = [(topic, partition, records)]."""
     from kio.static.primitive import i16, i32, i32Timedelta
@@ -126,7 +127,7 @@ def produce_request(
     if version >= 3:
         fields["transactional_id"] = transactional_id
     body = request_type(**fields)
-    return encode_request(make_request(PRODUCE, version, correlation_id, CLIENT_ID, body))
+    return encode_request(make_request(PRODUCE, version, correlation_id, client_id, body))
 
 
 def _request(api_key: int, version: int, correlation_id: int, **values: Any) -> bytes:

@@ -10,17 +10,16 @@ The helpers at the top are shared with the other `test_policies_*` modules.
 
 from __future__ import annotations
 
-import datetime
-import importlib
 import struct
 import time
 from typing import Any
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from protocol.messages import FETCH, PRODUCE, decode_response, encode_request, make_request
+from protocol.messages import FETCH, PRODUCE, decode_response
 from protocol.records import build_batch
 from tests.harness import Broker
+from tests.harness.fuzz import produce_request
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.integration.test_proxy_ordering import fetch_request, fetched_values, topic_id_of
@@ -49,31 +48,14 @@ def produce_frame(
 
     Partitions of one topic are grouped under that topic in the order given.
     """
-    from kio.static.primitive import i16, i32, i32Timedelta
-
-    if version <= 2:
-        schema: Any = importlib.import_module("protocol.legacy_messages")
-        request_type = getattr(schema, f"ProduceRequestV{version}")
-    else:
-        schema = importlib.import_module(f"kio.schema.produce.v{version}.request")
-        request_type = schema.ProduceRequest
-    topics: dict[str, list[Any]] = {}
-    for topic, partition, records in parts:
-        topics.setdefault(topic, []).append(
-            schema.PartitionProduceData(index=i32(partition), records=records)
-        )
-    fields: dict[str, Any] = {
-        "acks": i16(acks),
-        "timeout": i32Timedelta.parse(datetime.timedelta(seconds=10)),
-        "topic_data": tuple(
-            schema.TopicProduceData(name=name, partition_data=tuple(data))
-            for name, data in topics.items()
-        ),
-    }
-    if version >= 3:
-        fields["transactional_id"] = transactional_id
-    body = request_type(**fields)
-    return encode_request(make_request(PRODUCE, version, correlation_id, CLIENT_ID, body))
+    return produce_request(
+        version,
+        correlation_id,
+        parts,
+        acks=acks,
+        transactional_id=transactional_id,
+        client_id=CLIENT_ID,
+    )
 
 
 def batch(*values: bytes | None, key: bytes | None = b"k", **options: Any) -> bytes:
