@@ -166,7 +166,8 @@ class ThreadedServer:
                 conn.close()
 
     def handle(self, conn: socket.socket) -> None:
-        raise NotImplementedError
+        """What the server does with one connection: each test server below says."""
+        raise NotImplementedError  # every server in this file overrides it
 
 
 def read_frame(conn: socket.socket) -> bytes | None:
