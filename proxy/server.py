@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from policies.config import PolicyConfigError, TopicRouting, build_routing
 from protocol.error_codes import ErrorProfile
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, UnsupportedVersion
 from protocol.framing import BufferPool, Frame, FrameDecoder, size_prefix
 from protocol.headers import read_request_prefix
 from protocol.messages import (
@@ -389,7 +389,17 @@ class ClientConnection(asyncio.BufferedProtocol):
         correlation_id = _CORRELATION.unpack_from(payload)[0] if len(payload) >= 4 else None
         while self._awaiting_upstream and self._awaiting_upstream[0].silent:
             silent = self._awaiting_upstream.popleft()
-            if silent.correlation_id == correlation_id and self._answers_silent(silent, payload):
+            if silent.correlation_id != correlation_id:
+                continue
+            owner = self._answers_silent(silent, payload)
+            if owner is None:
+                self.abort(
+                    f"answer with correlation id {correlation_id} could be the acks=0 request's "
+                    "or a later one's: closing rather than guessing",
+                    reason="upstream_error",
+                )
+                return
+            if owner:
                 return  # the broker answered an acks=0 request: the client expects nothing
         if not self._awaiting_upstream:
             self.abort("upstream sent an answer nobody asked for", reason="upstream_error")
@@ -432,23 +442,34 @@ class ClientConnection(asyncio.BufferedProtocol):
             return payload
         return engine.answer(decision, payload)
 
-    def _answers_silent(self, silent: _Slot, payload: Frame) -> bool:
+    def _answers_silent(self, silent: _Slot, payload: Frame) -> bool | None:
         """Whether an answer carrying an acks=0 request's correlation id is that request's.
 
         Usually yes (Tansu answers acks=0 requests; Kafka does not). But ids need not be unique:
         when a later request awaiting its answer has the same id, the answer is the acks=0
-        request's only if it decodes as a Produce answer of that version, else it is the later
-        request's (a broker that never answers acks=0)."""
-        if not any(
-            not slot.silent and slot.correlation_id == silent.correlation_id
-            for slot in self._awaiting_upstream
-        ):
+        request's only if it decodes as its Produce answer, the later request's only if it
+        decodes as that one's; None when it decodes as both (the caller closes: never guess)."""
+        later = next(
+            (
+                slot
+                for slot in self._awaiting_upstream
+                if not slot.silent and slot.correlation_id == silent.correlation_id
+            ),
+            None,
+        )
+        if later is None:
             return True
         try:
             decode_response(payload, PRODUCE, silent.api_version)
         except ProtocolError:
             return False
-        return True
+        try:
+            decode_response(payload, later.api_key, later.api_version)
+        except UnsupportedVersion:
+            return None  # an API the proxy relays without decoding: it cannot tell
+        except ProtocolError:
+            return True
+        return None
 
     def _answer(self, slot: _Slot, payload: Frame) -> None:
         try:
