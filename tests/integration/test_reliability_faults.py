@@ -24,6 +24,7 @@ runs across every outage there.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import random
 import signal
@@ -70,7 +71,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 # ---- small servers for what Tansu cannot do ----
 
 
-class ThreadedServer:
+class ThreadedServer(abc.ABC):
     """A loopback TCP server: one accept thread, one thread per connection (`handle`)."""
 
     def __init__(self, port: int = 0) -> None:
@@ -165,9 +166,9 @@ class ThreadedServer:
             with contextlib.suppress(OSError):
                 conn.close()
 
+    @abc.abstractmethod
     def handle(self, conn: socket.socket) -> None:
         """What the server does with one connection: each test server below says."""
-        raise NotImplementedError  # every server in this file overrides it
 
 
 def read_frame(conn: socket.socket) -> bytes | None:
