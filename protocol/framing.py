@@ -215,11 +215,44 @@ class FrameDecoder:
 
     def _check_size(self, size: int) -> None:
         if size < 0:
-            raise NegativeSize(f"frame size {size} is negative")
+            raise NegativeSize(f"frame size {size} is negative{_foreign_hint(size)}")
         if size > self._max_frame_size:
             raise FrameTooLarge(
                 f"frame size {size} is larger than the maximum {self._max_frame_size}"
+                + _foreign_hint(size)
             )
+
+
+_FOREIGN_PREFIXES: Final = (
+    (b"HTTP", "HTTP (an HTTP server's answer)"),
+    (b"GET ", "HTTP (a request)"),
+    (b"POST", "HTTP (a request)"),
+    (b"PUT ", "HTTP (a request)"),
+    (b"HEAD", "HTTP (a request)"),
+    (b"PRI ", "HTTP/2"),
+    (b"SSH-", "SSH"),
+    (b"\x16\x03", "TLS (a handshake: one side uses TLS, the other does not)"),
+    (b"\x15\x03", "TLS (an alert: one side uses TLS, the other does not)"),
+)
+
+
+def foreign_protocol(prefix: bytes) -> str | None:
+    """The protocol a peer's first bytes look like when they are not Kafka (None: no guess).
+
+    A Kafka peer's first four bytes are a frame size; those of HTTP or TLS read as sizes far
+    above any maximum, so the size check is where a peer that does not speak Kafka shows."""
+    for start, name in _FOREIGN_PREFIXES:
+        if prefix.startswith(start):
+            return name
+    return None
+
+
+def _foreign_hint(size: int) -> str:
+    prefix = _SIZE.pack(size)
+    name = foreign_protocol(prefix)
+    if name is None:
+        return ""
+    return f": the peer does not speak Kafka (its first bytes {prefix!r} look like {name})"
 
 
 def write_frame(out: bytearray, payload: bytes | bytearray | memoryview) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from proxy.config import ProxyConfig
 from proxy.embedded import EmbeddedBroker, run_embedded_broker
 from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
-from proxy.server import ProxyServer, WorkerRole, build_routing_for
+from proxy.server import METADATA_RETRY_S, ProxyServer, WorkerRole, build_routing_for
+from proxy.signals import queue_sighup, take_queued_sighups
 
 log = logging.getLogger("kvproxy")
 
@@ -63,20 +64,18 @@ async def serve(
     result of each attempt ("success" or "failure")."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Every handler before any listener opens: a signal that comes early is never fatal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    sighup = _Sighup()
+    loop.add_signal_handler(signal.SIGHUP, sighup.received)
     watcher = None
     if worker is not None:  # a worker does not outlive its supervisor
         watcher = loop.create_task(_watch_parent(stop), name="kvproxy-parent-watch")
     reloader: ConfigReloader | None = None
     try:
         async with running_proxy(config, config_dir, worker) as server:
-            log.info(
-                "kvproxy ready: bootstrap %s:%s, broker ports from %s",
-                config.listen.public_host,
-                server.bootstrap_port,
-                config.listen.broker_port_base,
-            )
+            _log_started(server)
             if config_path is not None:
                 reloader = ConfigReloader(
                     server,
@@ -85,7 +84,8 @@ async def serve(
                     poll_interval=reload_poll_s,
                     on_result=_reload_listener(server, on_reload),
                 )
-                reloader.start()
+                reloader.start(sighup=False)
+                sighup.live(reloader)
             if worker is not None:  # listeners open, SIGHUP handled: the supervisor may count on it
                 worker.announce(server.metrics_port)
             flusher = loop.create_task(_flush_rejections(server), name="kvproxy-rejection-log")
@@ -95,17 +95,66 @@ async def serve(
                 await stop.wait()
             finally:
                 log.info("stopping: no new connections, draining in-flight requests")
+                sighup.stopping()
                 flusher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await flusher
                 if reloader is not None:
                     await reloader.stop()
         server.rejection_log.flush(everything=True)
+        log.info("kvproxy stopped")
     finally:
         if watcher is not None:
             watcher.cancel()
         if reloader is not None:
             reloader.close()  # rules replaced by a reload, once no request can still use them
+        loop.remove_signal_handler(signal.SIGHUP)
+        queue_sighup()  # until the process exits
+
+
+def _log_started(server: ProxyServer) -> None:
+    """ "ready" only once the cluster has answered; otherwise why not, while listeners serve."""
+    listen = server.config.listen
+    where = f"bootstrap {listen.public_host}:{server.bootstrap_port}, {listen.port_rule}"
+    if server.cluster_answered:
+        log.info("kvproxy ready: %s", where)
+    else:
+        log.warning(
+            "kvproxy listening (%s) but not ready: %s; asking again every %.0f s",
+            where,
+            server.cluster_problem or "the cluster has not answered",
+            METADATA_RETRY_S,
+        )
+
+
+class _Sighup:
+    """SIGHUP for the whole life of `serve`: queued until the configuration is live, then a
+    reload, and ignored (logged) while stopping. Never the default action, which kills."""
+
+    def __init__(self) -> None:
+        self._reloader: ConfigReloader | None = None
+        self._queued = take_queued_sighups()
+        if self._queued:
+            log.info("SIGHUP while starting: reloading once the configuration is live")
+        self._stopping = False
+
+    def received(self) -> None:
+        if self._stopping:
+            log.info("SIGHUP while stopping: ignored")
+        elif self._reloader is None:
+            self._queued += 1
+            log.info("SIGHUP before the configuration is live: reloading once it is")
+        else:
+            self._reloader.reload("SIGHUP")
+
+    def live(self, reloader: ConfigReloader) -> None:
+        self._reloader = reloader
+        if self._queued:
+            self._queued = 0
+            reloader.reload("SIGHUP")
+
+    def stopping(self) -> None:
+        self._stopping = True
 
 
 def _reload_listener(server: ProxyServer, also: ReloadListener | None) -> ReloadListener:

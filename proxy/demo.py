@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from protocol.messages import PRODUCE, decode_response, encode_request, make_req
 from protocol.records import build_batch, read_batch
 from proxy.app import running_proxy
 from proxy.config import ProxyConfig, parse_config
+from proxy.logs import RejectionEvent
 from proxy.server import ProxyServer
 
 DEMO_TOPIC = "kvproxy-demo"
@@ -64,8 +66,7 @@ def demo_config() -> ProxyConfig:
                 "host": "127.0.0.1",
                 "port": 0,
                 "broker_port_base": broker_port,
-                "lowest_node_id": TANSU_NODE_ID,
-                "max_brokers": 1,
+                "max_brokers": 1,  # node N -> broker_port + N mod 1: Tansu's one node
             },
             "upstream": {"embedded": True},
             "metrics": {"port": 0},
@@ -208,9 +209,24 @@ async def _demo(keep_running: bool) -> None:
         print(f"\n  kvproxy's own decoder on the flipped batch: {_verdict(bytes(corrupt))}")
         _print_metrics(server)
         if keep_running:
-            print(f"\nkvproxy stays up on {host}:{port}; Ctrl-C stops")
+            server.rejection_listeners.append(_print_rejection)
+            print(
+                f"\nkvproxy stays up on {host}:{port}; each rejection is printed as it happens; "
+                "Ctrl-C or SIGTERM stops",
+                flush=True,
+            )
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.Event().wait()
+
+
+def _print_rejection(event: RejectionEvent) -> None:
+    verb = "rejected" if event.enforced else "would reject (warn mode)"
+    client = f"client {event.client_id!r} at {event.client_address}"
+    print(
+        f"{verb}: {event.topic}-{event.partition} by {event.policy}: "
+        f"{error_name(event.code)} ({event.code}): {event.message} [{client}]",
+        flush=True,
+    )
 
 
 def _print_metrics(server: ProxyServer) -> None:
@@ -231,8 +247,19 @@ def _print_addresses(server: ProxyServer) -> None:
     print(f"kvproxy listener for node {TANSU_NODE_ID} on port {server.port_for(TANSU_NODE_ID)}")
 
 
+async def _until_signal(keep_running: bool) -> None:
+    """The demo, cancelled by SIGTERM (as Ctrl-C cancels it), so that whatever ends it, the
+    proxy and the embedded broker stop on the way out."""
+    loop = asyncio.get_running_loop()
+    demo = asyncio.current_task()
+    assert demo is not None
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, demo.cancel)
+    await _demo(keep_running)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kvproxy").setLevel(logging.ERROR)  # the demo prints what matters itself
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_demo(args.keep_running))
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        asyncio.run(_until_signal(args.keep_running))
     return 0

@@ -7,6 +7,7 @@ Kafka cluster. Tansu keeps data in memory only; it is a development aid, not a p
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from protocol.framing import FrameDecoder, frame
 from protocol.messages import API_VERSIONS, decode_response, encode_request, make_request
@@ -86,12 +87,38 @@ def run_embedded_broker(port: int | None = None) -> Iterator[EmbeddedBroker]:
         "memory://tansu/",
     ]
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509  (one foreign call, resolved before fork)
+        )
         try:
             _wait_ready(process, port, log)
             yield EmbeddedBroker(HOST, port)
         finally:
             _stop(process)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Any:
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+_PRCTL = _load_prctl()
+"""Looked up here, not in the child: between fork and exec only the call itself runs."""
+
+
+def _die_with_parent() -> None:
+    """In the broker's process, before it runs: be killed when kvproxy dies, however it dies
+    (SIGKILL included), so a development broker is never left running on its own. Linux only;
+    elsewhere the `finally` of `run_embedded_broker` is what stops it."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _wait_ready(process: subprocess.Popen[bytes], port: int, log: IO[bytes]) -> None:

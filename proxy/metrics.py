@@ -153,7 +153,14 @@ class ProxyMetrics:
             registry=r,
         )
         self.ready = Gauge(
-            "kvproxy_ready", "1 when at least one upstream broker is reachable", registry=r
+            "kvproxy_ready",
+            "1 when the cluster answered the proxy's last Metadata request",
+            registry=r,
+        )
+        self.unmapped_nodes = Gauge(
+            "kvproxy_unmapped_nodes",
+            "Broker nodes named by the cluster that have no proxy port (left out of answers)",
+            registry=r,
         )
 
     def watch_policy_crashes(self, source: Callable[[], dict[str, int]]) -> None:

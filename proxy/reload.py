@@ -121,12 +121,14 @@ class ConfigReloader:
 
     # ---- lifecycle ----
 
-    def start(self) -> None:
-        """Reload on SIGHUP and (when `poll_interval` > 0) on a change of the file."""
+    def start(self, *, sighup: bool = True) -> None:
+        """Reload on SIGHUP (unless `sighup` is False: the caller routes it to `reload`) and
+        (when `poll_interval` > 0) on a change of the file."""
         loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
-            self._sighup = True
+        if sighup:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
+                self._sighup = True
         if self.poll_interval > 0:
             self._watch_task = loop.create_task(self.watch(), name="kvproxy-config-watch")
 

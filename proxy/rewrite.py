@@ -36,8 +36,9 @@ from protocol.messages import (
 
 SASL_HANDSHAKE: Final = 17
 NodeAddress = tuple[str, int]
-PortFor = Callable[[int], int]
-"""Maps an upstream node id to the proxy port that stands for it."""
+PortFor = Callable[[int], int | None]
+"""Maps an upstream node id to the proxy port that stands for it; None: the node has none (the
+answer leaves it out, or names no coordinator)."""
 
 # APIs whose answers carry broker addresses, and the first version that does (where not all).
 _REWRITTEN_FROM: Final[Mapping[int, int]] = MappingProxyType(
@@ -127,9 +128,24 @@ def _rewrite_nodes(
         if node_id < 0:
             rewritten.append(node)
             continue
+        port = port_for(node_id)
+        if port is None:
+            if hasattr(node, "error_code"):  # a coordinator: "not available", which clients retry
+                rewritten.append(_no_coordinator(node))
+            continue  # a broker list: the node is left out, the others stay usable
         learned[node_id] = (node.host, int(node.port))
-        rewritten.append(dataclasses.replace(node, host=host, port=port_for(node_id)))
+        rewritten.append(dataclasses.replace(node, host=host, port=port))
     return tuple(rewritten)
+
+
+def _no_coordinator(node: Any) -> Any:
+    return dataclasses.replace(
+        node,
+        error_code=ErrorCode.coordinator_not_available,
+        node_id=type(node.node_id)(-1),
+        host="",
+        port=type(node.port)(-1),
+    )
 
 
 def _rewrite_body(

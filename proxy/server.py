@@ -7,8 +7,8 @@ Each client connection keeps a FIFO of slots, one per request that expects an an
 strictly in request order. acks=0 Produce requests get no slot, as a broker sends no answer.
 
 Port-per-broker: the bootstrap listener (`listen.port`) forwards to any live bootstrap server; the
-listener for upstream node N is `listen.broker_port_base + N - listen.lowest_node_id`, opened the
-first time an answer names node N.
+listener for upstream node N is `listen.broker_port_base + N mod listen.max_brokers` (or
+`+ N - listen.lowest_node_id` when that is set), opened the first time an answer names node N.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from protocol.messages import (
     supported_versions,
 )
 from protocol.produce import read_produce_acks
-from proxy.config import ProxyConfig
+from proxy.config import NodePortError, ProxyConfig, shared_port_problem
 from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
@@ -48,16 +48,20 @@ from proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine, Prod
 from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
+from proxy.upstream_client import describe_failure
 
 log = logging.getLogger("kvproxy")
 
 _CORRELATION = struct.Struct(">i")
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
 READINESS_INTERVAL_S = 5.0
+METADATA_RETRY_S = 1.0
+"""Until the cluster first answers Metadata, how often the proxy asks again."""
 REFUSAL_LOG_INTERVAL_S = 10.0
 """Refused connections are logged at most once per interval, with a count of the rest."""
 _SWEEP_MIN_S = 0.01
 _SWEEP_MAX_S = 5.0
+_MAX_UNMAPPED_LOGGED = 1_000
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
@@ -417,7 +421,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             server = self._server
             try:
                 payload, learned = rewrite_response(
-                    payload, slot.api_key, slot.api_version, server.public_host, server.port_for
+                    payload, slot.api_key, slot.api_version, server.public_host, server.port_or_none
                 )
             except (ProtocolError, ProxyError) as exc:
                 self.abort(
@@ -657,6 +661,10 @@ class ProxyServer:
         if not self._bootstrap:
             raise ProxyError("no bootstrap servers to connect to")
         self._nodes: dict[int, tuple[str, int]] = {}
+        self._port_owners: dict[int, int] = {}
+        """port -> the node id that claimed it first: the mapping never changes while running."""
+        self._unmapped: set[int] = set()
+        """Node ids the cluster named that have no port (each logged once)."""
         self._listeners: dict[int | None, asyncio.Server] = {}
         self._listener_lock = asyncio.Lock()
         self._clients: set[ClientConnection] = set()
@@ -695,6 +703,11 @@ class ProxyServer:
         self._readiness_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._ready_cache: tuple[float, bool, str] = (0.0, False, "not checked yet")
+        self._cluster_answer: str | None = None
+        """What the first Metadata answer said; None until the cluster has answered."""
+        self._cluster_problem: str | None = None
+        self.rejection_listeners: list[Callable[[RejectionEvent], None]] = []
+        """Told of every rejection as it happens, unthrottled (`kvproxy demo` prints them)."""
         self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
         """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
 
@@ -728,18 +741,19 @@ class ProxyServer:
                 self.metrics.topic(outcome.topic), policy, str(verdict.code)
             ).inc()
             self._quarantine(outcome, decision.api_version, client_id, peer)
-            self.rejection_log.rejected(
-                RejectionEvent(
-                    topic=outcome.topic,
-                    partition=outcome.index,
-                    policy=policy,
-                    code=verdict.code,
-                    message=verdict.message,
-                    client_id=client_id,
-                    client_address=peer,
-                    enforced=outcome.enforced,
-                )
+            event = RejectionEvent(
+                topic=outcome.topic,
+                partition=outcome.index,
+                policy=policy,
+                code=verdict.code,
+                message=verdict.message,
+                client_id=client_id,
+                client_address=peer,
+                enforced=outcome.enforced,
             )
+            self.rejection_log.rejected(event)
+            for listener in self.rejection_listeners:
+                listener(event)
 
     def _make_journal(self) -> Journal | None:
         settings = self.config.quarantine
@@ -883,14 +897,30 @@ class ProxyServer:
         return self.config.listen.public_host
 
     def port_for(self, node_id: int) -> int:
+        """The listener port of node `node_id`, claimed for it for the life of this process;
+        ProxyError when the mapping gives it none or another node holds that port."""
         listen = self.config.listen
-        index = node_id - listen.lowest_node_id
-        if not 0 <= index < listen.max_brokers:
-            raise ProxyError(
-                f"node id {node_id} is outside the proxy's broker port range "
-                f"(lowest_node_id {listen.lowest_node_id}, max_brokers {listen.max_brokers})"
-            )
-        return listen.broker_port_base + index
+        try:
+            port = listen.broker_port(node_id)
+        except NodePortError as exc:
+            raise ProxyError(str(exc)) from None
+        owner = self._port_owners.setdefault(port, node_id)
+        if owner != node_id:
+            raise ProxyError(shared_port_problem(owner, node_id, port, listen.max_brokers))
+        return port
+
+    def port_or_none(self, node_id: int) -> int | None:
+        """As `port_for`, but None (logged once per node) for a node with no port: answers to
+        clients leave such a node out rather than fail, so the other brokers stay usable."""
+        try:
+            return self.port_for(node_id)
+        except ProxyError as exc:
+            if node_id not in self._unmapped:
+                if len(self._unmapped) < _MAX_UNMAPPED_LOGGED:
+                    self._unmapped.add(node_id)
+                log.error("%s; answers to clients leave node %d out", exc, node_id)
+            self.metrics.unmapped_nodes.set(len(self._unmapped))
+            return None
 
     @property
     def bootstrap_port(self) -> int:
@@ -955,9 +985,10 @@ class ProxyServer:
             try:
                 upstream = await self._connect(client, host, port)
             except (OSError, TimeoutError) as exc:
-                errors.append(f"{host}:{port}: {exc}")
+                why = describe_failure(exc, self.config.upstream.connect_timeout_ms / 1000)
+                errors.append(f"{host}:{port}: {why}")
                 self.metrics.connect_failures.labels(f"{host}:{port}").inc()
-                log.warning("upstream %s:%s unreachable: %s", host, port, exc)
+                log.warning("upstream %s:%s unreachable: %s", host, port, why)
                 continue
             self._upstreams += 1
             self.metrics.upstream_connections.inc()
@@ -981,22 +1012,52 @@ class ProxyServer:
         upstream.transport.set_write_buffer_limits(high=self.config.limits.write_buffer_high_bytes)
         return upstream
 
-    async def _refresh_nodes(self) -> None:
-        """Ask a bootstrap server for Metadata: a client may reach a broker listener before the
-        proxy (restarted, say) has seen an answer naming that broker."""
+    async def _refresh_nodes(self, *, strict: bool = False) -> bool:
+        """Ask a bootstrap server for Metadata and learn the brokers it names; True when one
+        answered. A client may reach a broker listener before the proxy (restarted, say) has
+        seen an answer naming that broker.
+
+        `strict` (at start): a node with no port raises ProxyError, so `serve` refuses to run
+        rather than serve part of the cluster; later such a node is logged and left out."""
         from proxy.upstream_client import fetch_broker_addresses  # noqa: PLC0415
 
+        timeout = self.config.upstream.connect_timeout_ms / 1000
+        problems = []
         for host, port in self._bootstrap:
             try:
-                nodes = await fetch_broker_addresses(
-                    host, port, self._upstream_ssl, self.config.upstream.connect_timeout_ms / 1000
-                )
+                nodes = await fetch_broker_addresses(host, port, self._upstream_ssl, timeout)
             except (OSError, TimeoutError, ProtocolError) as exc:
-                log.warning("metadata from %s:%s failed: %s", host, port, exc)
+                problems.append(
+                    f"metadata from {host}:{port} failed: {describe_failure(exc, timeout)}"
+                )
                 continue
-            for node_id, address in nodes.items():
-                await self.learn_node(node_id, address)
-            return
+            for node_id, address in sorted(nodes.items()):
+                if strict:
+                    await self.learn_node(node_id, address)
+                elif self.port_or_none(node_id) is not None:
+                    with contextlib.suppress(ProxyError, OSError):
+                        await self.learn_node(node_id, address)
+            late = self._cluster_answer is None and self._cluster_problem is not None
+            self._cluster_answer = f"the cluster answered: {len(nodes)} broker(s) at {host}:{port}"
+            self._cluster_problem = None
+            if late:  # serve logged "not ready" at start: say when that ended
+                log.info("kvproxy ready: %s", self._cluster_answer)
+            return True
+        problem = "; ".join(problems)
+        if problem != self._cluster_problem:  # each new reason once, not every retry
+            log.warning("%s", problem)
+        self._cluster_problem = problem
+        return False
+
+    @property
+    def cluster_answered(self) -> bool:
+        """Whether a bootstrap server has answered the proxy's Metadata request."""
+        return self._cluster_answer is not None
+
+    @property
+    def cluster_problem(self) -> str | None:
+        """Why the last Metadata request failed (None after an answer)."""
+        return self._cluster_problem
 
     # ---- lifecycle ----
 
@@ -1015,7 +1076,7 @@ class ProxyServer:
                 else "",
             )
         await self._ensure_listener(None)
-        await self._refresh_nodes()
+        await self._refresh_nodes(strict=True)
         settings = self.config.metrics
         if settings.enabled:
             try:
@@ -1053,10 +1114,13 @@ class ProxyServer:
             self._log_refusals(now)
 
     async def _watch_readiness(self) -> None:
-        """Keep `kvproxy_ready` current even when nothing polls /readyz."""
+        """Keep `kvproxy_ready` current even when nothing polls /readyz; until the cluster has
+        answered a Metadata request, ask again every `METADATA_RETRY_S`."""
         while not self._stopping:
+            if not self.cluster_answered:
+                await self._refresh_nodes()
             await self.readiness()
-            await asyncio.sleep(READINESS_INTERVAL_S)
+            await asyncio.sleep(READINESS_INTERVAL_S if self.cluster_answered else METADATA_RETRY_S)
 
     @property
     def metrics_port(self) -> int | None:
@@ -1065,12 +1129,17 @@ class ProxyServer:
         return int(self._http.sockets[0].getsockname()[1])
 
     async def readiness(self) -> tuple[bool, str]:
-        """Ready when the configuration is loaded and at least one bootstrap server accepts a
-        connection (checked at most once a second)."""
+        """Ready once the cluster has answered the proxy's Metadata request and while at least
+        one bootstrap server accepts a connection (checked at most once a second)."""
         loop = asyncio.get_running_loop()
         checked_at, ready, why = self._ready_cache
         if loop.time() - checked_at < 1.0:
             return ready, why
+        if not self.cluster_answered:
+            why = f"not ready: {self._cluster_problem or 'the cluster has not answered yet'}"
+            self._ready_cache = (loop.time(), False, why)
+            self.metrics.ready.set(0)
+            return False, why
         ready, why = False, "no upstream reachable"
         timeout = min(1.0, self.config.upstream.connect_timeout_ms / 1000)
         for host, port in self._bootstrap:

@@ -11,6 +11,24 @@ from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.messages import METADATA, decode_response, encode_request, make_request
 
+
+def describe_failure(exc: BaseException, timeout_s: float) -> str:
+    """Why a request to the cluster failed, in words: never empty (a timeout's own text is)."""
+    if isinstance(exc, TimeoutError):
+        return (
+            f"no answer within upstream.connect_timeout_ms ({timeout_s * 1000:.0f} ms): the "
+            "address accepts nothing, or the peer does not answer Kafka requests"
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed: {exc.reason or exc}"
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ProtocolError):
+        return f"the answer is not Kafka's: {text}"
+    return text
+
+
 _METADATA_VERSION = 1  # every broker since 0.10 answers it; enough for node ids and addresses
 
 
