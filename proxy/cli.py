@@ -6,11 +6,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import ProtocolError
 from proxy import demo, dump, quarantine_cli
 from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.signals import queue_sighup
 
 
 def _add_serve(subparsers: Any) -> None:
@@ -45,6 +48,12 @@ def _add_serve(subparsers: Any) -> None:
 def _add_check(subparsers: Any) -> None:
     parser = subparsers.add_parser("check", help="validate a configuration file without serving")
     parser.add_argument("-c", "--config", required=True, help="YAML configuration file")
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="also ask the cluster for its brokers and show the proxy port of each (exit 2 when "
+        "a node would have none, as serve would refuse to start)",
+    )
     parser.set_defaults(func=_check)
 
 
@@ -54,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.server import ProxyError, WorkerRole  # noqa: PLC0415
     from proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
 
+    queue_sighup()  # before anything else: a SIGHUP while starting is not fatal
     configure_logging(args.log_format, worker=args.worker_index)
     path = Path(args.config)
     worker = None
@@ -100,14 +110,11 @@ def describe(config: ProxyConfig) -> list[str]:
         else ", ".join(upstream.bootstrap_servers)
     )
     limits = config.limits
-    first = listen.broker_port_base
-    last = first + listen.max_brokers - 1
     return [
         f"bootstrap listener: {listen.host}:{listen.port}"
         + (" (TLS)" if listen.tls else "")
         + f", advertised as {listen.public_host}",
-        f"broker listeners: node N -> port {first} + (N - {listen.lowest_node_id}), "
-        f"ports {first}-{last}",
+        f"broker listeners: {listen.port_rule}",
         f"upstream: {source}" + (" (TLS)" if upstream.tls else ""),
         f"limits: frames up to {limits.max_frame_bytes} bytes, "
         f"{limits.max_in_flight_requests} requests in flight per connection, "
@@ -139,7 +146,54 @@ def _check(args: argparse.Namespace) -> int:
         names = ", ".join(rule.policy_names) or "none"
         print(f"    {pattern}: mode {rule.mode.value}, compacted {compacted}, policies: {names}")
     routing.close()
+    if getattr(args, "connect", False):
+        return _check_cluster(config)
     return 0
+
+
+def _check_cluster(config: ProxyConfig) -> int:
+    """What `serve` would do with the cluster's brokers: each node's proxy port, or why a node
+    has none. 0: every node has a port; 1: the cluster did not answer; 2: a node has no port."""
+    import asyncio  # noqa: PLC0415
+
+    from proxy.embedded import run_embedded_broker  # noqa: PLC0415
+    from proxy.server import _upstream_side_ssl  # noqa: PLC0415
+    from proxy.upstream_client import describe_failure, fetch_broker_addresses  # noqa: PLC0415
+
+    timeout = config.upstream.connect_timeout_ms / 1000
+    context = _upstream_side_ssl(config)
+
+    def ask(servers: tuple[tuple[str, int], ...]) -> dict[int, tuple[str, int]] | None:
+        for host, port in servers:
+            try:
+                return asyncio.run(fetch_broker_addresses(host, port, context, timeout))
+            except (OSError, TimeoutError, ProtocolError) as exc:
+                print(
+                    f"  cluster: metadata from {host}:{port} failed: "
+                    f"{describe_failure(exc, timeout)}"
+                )
+        return None
+
+    if config.upstream.embedded:
+        with run_embedded_broker() as broker:
+            nodes = ask(((broker.host, broker.port),))
+    else:
+        nodes = ask(config.upstream.addresses())
+    if nodes is None:
+        print(
+            "kvproxy: the cluster did not answer: serve would listen but not be ready",
+            file=sys.stderr,
+        )
+        return 1
+    listen = config.listen
+    ports, problems = listen.plan_ports(sorted(nodes))
+    print(f"  cluster: {len(nodes)} broker(s)")
+    for node_id, (host, port) in sorted(nodes.items()):
+        if node_id in ports:
+            print(f"    node {node_id} at {host}:{port} -> {listen.public_host}:{ports[node_id]}")
+    for problem in problems:
+        print(f"kvproxy: {problem}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 AddCommand = Callable[[Any], None]
@@ -150,6 +204,12 @@ def build_parser(extra_commands: Sequence[AddCommand] = ()) -> argparse.Argument
     parser = argparse.ArgumentParser(
         prog="kvproxy", description="Kafka validation proxy: decode, check and relay Kafka traffic"
     )
+    # The installed distribution's version, so that it cannot drift from what pip installed.
+    try:
+        version = metadata.version("kafka-validation-proxy")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
     _add_check(subparsers)

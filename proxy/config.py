@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +31,19 @@ from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 class ConfigError(ValueError):
     """The configuration file cannot be used; the message says where and why."""
+
+
+class NodePortError(ValueError):
+    """A broker node has no listener port under the configured mapping."""
+
+
+def shared_port_problem(owner: int, node_id: int, port: int, max_brokers: int) -> str:
+    """Why `node_id` gets no port: `owner` holds it (ids equal modulo `max_brokers`)."""
+    return (
+        f"node {node_id} has no port: port {port} is node {owner}'s (node ids {owner} and "
+        f"{node_id} are equal modulo max_brokers {max_brokers}); set listen.lowest_node_id "
+        "and listen.max_brokers so that every node id fits"
+    )
 
 
 class _Section(BaseModel):
@@ -74,7 +87,12 @@ class ListenConfig(_Section):
     port: int = Field(default=9192, ge=0, le=65535)
     advertised_host: str | None = None
     broker_port_base: int = Field(default=9193, ge=0, le=65535)
-    lowest_node_id: int = Field(default=0, ge=0)
+    lowest_node_id: int | None = Field(default=None, ge=0)
+    """Unset (the default): node N listens on `broker_port_base + N mod max_brokers`, which needs
+    no knowledge of the cluster and is the same in every process and after every restart; it
+    serves any cluster whose node ids differ modulo `max_brokers` (0-99, 1001-1003, 1-3, ...).
+    Set: node N listens on `broker_port_base + N - lowest_node_id`, and a node id outside
+    `[lowest_node_id, lowest_node_id + max_brokers)` has no port."""
     max_brokers: int = Field(default=100, ge=1, le=10000)
     tls: ListenerTls | None = None
 
@@ -82,6 +100,47 @@ class ListenConfig(_Section):
     def public_host(self) -> str:
         """The host clients are told to connect to."""
         return self.advertised_host or self.host
+
+    @property
+    def port_rule(self) -> str:
+        """How node ids map to ports, in words (for `kvproxy check` and errors)."""
+        first, last = self.broker_port_base, self.broker_port_base + self.max_brokers - 1
+        if self.lowest_node_id is None:
+            return f"node N -> port {first} + (N mod {self.max_brokers}), ports {first}-{last}"
+        return f"node N -> port {first} + (N - {self.lowest_node_id}), ports {first}-{last}"
+
+    def broker_port(self, node_id: int) -> int:
+        """The listener port of node `node_id`; NodePortError when the mapping gives it none."""
+        if self.lowest_node_id is None:
+            return self.broker_port_base + node_id % self.max_brokers
+        index = node_id - self.lowest_node_id
+        if not 0 <= index < self.max_brokers:
+            raise NodePortError(
+                f"node id {node_id} is outside the proxy's broker port range "
+                f"(lowest_node_id {self.lowest_node_id}, max_brokers {self.max_brokers}): "
+                "leave listen.lowest_node_id unset, or set it and listen.max_brokers so that "
+                "every node id of the cluster fits"
+            )
+        return self.broker_port_base + index
+
+    def plan_ports(self, node_ids: Iterable[int]) -> tuple[dict[int, int], list[str]]:
+        """node id -> port for every node that gets one, and why the others do not (a port
+        taken by a node that came earlier in `node_ids`, or no port at all)."""
+        ports: dict[int, int] = {}
+        owners: dict[int, int] = {}
+        problems: list[str] = []
+        for node_id in node_ids:
+            try:
+                port = self.broker_port(node_id)
+            except NodePortError as exc:
+                problems.append(str(exc))
+                continue
+            owner = owners.setdefault(port, node_id)
+            if owner != node_id:
+                problems.append(shared_port_problem(owner, node_id, port, self.max_brokers))
+                continue
+            ports[node_id] = port
+        return ports, problems
 
     @model_validator(mode="after")
     def _ports_fit(self) -> ListenConfig:
@@ -195,7 +254,7 @@ class ShutdownConfig(_Section):
 
 
 class ErrorsConfig(_Section):
-    """How rejections are answered (DESIGN.md's error table)."""
+    """How rejections are answered (docs/configuration.md, `errors`)."""
 
     profile: Literal["kafka", "kip"] = "kafka"
     legacy_below: int = Field(default=3, ge=0, le=13)
