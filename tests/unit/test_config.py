@@ -24,7 +24,7 @@ def test_defaults() -> None:
     listen = config.listen
     assert (listen.host, listen.port, listen.advertised_host) == ("127.0.0.1", 9192, None)
     assert listen.public_host == "127.0.0.1"
-    assert (listen.broker_port_base, listen.lowest_node_id, listen.max_brokers) == (9193, 0, 100)
+    assert (listen.broker_port_base, listen.lowest_node_id, listen.max_brokers) == (9193, None, 100)
     assert listen.tls is None
     assert config.upstream.bootstrap_servers == ("kafka:9092",)
     assert config.upstream.embedded is False
