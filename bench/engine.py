@@ -23,10 +23,10 @@ median and the shortest loop are printed and kept in the results file too. A fre
 request, and every verdict is asserted to be an accept, so no fast rejection is ever timed.
 "fraction" is the figure over its limit: batch-level GB/s over CRC32C GB/s; chains that decode
 records and whole requests over CRC32C + the C parser reading timestamp and key (the least native
-work they must do); record-level records/s over the C parser counting records (the DESIGN.md
-target: >= 2 M records/s, >= 40% of it); with a codec, over decompressing + counting. The machine
-is shared and noisy: compare fractions, not absolute figures across runs. Figures are written to
-bench/results/engine.json.
+work they must do); record-level records/s over the C parser counting records (the target in
+docs/benchmarks.md: >= 2 M records/s, >= 40% of it); with a codec, over decompressing +
+counting. The machine is shared and noisy: compare fractions, not absolute figures across runs.
+Figures are written to bench/results/engine.json.
 
     .venv/bin/python bench/engine.py [--quick] [--seconds 0.2] [--repeats 5] [--profile]
 

@@ -24,9 +24,9 @@ this machine, which dominates the paced figures; one request at a time shows wha
 two extra hops and its own work add when nothing else is queued.
 
 How to read it: p50/p99/p99.9 of each side over all its slices, and the added latency (proxy minus
-direct at each percentile); targets (DESIGN.md "Performance targets"): added p50 <= 0.2 ms, added
-p99 <= 1 ms. `achieved` is the measured produce() rate and `send lag` how late the calls were
-against their schedule (a late record is measured from its actual call).
+direct at each percentile); targets (docs/benchmarks.md, "Results against the targets"): added
+p50 <= 0.2 ms, added p99 <= 1 ms. `achieved` is the measured produce() rate and `send lag` how
+late the calls were against their schedule (a late record is measured from its actual call).
 
     .venv/bin/python bench/latency.py [--rate 5000] [--seconds 30] [--slices 3] [--warmup 1]
         [--record-bytes 1024] [--quick]

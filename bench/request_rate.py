@@ -9,13 +9,13 @@ must then hold all N records (`check_stored`); through the proxy, its
 `kvproxy_requests_total{api="produce"}` counter must have grown by N. Any error fails the
 benchmark.
 
-Direct and proxied runs alternate (fixed duration each, default 10 s); the figures are medians of
-3 rounds. How to read it: `ratio` = proxied requests/s / direct requests/s, target >= 0.8
-(DESIGN.md "Performance targets"); `proxy CPU` is the proxy's user+system CPU seconds per 100,000
-requests, `Tansu CPU` the broker's, for scale. `client CPU` is the load generator's share of a
-core: well below 1 means it waits on the server, so the server side sets the figure. One client
-process is the default: on a 2-core machine, more processes only take CPU from the servers (four
-processes measured a lower direct rate than one).
+Direct and proxied runs alternate (fixed duration each, default 10 s); the figures are medians of 3
+rounds. How to read it: `ratio` = proxied requests/s / direct requests/s, target >= 0.8
+(docs/benchmarks.md, "Results against the targets"); `proxy CPU` is the proxy's user+system CPU
+seconds per 100,000 requests, `Tansu CPU` the broker's, for scale. `client CPU` is the load
+generator's share of a core: well below 1 means it waits on the server, so the server side sets the
+figure. One client process is the default: on a 2-core machine, more processes only take CPU from
+the servers (four processes measured a lower direct rate than one).
 
     .venv/bin/python bench/request_rate.py [--seconds 10] [--rounds 3] [--connections 4]
         [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--quick]

@@ -20,13 +20,13 @@ be active.
 
 How to read it: MB/s is the producer's client-side rate (value bytes, 10^6 bytes per MB, from the
 first produce() to flush() returning). The ratios divide each median by direct's median from the
-same run, which is what the targets in DESIGN.md are about (>= 0.9 default, >= 0.8 record-level);
-the absolute MB/s move with the machine's load; "round ratios" divide each run by direct's run of
-the same round, a second reading. "CPU s/GiB" is user + system CPU during a run divided by the GiB
-sent, for the proxy process, the broker and the producer (this process, librdkafka's threads
-included): CPU seconds per GiB / 1.07 = cores busy at 1 GB/s. Two cores are shared by all three,
-so whatever the proxy burns is taken from the broker and the producer.
-Figures go to bench/results/throughput.json.
+same run, which is what the targets in docs/benchmarks.md are about (>= 0.9 default, >= 0.8
+record-level); the absolute MB/s move with the machine's load; "round ratios" divide each run by
+direct's run of the same round, a second reading. "CPU s/GiB" is user + system CPU during a run
+divided by the GiB sent, for the proxy process, the broker and the producer (this process,
+librdkafka's threads included): CPU seconds per GiB / 1.07 = cores busy at 1 GB/s. Two cores are
+shared by all three, so whatever the proxy burns is taken from the broker and the producer. Figures
+go to bench/results/throughput.json.
 
     .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick]
 """

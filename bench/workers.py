@@ -54,7 +54,7 @@ from throughput import (
 
 BARRIER_TIMEOUT = 60.0
 RESULT_TIMEOUT = 300.0
-TARGET_NOTE = "no target in DESIGN.md; 2 cores shared by broker, producers and proxy"
+TARGET_NOTE = "no target in docs/benchmarks.md; 2 cores shared by broker, producers and proxy"
 
 
 def workers_flag_available() -> bool:

@@ -1,10 +1,11 @@
 """Kafka error codes: one table for everything the project emits or reads.
 
 The names, numbers and retriable flags come from kio's `ErrorCode`, which is generated from
-Kafka's own `Errors.java`; this module adds the two answer profiles of DESIGN.md. The `kafka`
-profile uses the released codes; the `kip` profile uses the numbers of the KIP drafts the project
-grew from (KIP-135's INVALID_RECORD_KEY = 45, the KIP-467 draft's INVALID_RECORD = 85), which
-released clients read as OUT_OF_ORDER_SEQUENCE_NUMBER and NO_REASSIGNMENT_IN_PROGRESS.
+Kafka's own `Errors.java`; this module adds the two answer profiles (`errors.profile` in
+docs/configuration.md). The `kafka` profile uses the released codes; the `kip` profile uses the
+numbers of the KIP drafts the project grew from (KIP-135's INVALID_RECORD_KEY = 45, the KIP-467
+draft's INVALID_RECORD = 85), which released clients read as OUT_OF_ORDER_SEQUENCE_NUMBER and
+NO_REASSIGNMENT_IN_PROGRESS.
 """
 
 from __future__ import annotations

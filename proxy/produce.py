@@ -320,7 +320,8 @@ class ProduceEngine:
         )
 
     def answer_code(self, verdict: Verdict, version: int) -> int:
-        """The code a client of this Produce version receives for `verdict` (DESIGN.md's table)."""
+        """The code a client of this Produce version receives for `verdict` (`errors` in
+        docs/configuration.md)."""
         code = verdict.code
         rejection = getattr(verdict, "rejection", None)
         if self.settings.profile is ErrorProfile.KIP and rejection is not None:

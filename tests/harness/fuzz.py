@@ -697,7 +697,7 @@ def split_frames(wire: bytes, max_frame: int) -> tuple[list[bytes], bool, bool]:
 
 
 def expected_answers(wire: bytes, max_frame: int) -> Expectation:
-    """The answers a correct proxy gives to `wire`, per DESIGN.md's data flow.
+    """The answers a correct proxy gives to `wire`, per the data flow of docs/architecture.md.
 
     A frame shorter than a request prefix, a Produce request that does not decode, or a bad size
     prefix ends the connection; an acks=0 Produce request gets no answer; every other complete

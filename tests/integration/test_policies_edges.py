@@ -71,7 +71,8 @@ def build_batch_with_timestamp(value: bytes, timestamp: int) -> bytes:
 def test_idempotent_batch_below_magic_2_keeps_43_on_produce_v2(
     tansu: Broker, make_topic: Any
 ) -> None:
-    """DESIGN.md: UNSUPPORTED_FOR_MESSAGE_FORMAT is the v0-v2 answer, not the legacy code."""
+    """UNSUPPORTED_FOR_MESSAGE_FORMAT is the v0-v2 answer, not the legacy code (`errors` in
+    docs/configuration.md)."""
     topic = make_topic(1)
     policies = {"policies": [{"message_format": {"topic_magic": 1}}]}
     raw = batch(b"idem", producer_id=4000, producer_epoch=0, base_sequence=0)

@@ -21,7 +21,7 @@ from tests.pipeline.segments import (
     write_segment,
 )
 
-# folder -> (batches, records), from ../shared/testdata/README.md
+# folder -> (batches, records), from tests/data/README.md
 README_COUNTS = {
     "cities-0": (11, 11),
     "__consumer_offsets-0": (2, 2),

@@ -1,4 +1,4 @@
-"""The error table and the two answer profiles of DESIGN.md."""
+"""The error table and the two answer profiles (`errors` in docs/configuration.md)."""
 
 from __future__ import annotations
 
