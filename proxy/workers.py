@@ -342,15 +342,17 @@ async def supervise(config: ProxyConfig, settings: WorkerSettings) -> None:
             except OSError as exc:
                 log.error("metrics endpoint %s:%s unavailable: %s", metrics.host, metrics.port, exc)
         log.info(
-            "kvproxy ready: %d workers sharing bootstrap %s:%s, broker ports from %s",
+            "kvproxy workers started: %d sharing bootstrap %s:%s, %s (each says when it is "
+            "ready; /readyz on the metrics port sums them up)",
             settings.count,
             config.listen.public_host,
             config.listen.port,
-            config.listen.broker_port_base,
+            config.listen.port_rule,
         )
         await stop.wait()
         log.info("stopping: SIGTERM to every worker, each drains its in-flight requests")
         await supervisor.stop()
+        log.info("kvproxy stopped")
     finally:
         if http is not None:
             http.close()

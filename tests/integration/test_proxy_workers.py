@@ -467,6 +467,8 @@ def test_sigterm_stops_the_supervisor_and_every_worker(workers: Supervisor) -> N
     assert "stopping: SIGTERM to every worker" in text
     for index in range(WORKERS):
         assert f"kvproxy[worker {index}]: stopping: no new connections" in text, text
+        assert f"kvproxy[worker {index}]: kvproxy stopped" in text, text
+    assert text.rstrip().endswith("kvproxy: kvproxy stopped"), text  # the supervisor, last
 
 
 # ---- processes of their own ----
