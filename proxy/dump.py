@@ -3,7 +3,10 @@
 A PATH is a segment file or a `<topic>-<partition>` directory (its `*.log` files, in base-offset
 order). A corrupt or truncated file is reported on stderr with the byte position of the first bad
 batch and the scan goes on with the next file; a batch with a bad CRC is reported too, and the
-file's later batches are still read. The exit code is 1 if any file had errors, else 0.
+file's later batches are still read. A PATH that does not exist is reported and exits 2 (a usage
+error, as a bad argument); a directory with no `*.log` file is reported too, so that a mistyped
+folder is never taken for an empty log. Otherwise the exit code is 1 if any file had errors or any
+directory had no segment, else 0. Every existing PATH is dumped in any case.
 """
 
 from __future__ import annotations
@@ -87,12 +90,24 @@ def _base_offset_key(path: Path) -> tuple[int, str]:
 def run(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     summary = DumpSummary()
-    for path in segment_files(list(args.paths)):
-        _dump_file(path, summary, out=out, text=not args.json, with_records=args.records)
+    missing = without_segments = False
+    for path in args.paths:
+        if not path.exists():
+            print(f"kvproxy dump: {path}: no such file or directory", file=sys.stderr)
+            missing = True
+            continue
+        files = list(segment_files([path]))
+        if not files:
+            print(f"kvproxy dump: no Kafka log segments (*.log) in {path}", file=sys.stderr)
+            without_segments = True
+        for file in files:
+            _dump_file(file, summary, out=out, text=not args.json, with_records=args.records)
     if args.json:
         json.dump(summary.as_json(), out)
         out.write("\n")
-    return 1 if summary.errors else 0
+    if missing:
+        return 2
+    return 1 if summary.errors or without_segments else 0
 
 
 def _dump_file(

@@ -183,9 +183,33 @@ def test_segment_files_in_base_offset_order(tmp_path: Path) -> None:
     ]
 
 
-def test_missing_file_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, result, err = summary(capsys, tmp_path / "nope.log", KAFKA_LOGS / "cities-0")
-    assert code == 1 and result["batches"] == 11 and "nope.log" in err
+def test_missing_path_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Exit 2, like a bad argument; the other paths are still dumped."""
+    missing = tmp_path / "nope.log"
+    code, result, err = summary(capsys, missing, KAFKA_LOGS / "cities-0")
+    assert code == 2 and result["batches"] == 11
+    assert err == f"kvproxy dump: {missing}: no such file or directory\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvproxy.cli", "dump", str(missing)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr == f"kvproxy dump: {missing}: no such file or directory\n", done
+
+
+def test_folder_without_segments_is_an_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "00000000000000000000.index").write_bytes(b"")
+    code, out, err = run_dump(capsys, tmp_path)
+    assert (code, out) == (1, "")
+    assert err == f"kvproxy dump: no Kafka log segments (*.log) in {tmp_path}\n"
+    code, result, err = summary(capsys, tmp_path, KAFKA_LOGS / "cities-0")
+    assert code == 1 and result["batches"] == 11 and str(tmp_path) in err
 
 
 def test_preview() -> None:
