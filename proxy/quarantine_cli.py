@@ -4,6 +4,7 @@ The commands read the journal while a proxy may be writing it (they never trunca
 `replay` re-checks entries with the current policies and produces what now passes straight to
 the cluster; each replayed entry's id is appended to `replayed.ids` in the journal folder (one
 line each, a file of its own so the proxy's writer is never raced), and is never replayed again.
+It exits 1 while some entries still fail, so that a script can tell a partial replay from a whole.
 """
 
 from __future__ import annotations
@@ -104,6 +105,29 @@ def replayed_ids(directory: Path) -> set[str]:
     return ids
 
 
+def record_count(records: bytes) -> int | None:
+    """How many records an entry holds (batch headers; a magic 0/1 wrapper is decompressed);
+    None when its bytes do not decode, as a batch refused for a bad CRC may not."""
+    count = 0
+    try:
+        for batch in iter_batches(records):
+            if batch.record_count < 0:
+                return None
+            count += batch.record_count
+    except ProtocolError:
+        return None
+    return count
+
+
+def _records_label(entries: list[QuarantineEntry]) -> tuple[str, int]:
+    """The records of `entries` ("12", or "10+?" when some do not decode) and the number of
+    entries whose records do not decode."""
+    counts = [record_count(entry.records) for entry in entries]
+    known = sum(count for count in counts if count is not None)
+    unknown = counts.count(None)
+    return (f"{known}+?" if unknown else str(known)), unknown
+
+
 def _list(args: argparse.Namespace) -> int:
     directory, _ = _journal_dir(args)
     replayed = replayed_ids(directory)
@@ -114,16 +138,28 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{directory}: no entries")
         return 0
     print(f"{directory}:")
-    print(f"  {'topic':<24} {'policy':<16} {'code':<28} {'kind':<8} entries  replayed  from .. to")
+    print(
+        f"  {'topic':<24} {'policy':<16} {'code':<28} {'kind':<8} "
+        "entries  replayed  records  from .. to"
+    )
     for (topic, policy, code, kind), entries in sorted(groups.items()):
         done = sum(1 for e in entries if e.id in replayed)
-        span = f"{_format_time(entries[0].time_ms)} .. {_format_time(entries[-1].time_ms)}"
+        # min and max, not first and last: with workers, entries come one worker after another.
+        times = [e.time_ms for e in entries]
+        span = f"{_format_time(min(times))} .. {_format_time(max(times))}"
         label = f"{code} {error_name(code)}"
+        records, _ = _records_label(entries)
         print(
-            f"  {topic:<24} {policy:<16} {label:<28} {kind:<8} {len(entries):>7}  {done:>8}  {span}"
+            f"  {topic:<24} {policy:<16} {label:<28} {kind:<8} {len(entries):>7}  {done:>8}  "
+            f"{records:>7}  {span}"
         )
-    total = sum(len(e) for e in groups.values())
-    print(f"  {total} entries")
+    everything = [entry for entries in groups.values() for entry in entries]
+    records, unknown = _records_label(everything)
+    total = f"  {len(everything)} entries, {records} records"
+    if unknown:
+        holds = "entry holds" if unknown == 1 else "entries hold"
+        total += f" ({unknown} {holds} bytes that do not decode: see `show`)"
+    print(total)
     return 0
 
 
@@ -176,6 +212,9 @@ def _replay(args: argparse.Namespace) -> int:
     directory, config = _journal_dir(args)
     if config is None:
         raise ConfigError("replay needs -c FILE: the current policies and the cluster")
+    if not directory.is_dir():
+        # A mistyped folder must not pass for a journal with nothing to replay.
+        raise ConfigError(f"{directory}: no such journal folder")
     config_dir = Path(args.config).resolve().parent
     return asyncio.run(_replay_async(args, directory, config, config_dir))
 
@@ -204,7 +243,10 @@ async def _replay_async(
         cleanup = policies.get(args.topic)
         compacted = cleanup is not None and "compact" in cleanup
     passed = failed = 0
-    with open(directory / REPLAYED_FILE, "a", encoding="utf-8") as marks:
+    # (topic, partition, leader "host:port") -> entries produced there
+    written: collections.Counter[tuple[str, int, str]] = collections.Counter()
+    marks_path = (directory / REPLAYED_FILE).resolve()
+    with open(marks_path, "a", encoding="utf-8") as marks:
         for entry in pending:
             verdict = _check(routing, entry, compacted)
             if not verdict.ok:
@@ -215,7 +257,7 @@ async def _replay_async(
                     f"{verdict.message}"
                 )
                 continue
-            error = await _produce(bootstrap, ssl_context, timeout, entry)
+            leader, error = await _produce(bootstrap, ssl_context, timeout, entry)
             if error:
                 failed += 1
                 print(f"{entry.id} {entry.topic}-{entry.partition}: not written: {error}")
@@ -224,14 +266,25 @@ async def _replay_async(
             marks.flush()
             os.fsync(marks.fileno())
             passed += 1
-            print(f"{entry.id} {entry.topic}-{entry.partition}: passes now, replayed")
+            written[(entry.topic, entry.partition, leader)] += 1
+            print(f"{entry.id} {entry.topic}-{entry.partition}: passes now, replayed to {leader}")
     routing.close()
     print(
         f"{passed} replayed, {failed} still failing, "
         f"{len(done & {e.id for e in JournalReader(directory).entries(topic=args.topic)})} "
         "replayed earlier"
     )
-    return 0
+    for (topic, partition, leader), count in sorted(written.items()):
+        print(f"produced to {topic}-{partition} at {leader}: {count} {_plural(count, 'entry')}")
+    if not written:
+        print("produced nothing")
+    print(f"replay marks: {marks_path} ({passed} added)")
+    # Non-zero while anything is left to replay, so that scripts and operators notice.
+    return 1 if failed else 0
+
+
+def _plural(count: int, word: str) -> str:
+    return word if count == 1 else word.removesuffix("y") + "ies"
 
 
 def _check(routing: TopicRouting, entry: QuarantineEntry, compacted: bool | None) -> Verdict:
@@ -255,13 +308,17 @@ def _check(routing: TopicRouting, entry: QuarantineEntry, compacted: bool | None
 
 async def _produce(
     bootstrap: list[tuple[str, int]], ssl_context: Any, timeout: float, entry: QuarantineEntry
-) -> str | None:
+) -> tuple[str, str | None]:
+    """The leader ("host:port", empty when unknown) the records went to, and the error if they
+    were not written."""
+    address = ""
     try:
         leader = await partition_leader(
             bootstrap, ssl_context, timeout, entry.topic, entry.partition
         )
         if leader is None:
-            return f"no leader for {entry.topic}-{entry.partition}"
+            return address, f"no leader for {entry.topic}-{entry.partition}"
+        address = f"{leader[0]}:{leader[1]}"
         code = await produce_batch(
             leader,
             ssl_context,
@@ -271,5 +328,7 @@ async def _produce(
             records=entry.records,
         )
     except (OSError, TimeoutError, ProtocolError) as exc:
-        return str(exc)
-    return None if code == 0 else f"the broker answered {code} {error_name(code)}"
+        return address, f"{address or 'the cluster'}: {exc}"
+    if code != 0:
+        return address, f"the broker at {address} answered {code} {error_name(code)}"
+    return address, None

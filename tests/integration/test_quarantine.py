@@ -24,9 +24,10 @@ import pytest
 import yaml
 
 import proxy.quarantine as quarantine_module
+from protocol.journal import encode_entry
 from protocol.messages import PRODUCE, decode_response
 from protocol.records import build_batch, iter_batches
-from proxy.quarantine import Journal, QuarantineEntry, read_entries
+from proxy.quarantine import Journal, QuarantineEntry, read_entries, segment_name
 from tests.harness import Broker, create_topic
 from tests.harness.proxy import RunningProxy, free_port_range, run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
@@ -51,8 +52,8 @@ BINARY = b"\x00\x01\xfe\xff"
 # ---- helpers ----
 
 
-def kvproxy(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`kvproxy ARGS` as a user runs it; fails the test on a non-zero exit."""
+def kvproxy(*args: str, timeout: float = 60, expect: int = 0) -> subprocess.CompletedProcess[str]:
+    """`kvproxy ARGS` as a user runs it; fails the test on an exit status other than `expect`."""
     done = subprocess.run(
         [sys.executable, "-m", "proxy.cli", *args],
         cwd=REPO,
@@ -61,7 +62,7 @@ def kvproxy(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
         timeout=timeout,
         check=False,
     )
-    assert done.returncode == 0, f"kvproxy {' '.join(args)} exited {done.returncode}: {done}"
+    assert done.returncode == expect, f"kvproxy {' '.join(args)} exited {done.returncode}: {done}"
     return done
 
 
@@ -224,6 +225,56 @@ def test_rejected_records_are_listed_shown_and_replayed_exactly_once(
     listed = kvproxy("quarantine", "list", "-c", str(config)).stdout
     row = next(line for line in listed.splitlines() if topic in line).split()
     assert row[5:7] == ["2", "2"], f"2 entries, both replayed: {listed}"
+
+
+def test_replay_exits_1_while_entries_still_fail_and_says_where_it_wrote(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """One entry passes the current policies, one is refused again, one names a partition the
+    topic does not have: the first is produced and marked, the command says to which partition,
+    broker and marks file, and exits 1 for the other two (and again on a second run)."""
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir()
+    entries = [
+        QuarantineEntry.create("rejected", topic, 0, policy="x", code=87, records=batch(b"{}")),
+        QuarantineEntry.create("rejected", topic, 0, policy="x", code=87, records=batch(b"no")),
+        QuarantineEntry.create("rejected", topic, 5, policy="x", code=87, records=batch(b"{}")),
+    ]
+    (journal_dir / segment_name(0)).write_bytes(
+        b"".join(encode_entry(e.to_metadata(), e.records) for e in entries)
+    )
+    config = tmp_path / "kvproxy.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "upstream": {"bootstrap_servers": [tansu.bootstrap]},
+                "quarantine": {"dir": "journal"},
+                "topics": [{"match": topic, **JSON_ONLY}],
+            }
+        )
+    )
+    marks = journal_dir.resolve() / "replayed.ids"
+    passes, refused, missing = entries
+
+    run = kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, expect=1).stdout
+    assert f"{passes.id} {topic}-0: passes now, replayed to {tansu.bootstrap}\n" in run, run
+    assert f"{refused.id} {topic}-0: still fails: policy json, code 87 INVALID_RECORD" in run, run
+    assert f"{missing.id} {topic}-5: not written: no leader for {topic}-5\n" in run, run
+    assert run.endswith(
+        f"1 replayed, 2 still failing, 0 replayed earlier\n"
+        f"produced to {topic}-0 at {tansu.bootstrap}: 1 entry\n"
+        f"replay marks: {marks} (1 added)\n"
+    ), run
+    assert marks.read_text().split() == [passes.id]
+
+    again = kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, expect=1).stdout
+    assert again.endswith(
+        f"0 replayed, 2 still failing, 1 replayed earlier\n"
+        "produced nothing\n"
+        f"replay marks: {marks} (0 added)\n"
+    ), again
+    assert stored(tansu, topic) == [b"{}"]
 
 
 def entry_time(entry: QuarantineEntry) -> str:
