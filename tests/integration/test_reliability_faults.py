@@ -194,8 +194,9 @@ class SilentUpstream(ThreadedServer):
     """Accepts and reads everything, never writes a byte.
 
     Tansu always answers; this stands for a broker that hangs (stuck disk, deadlock).
-    `talking` counts the connections that sent something and are still open (the proxy's
-    readiness probe connects and closes without sending anything, so it is not counted)."""
+    `talking` counts the connections that sent something and are still open, apart from the
+    proxy's own: its Metadata requests (client id "kvproxy"), which it repeats every second
+    while the cluster has never answered, and its readiness probe (a connect, nothing sent)."""
 
     def __init__(self) -> None:
         self.talking = 0
@@ -208,13 +209,18 @@ class SilentUpstream(ThreadedServer):
             while chunk := conn.recv(65536):
                 with self._lock:
                     self.received += len(chunk)
-                    if not counted:
+                    if not counted and not _the_proxys_own_metadata_request(chunk):
                         counted = True
                         self.talking += 1
         finally:
             if counted:
                 with self._lock:
                     self.talking -= 1
+
+
+def _the_proxys_own_metadata_request(chunk: bytes) -> bool:
+    """Size, api key 3 (Metadata), version, correlation id, then client id "kvproxy"."""
+    return chunk[4:6] == b"\x00\x03" and chunk[12:21] == b"\x00\x07kvproxy"
 
 
 def api_versions_v0_answer(correlation_id: int) -> bytes:
