@@ -10,7 +10,6 @@ from kafka.record import MemoryRecords
 from protocol.compression import Codec
 
 TESTDATA = Path(__file__).resolve().parents[1] / "data"
-SHARED_TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata"
 KAFKA_LOGS = TESTDATA / "kafka-logs"
 
 # folder -> (batches, records, null keys), from the testdata README.
