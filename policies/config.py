@@ -11,33 +11,41 @@ topics:
   - match: payments
     policies: [{custom: {class: "examples.policies:CurrencyPolicy", config: {allowed: [EUR]}}}]
 ```
-First match wins; `defaults` covers the rest. Every problem is a `PolicyConfigError` naming the
-entry and the policy.
+First match wins; `defaults` covers the rest. What is wrong with the sections is reported all at
+once: one `PolicyConfigError` whose `problems` say where and why, e.g.
+`topics[0].policies[1]: unknown policy 'jsn' (did you mean 'json'?)`.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from policies.api import RecordsPolicy
 from policies.builtin import REGISTRY, PolicyConfigError, PolicyContext
+from policies.builtin.base import ConfigProblem, KeyPath, format_path
 from policies.chain import Mode, PolicyChain
 from policies.producer_state import ProducerStateTracker
 
 __all__ = [
     "DEFAULT_DEFAULTS",
+    "ConfigProblem",
+    "KeyPath",
     "PolicyConfigError",
     "TopicRouting",
     "TopicRule",
     "build_routing",
+    "format_path",
+    "kind_of",
     "load_custom_class",
+    "spelling_hint",
 ]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("batch_integrity", "crc", "timestamps", "compacted_key")
@@ -124,20 +132,25 @@ def build_routing(
 ) -> TopicRouting:
     """Resolve the config sections; pass the old routing's `producer_state` on reload to keep it.
 
-    Policies already built are closed again when a later entry fails.
+    Every problem of both sections is found before one `PolicyConfigError` lists them all, so a
+    file is fixed in one round; the policies built meanwhile are closed again.
     """
     context = PolicyContext(base_dir=Path(base_dir), producer_state=producer_state)
+    problems = _Problems()
     built: list[TopicRule] = []
     try:
-        default = _build_defaults(defaults, context)
+        default, default_specs = _build_defaults(defaults, context, problems)
         built.append(default)
-        if topics is not None and not isinstance(topics, Sequence | list):
-            raise PolicyConfigError("topics must be a list of entries")
         rules: list[TopicRule] = []
-        for position, entry in enumerate(topics or ()):
-            rule = _build_topic(position, entry, default, defaults, context)
-            built.append(rule)
-            rules.append(rule)
+        for position, entry in enumerate(_entries(topics, problems)):
+            rule = _build_topic(
+                position, entry, default, default_specs, context=context, problems=problems
+            )
+            if rule is not None:
+                built.append(rule)
+                rules.append(rule)
+        if problems.found:
+            raise PolicyConfigError(problems=problems.found)
     except BaseException:
         for rule in built:
             rule.chain.close()
@@ -148,71 +161,143 @@ def build_routing(
     return TopicRouting(rules, default, tracker)
 
 
-def _build_defaults(defaults: Mapping[str, Any] | None, context: PolicyContext) -> TopicRule:
-    where = "defaults"
+def spelling_hint(key: object, known: Iterable[str]) -> str:
+    """What a misspelt key was probably meant to be, or else the keys that are known."""
+    names = sorted(known)
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"known: {', '.join(names) or 'none'}"
+
+
+def kind_of(value: object) -> str:
+    """What a value is, in words ("a string"), for "must be a list, not a string". The value
+    itself is not shown: in some sections it is a secret."""
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string" if value else "an empty string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+class _Problems:
+    """The problems found so far, each once: a topic that inherits the defaults' policies builds
+    them again and would repeat the defaults' problems."""
+
+    def __init__(self) -> None:
+        self.found: list[ConfigProblem] = []
+
+    def add(self, path: KeyPath, message: str, at: KeyPath = ()) -> None:
+        problem = ConfigProblem(path, message, at)
+        if problem not in self.found:
+            self.found.append(problem)
+
+
+def _entries(topics: Any, problems: _Problems) -> Sequence[Any]:
+    if topics is None:
+        return ()
+    if isinstance(topics, str | bytes) or not isinstance(topics, Sequence):
+        problems.add((), f"topics must be a list, not {kind_of(topics)}", ("topics",))
+        return ()
+    return topics
+
+
+def _build_defaults(
+    defaults: Mapping[str, Any] | None, context: PolicyContext, problems: _Problems
+) -> tuple[TopicRule, Any]:
+    """The rule of every other topic, and the policies it names (which topics without a
+    `policies` key inherit)."""
+    where: KeyPath = ("defaults",)
     if defaults is None:
         defaults = DEFAULT_DEFAULTS
     if not isinstance(defaults, Mapping):
-        raise PolicyConfigError(f"{where}: must be a mapping")
-    _check_keys(where, defaults, _DEFAULTS_KEYS)
-    mode = _mode(where, defaults.get("mode", "enforce"))
+        problems.add((), f"defaults must be a mapping, not {kind_of(defaults)}", where)
+        defaults = DEFAULT_DEFAULTS
+    _check_keys(where, defaults, _DEFAULTS_KEYS, problems)
+    mode = _mode(where, defaults.get("mode", "enforce"), problems) or Mode.ENFORCE
     specs = defaults.get("policies", list(DEFAULT_POLICIES))
-    policies = _build_policies(where, specs, context)
-    return TopicRule(None, mode, None, PolicyChain(policies, mode), lambda _topic: True)
+    policies = _build_policies(where, specs, context, problems)
+    rule = TopicRule(None, mode, None, PolicyChain(policies, mode), lambda _topic: True)
+    return rule, specs
 
 
 def _build_topic(
     position: int,
-    entry: Mapping[str, Any],
+    entry: Any,
     default: TopicRule,
-    defaults: Mapping[str, Any] | None,
+    default_specs: Any,
+    *,
     context: PolicyContext,
-) -> TopicRule:
+    problems: _Problems,
+) -> TopicRule | None:
+    """The entry's rule; None when the entry has a problem (then reported in `problems`)."""
+    where: KeyPath = ("topics", position)
     if not isinstance(entry, Mapping):
-        raise PolicyConfigError(f"topics[{position}]: must be a mapping with a match key")
+        problems.add(where, f"must be a mapping, not {kind_of(entry)}")
+        return None
+    before = len(problems.found)
+    _check_keys(where, entry, _TOPIC_KEYS, problems)
     pattern = entry.get("match")
-    where = f"topics[{position}] (match {pattern!r})"
-    if not isinstance(pattern, str) or not pattern:
-        raise PolicyConfigError(f"{where}: match must be a non-empty string")
-    _check_keys(where, entry, _TOPIC_KEYS)
-    matcher = _matcher(where, pattern)
-    mode = _mode(where, entry["mode"]) if "mode" in entry else default.mode
+    matcher = None
+    if "match" not in entry:
+        problems.add(where, "match is missing")
+    elif not isinstance(pattern, str) or not pattern:
+        problems.add(where, f"match must be a non-empty string, not {kind_of(pattern)}", ("match",))
+    else:
+        matcher = _matcher(where, pattern, problems)
+    mode = _mode(where, entry["mode"], problems) if "mode" in entry else default.mode
     compacted = entry.get("compacted")
     if compacted is not None and not isinstance(compacted, bool):
-        raise PolicyConfigError(f"{where}: compacted must be true, false or absent")
+        problems.add(
+            where, f"compacted must be true, false or absent, not {compacted!r}", ("compacted",)
+        )
     if "policies" in entry:
-        specs = entry["policies"]
-    else:
-        source = DEFAULT_DEFAULTS if defaults is None else defaults
-        specs = source.get("policies", list(DEFAULT_POLICIES))
-    policies = _build_policies(where, specs, context)
+        policies = _build_policies(where, entry["policies"], context, problems)
+    else:  # the defaults' problems, if any, are reported where the defaults name them
+        policies = _build_policies(("defaults",), default_specs, context, problems)
+    if matcher is None or mode is None or len(problems.found) > before:
+        for policy in policies:
+            policy.close()
+        return None
     return TopicRule(pattern, mode, compacted, PolicyChain(policies, mode), matcher)
 
 
-def _check_keys(where: str, section: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = sorted(str(k) for k in set(section) - allowed)
-    if unknown:
-        raise PolicyConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})"
-        )
+def _check_keys(
+    where: KeyPath, section: Mapping[Any, Any], allowed: frozenset[str], problems: _Problems
+) -> None:
+    for key in section:
+        if key not in allowed:
+            problems.add(where, f"unknown key {key!r} ({spelling_hint(key, allowed)})", (key,))
 
 
-def _mode(where: str, value: Any) -> Mode:
+def _mode(where: KeyPath, value: Any, problems: _Problems) -> Mode | None:
     if value is False:
         return Mode.OFF  # YAML 1.1 (PyYAML) reads a bare `off` as false
     try:
         return Mode(value)
     except ValueError:
         known = ", ".join(m.value for m in Mode)
-        raise PolicyConfigError(f"{where}: mode must be one of {known}, not {value!r}") from None
+        problems.add(where, f"mode must be one of {known}, not {value!r}", ("mode",))
+        return None
 
 
-def _matcher(where: str, pattern: str) -> Callable[[str], bool]:
+def _matcher(where: KeyPath, pattern: str, problems: _Problems) -> Callable[[str], bool] | None:
     if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
         try:
             regex = re.compile(pattern[1:-1])
         except re.error as exc:
-            raise PolicyConfigError(f"{where}: bad regular expression: {exc}") from None
+            problems.add(
+                where, f"match {pattern!r} is not a valid regular expression: {exc}", ("match",)
+            )
+            return None
         return lambda topic: regex.fullmatch(topic) is not None
     if any(ch in pattern for ch in "*?["):
         regex = re.compile(fnmatch.translate(pattern))
@@ -220,13 +305,19 @@ def _matcher(where: str, pattern: str) -> Callable[[str], bool]:
     return lambda topic: topic == pattern
 
 
-def _build_policies(where: str, specs: Any, context: PolicyContext) -> list[RecordsPolicy]:
+def _build_policies(
+    where: KeyPath, specs: Any, context: PolicyContext, problems: _Problems
+) -> list[RecordsPolicy]:
+    """The policies of `specs` that build; the others are reported in `problems`."""
     if not isinstance(specs, list | tuple):
-        raise PolicyConfigError(f"{where}: policies must be a list")
+        problems.add(where, f"policies must be a list, not {kind_of(specs)}", ("policies",))
+        return []
     policies: list[RecordsPolicy] = []
     try:
-        for spec in specs:
-            policies.append(_build_policy(where, spec, context))
+        for index, spec in enumerate(specs):
+            policy = _build_policy((*where, "policies", index), spec, context, problems)
+            if policy is not None:
+                policies.append(policy)
     except BaseException:
         for policy in policies:
             policy.close()
@@ -234,55 +325,86 @@ def _build_policies(where: str, specs: Any, context: PolicyContext) -> list[Reco
     return policies
 
 
-def _build_policy(where: str, spec: Any, context: PolicyContext) -> RecordsPolicy:
+def _build_policy(
+    where: KeyPath, spec: Any, context: PolicyContext, problems: _Problems
+) -> RecordsPolicy | None:
     if isinstance(spec, str):
         name, options = spec, None
     elif isinstance(spec, Mapping) and len(spec) == 1:
         ((name, options),) = spec.items()
     else:
-        raise PolicyConfigError(
-            f"{where}: a policy is a name or a one-key mapping {{name: {{options}}}}, not {spec!r}"
+        problems.add(
+            where, f"a policy is a name or a one-key mapping {{name: {{options}}}}, not {spec!r}"
         )
+        return None
     if name == "custom":
-        return _build_custom(where, options, context)
+        return _build_custom(where, options, context, problems)
     cls = REGISTRY.get(name)
     if cls is None:
-        known = ", ".join([*sorted(REGISTRY), "custom"])
-        raise PolicyConfigError(f"{where}: unknown policy {name!r} (known: {known})")
+        hint = spelling_hint(name, [*REGISTRY, "custom"])
+        problems.add(where, f"unknown policy {name!r} ({hint})")
+        return None
     if options is not None and not isinstance(options, Mapping):
-        raise PolicyConfigError(f"{where}: policy {name}: options must be a mapping")
+        problems.add(
+            where, f"policy {name}: options must be a mapping, not {kind_of(options)}", (name,)
+        )
+        return None
+    unknown = [key for key in options or {} if key not in cls.OPTIONS]
+    for key in unknown:
+        hint = spelling_hint(key, cls.OPTIONS)
+        problems.add(where, f"policy {name}: unknown option {key!r} ({hint})", (name, key))
+    if unknown:
+        return None
     try:
         policy = cls(context)
         policy.configure(options or {})
     except PolicyConfigError as exc:
-        raise PolicyConfigError(f"{where}: {exc}") from None
+        problems.add(where, str(exc), (name,))
+        return None
     return policy
 
 
-def _build_custom(where: str, options: Any, context: PolicyContext) -> RecordsPolicy:
+def _build_custom(
+    where: KeyPath, options: Any, context: PolicyContext, problems: _Problems
+) -> RecordsPolicy | None:
     if not isinstance(options, Mapping):
-        raise PolicyConfigError(f"{where}: custom needs {{class: 'module:Class', config: {{}}}}")
-    _check_keys(f"{where}: custom", options, _CUSTOM_KEYS)
+        problems.add(where, "custom needs {class: 'module:Class', config: {...}}", ("custom",))
+        return None
+    unknown = [key for key in options if key not in _CUSTOM_KEYS]
+    for key in unknown:
+        hint = spelling_hint(key, _CUSTOM_KEYS)
+        problems.add(where, f"custom: unknown key {key!r} ({hint})", ("custom", key))
     target = options.get("class")
     if not isinstance(target, str):
-        raise PolicyConfigError(f"{where}: custom: class must be 'module:Class'")
+        problems.add(where, "custom: class must be 'module:Class'", ("custom", "class"))
+        return None
     config = options.get("config") or {}
     if not isinstance(config, Mapping):
-        raise PolicyConfigError(f"{where}: custom {target}: config must be a mapping")
+        problems.add(
+            where,
+            f"custom {target}: config must be a mapping, not {kind_of(config)}",
+            ("custom", "config"),
+        )
+        return None
     try:
         cls = load_custom_class(target, context.base_dir)
     except PolicyConfigError as exc:
-        raise PolicyConfigError(f"{where}: {exc}") from None
+        problems.add(where, str(exc), ("custom", "class"))
+        return None
+    if unknown:  # a misspelt `config` would be configured as empty: a misleading second problem
+        return None
     try:
         policy = cls()
         if not getattr(policy, "name", None):
             policy.name = cls.__name__
         policy.configure(config)
     except Exception as exc:
-        raise PolicyConfigError(f"{where}: custom {target}: configure failed: {exc!r}") from exc
+        problems.add(where, f"custom {target}: configure failed: {exc!r}", ("custom", "config"))
+        return None
     for method in ("configure", "validate", "close"):
         if not callable(getattr(policy, method, None)):
-            raise PolicyConfigError(f"{where}: custom {target}: has no {method}() method")
+            problems.add(where, f"custom {target}: has no {method}() method", ("custom", "class"))
+            return None
     return policy  # type: ignore[no-any-return]
 
 

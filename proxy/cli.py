@@ -12,7 +12,7 @@ from typing import Any
 
 from protocol.errors import ProtocolError
 from proxy import demo, dump, quarantine_cli
-from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
 from proxy.signals import queue_sighup
 
 
@@ -70,7 +70,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.worker_index is not None and args.worker_state is not None:
         worker = WorkerRole(args.worker_index, args.worker_state)
     try:
-        config = load_config(path)
+        config, routing = load_config_and_rules(path)  # every problem of the file, at once
+        routing.close()  # each process serves with the rules it builds itself
         if args.workers != 1 and worker is None:
             settings = WorkerSettings(path, args.workers, args.log_format, args.reload_interval)
             run_workers(config, settings)
@@ -128,14 +129,7 @@ def describe(config: ProxyConfig) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from proxy.server import ProxyError, build_routing_for  # noqa: PLC0415
-
-    config = load_config(args.config)
-    try:
-        routing = build_routing_for(config, Path(args.config).resolve().parent)
-    except ProxyError as exc:
-        print(f"kvproxy: {args.config}: {exc}", file=sys.stderr)
-        return 2
+    config, routing = load_config_and_rules(args.config)  # a ConfigError: main() exits 2
     print(f"{args.config}: OK")
     for line in describe(config):
         print(f"  {line}")

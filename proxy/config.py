@@ -2,17 +2,19 @@
 
 Every key has a default and unknown keys are errors, so a typo is reported instead of ignored.
 The policy sections (`defaults`, `topics`) are kept as data here and turned into policy chains
-by `policies.config.build_routing`, which reports their errors; `docs/configuration.md` documents
-every key.
+by `policies.config.build_routing`, which reports their errors; `load_config_and_rules` reports
+the errors of both at once, each with the line of the file it is on. `docs/configuration.md`
+documents every key.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -26,11 +28,37 @@ from pydantic import (
     model_validator,
 )
 
+from policies.config import (
+    ConfigProblem,
+    KeyPath,
+    PolicyConfigError,
+    TopicRouting,
+    build_routing,
+    kind_of,
+    spelling_hint,
+)
+from policies.producer_state import ProducerStateTracker
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 
+@dataclass(frozen=True, slots=True)
+class FileProblem:
+    """One problem as reported: where and why, and the line of the file it is on (1-based; None
+    when the configuration did not come from a file)."""
+
+    line: int | None
+    text: str
+
+
 class ConfigError(ValueError):
-    """The configuration file cannot be used; the message says where and why."""
+    """The configuration file cannot be used; the message says where and why.
+
+    `problems` lists everything wrong with a file that was read, by line; it is empty when the
+    file could not be read or parsed (the message alone says why)."""
+
+    def __init__(self, message: str, problems: Sequence[FileProblem] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 class NodePortError(ValueError):
@@ -333,6 +361,12 @@ class ProxyConfig(_Section):
     quarantine: QuarantineConfig = QuarantineConfig()
     logs: LogsConfig = LogsConfig()
 
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _no_topics(cls, value: Any) -> Any:
+        """`topics:` with every entry commented out means no topic rules, as for `defaults:`."""
+        return () if value is None else value
+
 
 def parse_host_port(server: str) -> tuple[str, int]:
     host, sep, port = server.rpartition(":")
@@ -342,33 +376,178 @@ def parse_host_port(server: str) -> tuple[str, int]:
 
 
 def parse_config(data: Mapping[str, Any] | None, source: str = "config") -> ProxyConfig:
-    try:
-        return ProxyConfig.model_validate(dict(data or {}))
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from None
+    config, problems = _validate(data)
+    if config is None:
+        raise _report(source, problems, {})
+    return config
 
 
 def load_config(path: str | Path) -> ProxyConfig:
+    """The file's configuration; the policy sections are not built (see load_config_and_rules)."""
     path = Path(path)
+    data, lines = _read(path)
+    config, problems = _validate(data)
+    if config is None:
+        raise _report(str(path), problems, lines)
+    return config
+
+
+_RULE_SECTIONS = {("defaults",), ("topics",)}
+"""The sections build_routing checks (and words its problems for) when the rules are built."""
+
+
+def load_config_and_rules(
+    path: str | Path,
+    base_dir: Path | None = None,
+    *,
+    producer_state: ProducerStateTracker | None = None,
+) -> tuple[ProxyConfig, TopicRouting]:
+    """The file's configuration and its policy rules, built (custom classes imported, schema
+    files read), or one ConfigError with every problem of both, so that a file is fixed in one
+    round. Relative paths in policies resolve against `base_dir` (the file's folder by default);
+    a reload passes the running rules' `producer_state` to keep it."""
+    path = Path(path)
+    data, lines = _read(path)
+    config, problems = _validate(data)
+    sections = data or {}
+    try:
+        routing = build_routing(
+            sections.get("defaults"),
+            sections.get("topics"),
+            base_dir if base_dir is not None else path.resolve().parent,
+            producer_state=producer_state,
+        )
+    except PolicyConfigError as exc:
+        # build_routing says what is wrong with `defaults` and `topics` in its own words
+        problems = [p for p in problems if (*p.path, *p.at)[:1] not in _RULE_SECTIONS]
+        raise _report(str(path), [*problems, *exc.problems], lines) from None
+    if config is None:
+        routing.close()
+        raise _report(str(path), problems, lines)
+    return config, routing
+
+
+def _read(path: Path) -> tuple[Mapping[str, Any] | None, dict[KeyPath, int]]:
+    """The file's data, and the line of each key and list item in it."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()  # what yaml.safe_load does, keeping the nodes' marks
+        data = None if node is None else loader.construct_document(node)
+        lines = _key_lines(loader, node)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
     if data is not None and not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return parse_config(data, str(path))
+    return data, lines
 
 
-def _describe(exc: ValidationError, source: str) -> str:
-    lines = [f"{source}: {exc.error_count()} problem(s)"]
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
+def _key_lines(loader: yaml.SafeLoader, root: yaml.Node | None) -> dict[KeyPath, int]:
+    """Path -> 1-based line of every mapping key and list item (of the key for a mapping's
+    value); () is where the document starts. Keys merged in with `<<:` have the line where they
+    are written, unless the mapping sets them itself."""
+    lines: dict[KeyPath, int] = {(): 1 if root is None else root.start_mark.line + 1}
+    pending: list[tuple[yaml.Node, KeyPath, frozenset[int]]] = []
+    if root is not None:
+        pending.append((root, (), frozenset()))
+    while pending:
+        node, path, above = pending.pop()
+        if id(node) in above:  # an alias of a node that contains it
+            continue
+        inside = above | {id(node)}
+        if isinstance(node, yaml.MappingNode):
+            # after construction the node's pairs are flattened: merged keys first, own keys last
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = loader.construct_object(key_node)
+                lines[(*path, key)] = key_node.start_mark.line + 1
+                pending.append((value_node, (*path, key), inside))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                lines[(*path, index)] = item.start_mark.line + 1
+                pending.append((item, (*path, index), inside))
+    return lines
+
+
+def _validate(data: Mapping[str, Any] | None) -> tuple[ProxyConfig | None, list[ConfigProblem]]:
+    """The configuration, or every problem pydantic finds (not only the first)."""
+    try:
+        return ProxyConfig.model_validate(dict(data or {})), []
+    except ValidationError as exc:
+        return None, [_schema_problem(error) for error in exc.errors()]
+
+
+_EXPECTED = {
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "dict_type": "a mapping",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "path_type": "a path",
+}
+"""pydantic's error types for a section (or a list, or a path) of the wrong type -> what it must
+be. A scalar of the wrong type keeps pydantic's words ("Input should be a valid integer")."""
+
+
+def _schema_problem(error: Any) -> ConfigProblem:
+    """A pydantic error in the words of the file: a key is unknown, missing, or a section of the
+    wrong type ("listen must be a mapping, not a number"); other errors keep pydantic's message."""
+    loc: KeyPath = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden" and loc:
+        known = _known_keys(loc[:-1])
+        hint = f" ({spelling_hint(loc[-1], known)})" if known else ""
+        return ConfigProblem(loc, f"unknown key{hint}")
+    if kind == "missing" and loc:
+        return ConfigProblem(loc[:-1], f"{loc[-1]} is missing", loc[-1:])
+    expected = _EXPECTED.get(kind)
+    if expected is not None and loc:
+        wrong = f"must be {expected}, not {kind_of(error.get('input'))}"
+        if isinstance(loc[-1], str):
+            return ConfigProblem(loc[:-1], f"{loc[-1]} {wrong}", loc[-1:])
+        return ConfigProblem(loc, wrong)
+    return ConfigProblem(loc, error["msg"])
+
+
+def _known_keys(path: KeyPath) -> frozenset[str]:
+    """The keys of the section at `path`; empty when `path` is not a section."""
+    model: type[BaseModel] = ProxyConfig
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return frozenset()
+        candidates = (field.annotation, *get_args(field.annotation))
+        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not nested:
+            return frozenset()
+        model = nested[0]
+    return frozenset(model.model_fields)
+
+
+def _report(
+    source: str, problems: Sequence[ConfigProblem], lines: dict[KeyPath, int]
+) -> ConfigError:
+    """One error for every problem, by line: `source:line: where: why` (no line without a file)."""
+    found = [FileProblem(_line_of(problem, lines), str(problem)) for problem in problems]
+    found.sort(key=lambda problem: problem.line or 0)
+    text = [f"{source}: {len(found)} problem(s)"]
+    for problem in found:
+        where = f"{source}:{problem.line}: " if problem.line is not None else ""
+        text.append(f"  {where}{problem.text}")
+    return ConfigError("\n".join(text), found)
+
+
+def _line_of(problem: ConfigProblem, lines: dict[KeyPath, int]) -> int | None:
+    """The line of the key the problem names, else of the nearest mapping or list around it."""
+    path = (*problem.path, *problem.at)
+    for end in range(len(path), -1, -1):
+        line = lines.get(path[:end])
+        if line is not None:
+            return line
+    return None

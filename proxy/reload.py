@@ -2,10 +2,10 @@
 
 The new file is loaded and validated, and its policy chains are built (custom classes imported,
 schemas read) before anything is swapped; a file that fails any of that is refused with one ERROR
-line naming the file and the problem, and the rules in force stay. On success the server's rules
-are replaced between two requests: a request already decided keeps its verdict, the next one uses
-the new rules, and no connection is dropped. Sections that only take effect at start (`listen`,
-`upstream`, `limits`, `shutdown`, ...) are reported with a WARNING and not applied.
+line naming the file and every problem with its line, and the rules in force stay. On success the
+server's rules are replaced between two requests: a request already decided keeps its verdict, the
+next one uses the new rules, and no connection is dropped. Sections that only take effect at start
+(`listen`, `upstream`, `limits`, `shutdown`, ...) are reported with a WARNING and not applied.
 
 The file is watched by polling its (mtime, size, inode, device) every `poll_interval` seconds; an
 editor that saves by renaming a new file over the old one is seen as well, and a file still being
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from policies.config import PolicyConfigError, TopicRouting, build_routing
-from proxy.config import ConfigError, ProxyConfig, load_config
+from policies.config import TopicRouting
+from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
 from proxy.server import ProxyServer
 
 log = logging.getLogger("kvproxy.reload")
@@ -84,6 +84,18 @@ def one_line(problem: str, path: Path) -> str:
 
 
 _YAML_POSITION = re.compile(r'in "[^"]*", (line \d+, column \d+):')
+
+
+def error_line(error: ConfigError, path: Path) -> str:
+    """A ConfigError as one log line, without the file name the log line gives already: every
+    problem with its line number, or what one_line makes of a file that did not parse."""
+    if not error.problems:
+        return one_line(str(error), path)
+    problems = [
+        f"line {problem.line}: {problem.text}" if problem.line is not None else problem.text
+        for problem in error.problems
+    ]
+    return f"{len(problems)} problem(s): " + "; ".join(problems)
 
 
 def sections_needing_restart(running: ProxyConfig, new: ProxyConfig) -> list[str]:
@@ -190,18 +202,11 @@ class ConfigReloader:
         self._signature = file_signature(self.path)
         self._missing_reported = False
         try:
-            config = load_config(self.path)
-        except ConfigError as exc:
-            return self._refuse(one_line(str(exc), self.path), trigger)
-        try:
-            routing = build_routing(
-                config.defaults,
-                config.topics,
-                self.base_dir,
-                producer_state=self.server.routing.producer_state,
+            config, routing = load_config_and_rules(
+                self.path, self.base_dir, producer_state=self.server.routing.producer_state
             )
-        except PolicyConfigError as exc:
-            return self._refuse(one_line(str(exc), self.path), trigger)
+        except ConfigError as exc:
+            return self._refuse(error_line(exc, self.path), trigger)
         except Exception as exc:  # a custom policy failing in a way it should have reported
             return self._refuse(f"building the policies failed: {exc!r}", trigger)
         restart = sections_needing_restart(self.server.config, config)

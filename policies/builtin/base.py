@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -13,11 +13,52 @@ from policies.api import ProducedRecords, Verdict
 if TYPE_CHECKING:
     from policies.producer_state import ProducerStateTracker
 
-__all__ = ["BuiltinPolicy", "PolicyConfigError", "PolicyContext"]
+__all__ = [
+    "BuiltinPolicy",
+    "ConfigProblem",
+    "KeyPath",
+    "PolicyConfigError",
+    "PolicyContext",
+    "format_path",
+]
+
+KeyPath = tuple[str | int, ...]
+"""Where a value is in the configuration: mapping keys and list indexes from the top."""
+
+
+def format_path(path: KeyPath) -> str:
+    """`("topics", 0, "policies", 1)` -> `topics[0].policies[1]`, as a reader would write it."""
+    text = ""
+    for part in path:
+        if isinstance(part, int) and not isinstance(part, bool):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    """One thing wrong with a configuration: where, and why."""
+
+    path: KeyPath
+    """The mapping or list item the message is about; () for the top level."""
+    message: str
+    at: KeyPath = ()
+    """Keys below `path` that the message names (`mode` in "mode must be ..."), so that a file's
+    report can point at their line; `path` alone when they are missing."""
+
+    def __str__(self) -> str:
+        return f"{format_path(self.path)}: {self.message}" if self.path else self.message
 
 
 class PolicyConfigError(ValueError):
-    """A policy configuration that cannot be used; the message names the entry and the policy."""
+    """A policy configuration that cannot be used: one problem (a policy's `configure`), or every
+    problem of the `defaults` and `topics` sections (`build_routing`), each with where it is."""
+
+    def __init__(self, message: str = "", problems: Iterable[ConfigProblem] = ()) -> None:
+        self.problems: tuple[ConfigProblem, ...] = tuple(problems) or (ConfigProblem((), message),)
+        super().__init__(message or "; ".join(str(problem) for problem in self.problems))
 
 
 @dataclass(slots=True)

@@ -255,16 +255,17 @@ def test_yaml_off_means_mode_off() -> None:
 @pytest.mark.parametrize(
     ("defaults", "topics", "expected"),
     [
-        ({"policies": ["nope"]}, None, "defaults: unknown policy 'nope'"),
+        ({"policies": ["nope"]}, None, "defaults.policies[0]: unknown policy 'nope'"),
         (
             None,
             [{"match": "a", "policies": [{"crc": {"x": 1}}]}],
-            "topics[0] (match 'a'): policy crc: unknown option(s) x",
+            "topics[0].policies[0]: policy crc: unknown option 'x'",
         ),
-        (None, [{"match": "/a(/"}], "topics[0] (match '/a(/'): bad regular expression"),
-        (None, [{"match": "a", "colour": 1}], "topics[0] (match 'a'): unknown key(s) colour"),
+        (None, [{"match": "/a(/"}], "topics[0]: match '/a(/' is not a valid regular expression"),
+        (None, [{"match": "a", "colour": 1}], "topics[0]: unknown key 'colour'"),
         (None, [{"match": "a", "mode": "loud"}], "mode must be one of enforce, warn, off"),
-        (None, [{"policies": []}], "topics[0] (match None): match must be a non-empty string"),
+        (None, [{"policies": []}], "topics[0]: match is missing"),
+        (None, [{"match": ""}], "topics[0]: match must be a non-empty string"),
         (None, [{"match": "a", "policies": [{"crc": None, "json": None}]}], "one-key mapping"),
         (
             None,
@@ -289,7 +290,7 @@ def test_yaml_off_means_mode_off() -> None:
         ),
         (None, [{"match": "a", "policies": ["json_schema"]}], "json_schema: option value"),
         (None, [{"match": "a", "compacted": "yes"}], "compacted must be true, false or absent"),
-        ({"mode": "enforce", "extra": 1}, None, "defaults: unknown key(s) extra"),
+        ({"mode": "enforce", "extra": 1}, None, "defaults: unknown key 'extra'"),
     ],
 )
 def test_config_errors_name_entry_and_policy(defaults: Any, topics: Any, expected: str) -> None:
