@@ -20,8 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import yaml
-
 from pipeline import files
 from pipeline.check import (
     VIOLATION_FIELDS,
@@ -40,7 +38,9 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
+from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
+from policies.config_file import ConfigFileError, locate, read_yaml_with_lines
 
 __all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
 
@@ -77,19 +77,21 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
         return AuditSettings(defaults=None, topics=None, base_dir=str(Path.cwd()), now_ms=now_ms)
     path = Path(config)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AuditError(f"cannot read {config}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise AuditError(f"{config}: not valid YAML: {exc}") from exc
+        document, lines = read_yaml_with_lines(path)
+    except ConfigFileError as exc:
+        raise AuditError(str(exc)) from None
     if document is None:
         document = {}
-    if not isinstance(document, Mapping):
-        raise AuditError(f"{config}: the top level must be a mapping of sections")
+    problems: list[ConfigProblem] = []
     errors = document.get("errors") or {}
     profile = errors.get("profile", "kafka") if isinstance(errors, Mapping) else "kafka"
     if profile not in ("kafka", "kip"):
-        raise AuditError(f"{config}: errors.profile must be kafka or kip, not {profile!r}")
+        problems.append(
+            ConfigProblem(
+                ("errors",), f"profile must be kafka or kip, not {profile!r}", ("profile",)
+            )
+        )
+        profile = "kafka"
     settings = AuditSettings(
         defaults=document.get("defaults"),
         topics=document.get("topics"),
@@ -100,7 +102,9 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     try:
         routing_for(settings)
     except PolicyConfigError as exc:
-        raise AuditError(f"{config}: {exc}") from exc
+        problems.extend(exc.problems)
+    if problems:
+        raise AuditError(locate(config, problems, lines)[0])
     return settings
 
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -37,17 +35,9 @@ from policies.config import (
     kind_of,
     spelling_hint,
 )
+from policies.config_file import ConfigFileError, LocatedProblem, locate, read_yaml_with_lines
 from policies.producer_state import ProducerStateTracker
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
-
-
-@dataclass(frozen=True, slots=True)
-class FileProblem:
-    """One problem as reported: where and why, and the line of the file it is on (1-based; None
-    when the configuration did not come from a file)."""
-
-    line: int | None
-    text: str
 
 
 class ConfigError(ValueError):
@@ -56,7 +46,7 @@ class ConfigError(ValueError):
     `problems` lists everything wrong with a file that was read, by line; it is empty when the
     file could not be read or parsed (the message alone says why)."""
 
-    def __init__(self, message: str, problems: Sequence[FileProblem] = ()) -> None:
+    def __init__(self, message: str, problems: Sequence[LocatedProblem] = ()) -> None:
         super().__init__(message)
         self.problems = tuple(problems)
 
@@ -430,49 +420,9 @@ def load_config_and_rules(
 def _read(path: Path) -> tuple[Mapping[str, Any] | None, dict[KeyPath, int]]:
     """The file's data, and the line of each key and list item in it."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()  # what yaml.safe_load does, keeping the nodes' marks
-        data = None if node is None else loader.construct_document(node)
-        lines = _key_lines(loader, node)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    finally:
-        loader.dispose()
-    if data is not None and not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return data, lines
-
-
-def _key_lines(loader: yaml.SafeLoader, root: yaml.Node | None) -> dict[KeyPath, int]:
-    """Path -> 1-based line of every mapping key and list item (of the key for a mapping's
-    value); () is where the document starts. Keys merged in with `<<:` have the line where they
-    are written, unless the mapping sets them itself."""
-    lines: dict[KeyPath, int] = {(): 1 if root is None else root.start_mark.line + 1}
-    pending: list[tuple[yaml.Node, KeyPath, frozenset[int]]] = []
-    if root is not None:
-        pending.append((root, (), frozenset()))
-    while pending:
-        node, path, above = pending.pop()
-        if id(node) in above:  # an alias of a node that contains it
-            continue
-        inside = above | {id(node)}
-        if isinstance(node, yaml.MappingNode):
-            # after construction the node's pairs are flattened: merged keys first, own keys last
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    continue
-                key = loader.construct_object(key_node)
-                lines[(*path, key)] = key_node.start_mark.line + 1
-                pending.append((value_node, (*path, key), inside))
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                lines[(*path, index)] = item.start_mark.line + 1
-                pending.append((item, (*path, index), inside))
-    return lines
+        return read_yaml_with_lines(path)
+    except ConfigFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _validate(data: Mapping[str, Any] | None) -> tuple[ProxyConfig | None, list[ConfigProblem]]:
@@ -534,20 +484,5 @@ def _report(
     source: str, problems: Sequence[ConfigProblem], lines: dict[KeyPath, int]
 ) -> ConfigError:
     """One error for every problem, by line: `source:line: where: why` (no line without a file)."""
-    found = [FileProblem(_line_of(problem, lines), str(problem)) for problem in problems]
-    found.sort(key=lambda problem: problem.line or 0)
-    text = [f"{source}: {len(found)} problem(s)"]
-    for problem in found:
-        where = f"{source}:{problem.line}: " if problem.line is not None else ""
-        text.append(f"  {where}{problem.text}")
-    return ConfigError("\n".join(text), found)
-
-
-def _line_of(problem: ConfigProblem, lines: dict[KeyPath, int]) -> int | None:
-    """The line of the key the problem names, else of the nearest mapping or list around it."""
-    path = (*problem.path, *problem.at)
-    for end in range(len(path), -1, -1):
-        line = lines.get(path[:end])
-        if line is not None:
-            return line
-    return None
+    text, found = locate(source, problems, lines)
+    return ConfigError(text, found)

@@ -299,3 +299,29 @@ def test_a_refused_reload_names_every_problem_on_one_line(
         "line 5: topics[0].policies[0]: unknown policy 'jsn' (did you mean 'json'?) "
         "(keeping the rules in force)"
     )
+
+
+def test_the_audit_reports_the_same_file_by_line_and_all_at_once(tmp_path: Path) -> None:
+    """`kvproxy audit -c FILE` reads the policy sections of the proxy's file: its problems come
+    with their lines too, all of them in one pass."""
+    from pipeline.job import AuditError, load_settings
+
+    config = tmp_path / "kvproxy.yaml"
+    config.write_text(
+        "upstream: {bootstrap_servers: ['k:9092']}\n"
+        "errors: {profile: kap}\n"
+        "topics:\n"
+        "  - match: orders\n"
+        "    policies: [crc, {max_record_bytes: {limit: lots}}]\n"
+        "  - matc: payments\n"
+    )
+    with pytest.raises(AuditError) as caught:
+        load_settings(str(config), now_ms=0)
+    assert str(caught.value).splitlines() == [
+        f"{config}: 4 problem(s)",
+        f"  {config}:2: errors: profile must be kafka or kip, not 'kap'",
+        f"  {config}:5: topics[0].policies[1]: policy max_record_bytes: option limit must be an "
+        "integer, not 'lots'",
+        f"  {config}:6: topics[1]: unknown key 'matc' (did you mean 'match'?)",
+        f"  {config}:6: topics[1]: match is missing",
+    ]
