@@ -275,7 +275,7 @@ def _check_keys(
 ) -> None:
     for key in section:
         if key not in allowed:
-            problems.add(where, f"unknown key {key!r} ({spelling_hint(key, allowed)})", (key,))
+            problems.add((*where, key), f"unknown key ({spelling_hint(key, allowed)})")
 
 
 def _mode(where: KeyPath, value: Any, problems: _Problems) -> Mode | None:
@@ -373,7 +373,7 @@ def _build_custom(
     unknown = [key for key in options if key not in _CUSTOM_KEYS]
     for key in unknown:
         hint = spelling_hint(key, _CUSTOM_KEYS)
-        problems.add(where, f"custom: unknown key {key!r} ({hint})", ("custom", key))
+        problems.add((*where, "custom", key), f"unknown key ({hint})")
     target = options.get("class")
     if not isinstance(target, str):
         problems.add(where, "custom: class must be 'module:Class'", ("custom", "class"))

@@ -212,7 +212,7 @@ def test_a_file_change_reloads_and_bad_files_are_refused_with_the_old_rules_kept
         # Each bad file would drop the json rule if it were applied even in part.
         bad_files = {
             "not valid YAML": yaml.safe_dump({**proxy.base, "topics": []}) + "topics: [oops\n",
-            "unknown key 'polices'": yaml.safe_dump(
+            "topics[0].polices: unknown key": yaml.safe_dump(
                 {**proxy.base, "topics": [{"match": topic, "polices": ["crc"]}]}
             ),
             "limts: unknown key": yaml.safe_dump(

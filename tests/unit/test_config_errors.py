@@ -47,9 +47,9 @@ MIXED_PROBLEMS = [
     "  kvproxy.yaml:2: listen.prot: unknown key (did you mean 'port'?)",
     "  kvproxy.yaml:4: upstream.bootstrap_servers: Value error, 'kafka-1' is not HOST:PORT",
     "  kvproxy.yaml:5: limits must be a mapping, not a number",
-    "  kvproxy.yaml:8: defaults: unknown key 'polices' (did you mean 'policies'?)",
+    "  kvproxy.yaml:8: defaults.polices: unknown key (did you mean 'policies'?)",
     "  kvproxy.yaml:13: topics[0].policies[1]: unknown policy 'jsn' (did you mean 'json'?)",
-    "  kvproxy.yaml:14: topics[1]: unknown key 'matc' (did you mean 'match'?)",
+    "  kvproxy.yaml:14: topics[1].matc: unknown key (did you mean 'match'?)",
     "  kvproxy.yaml:14: topics[1]: match is missing",
     "  kvproxy.yaml:15: topics[1]: mode must be one of enforce, warn, off, not 'loud'",
     "  kvproxy.yaml:16: topics[2]: match '/(unclosed/' is not a valid regular expression: "
@@ -100,13 +100,13 @@ def test_serve_refuses_the_same_file_with_the_same_problems(tmp_path: Path) -> N
         (
             "upstream: {bootstrap_servers: [k:1]}\ntopics: [{matc: orders}]\n",
             [
-                "  kvproxy.yaml:2: topics[0]: unknown key 'matc' (did you mean 'match'?)",
+                "  kvproxy.yaml:2: topics[0].matc: unknown key (did you mean 'match'?)",
                 "  kvproxy.yaml:2: topics[0]: match is missing",
             ],
         ),
         (
             "upstream: {bootstrap_servers: [k:1]}\ndefaults:\n  mode: warn\n  colour: red\n",
-            ["  kvproxy.yaml:4: defaults: unknown key 'colour' (known: mode, policies)"],
+            ["  kvproxy.yaml:4: defaults.colour: unknown key (known: mode, policies)"],
         ),
         (
             """\
@@ -123,7 +123,7 @@ def test_serve_refuses_the_same_file_with_the_same_problems(tmp_path: Path) -> N
             [
                 "  kvproxy.yaml:8: topics[0].policies[1]: policy max_record_bytes: "
                 "unknown option 'batch_limt' (did you mean 'batch_limit'?)",
-                "  kvproxy.yaml:9: topics[0].policies[2]: custom: unknown key 'confg' "
+                "  kvproxy.yaml:9: topics[0].policies[2].custom.confg: unknown key "
                 "(did you mean 'config'?)",
             ],
         ),
@@ -262,8 +262,8 @@ def test_build_routing_collects_every_problem() -> None:
         )
     problems = [str(problem) for problem in caught.value.problems]
     assert problems == [
-        "defaults: unknown key 'polices' (did you mean 'policies'?)",
-        "topics[0]: unknown key 'matc' (did you mean 'match'?)",
+        "defaults.polices: unknown key (did you mean 'policies'?)",
+        "topics[0].matc: unknown key (did you mean 'match'?)",
         "topics[0]: match is missing",
         "topics[1].policies[0]: unknown policy 'jsn' (did you mean 'json'?)",
         "topics[1].policies[1]: policy crc: unknown option 'x' (known: none)",
@@ -322,6 +322,6 @@ def test_the_audit_reports_the_same_file_by_line_and_all_at_once(tmp_path: Path)
         f"  {config}:2: errors: profile must be kafka or kip, not 'kap'",
         f"  {config}:5: topics[0].policies[1]: policy max_record_bytes: option limit must be an "
         "integer, not 'lots'",
-        f"  {config}:6: topics[1]: unknown key 'matc' (did you mean 'match'?)",
+        f"  {config}:6: topics[1].matc: unknown key (did you mean 'match'?)",
         f"  {config}:6: topics[1]: match is missing",
     ]
