@@ -12,10 +12,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -32,6 +31,8 @@ from tests.harness.fuzz import produce_request
 from tests.harness.proxy import free_port_range, proxy_config, run_proxy
 from tests.harness.stub_upstream import run_stub_cluster
 from tests.harness.tansu import free_port
+from tests.integration.test_metrics import get
+from tests.integration.test_proxy_lifecycle import kvproxy_serve
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -52,30 +53,9 @@ def accepts(port: int) -> bool:
     return False
 
 
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-@contextlib.contextmanager
-def serving(config: Path, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*KVPROXY, "serve", "-c", str(config), *extra],
-            cwd=config.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=ENV,
-        )
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+def serving(config: Path, log: Path) -> contextlib.AbstractContextManager[Any]:
+    """`kvproxy serve -c CONFIG` as the installed command runs it, from the file's folder."""
+    return kvproxy_serve(config, log, module="kvproxy.cli", cwd=config.parent)
 
 
 # ---- the documented development file ----
@@ -226,7 +206,12 @@ def test_sighup_while_starting_is_queued_and_a_silent_cluster_is_not_ready(
         config.write_text(
             yaml.safe_dump(
                 {
-                    "listen": {"host": HOST, "port": port, "broker_port_base": free_port()},
+                    "listen": {
+                        "host": HOST,
+                        "port": port,
+                        "broker_port_base": free_port(),
+                        "max_brokers": 1,
+                    },
                     "upstream": {
                         "bootstrap_servers": [f"{HOST}:{upstream}"],
                         "connect_timeout_ms": 4000,
@@ -247,7 +232,7 @@ def test_sighup_while_starting_is_queued_and_a_silent_cluster_is_not_ready(
             )
             wait_for(lambda: "not ready" in log.read_text(), "the not-ready line")
             proc.send_signal(signal.SIGHUP)  # live now: a reload
-            status, text = http_get(f"http://{HOST}:{metrics_port}/readyz")
+            status, text = get(f"http://{HOST}:{metrics_port}/readyz")
             assert status == 503 and expected in text, text
             wait_for(lambda: "config reloaded" in log.read_text(), "the queued reload")
             proc.send_signal(signal.SIGTERM)
@@ -367,7 +352,12 @@ def test_embedded_serve_leaves_no_broker_behind_on_sigterm(tmp_path: Path) -> No
     config.write_text(
         yaml.safe_dump(
             {
-                "listen": {"host": HOST, "port": 0, "broker_port_base": free_port()},
+                "listen": {
+                    "host": HOST,
+                    "port": 0,
+                    "broker_port_base": free_port(),
+                    "max_brokers": 1,
+                },
                 "upstream": {"embedded": True},
                 "metrics": {"port": 0},
             }

@@ -77,11 +77,15 @@ def port_is_closed(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def kvproxy_serve(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def kvproxy_serve(
+    config: Path, log: Path, *, module: str = "proxy.cli", cwd: Path = REPO
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m <module> serve -c CONFIG` (`kvproxy.cli` is the installed command's), output to
+    `log`; killed on exit if still running."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
-            cwd=REPO,
+            [sys.executable, "-m", module, "serve", "-c", str(config)],
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
