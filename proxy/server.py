@@ -1035,8 +1035,10 @@ class ProxyServer:
                 if strict:
                     await self.learn_node(node_id, address)
                 elif self.port_or_none(node_id) is not None:
-                    with contextlib.suppress(ProxyError, OSError):
+                    try:
                         await self.learn_node(node_id, address)
+                    except (ProxyError, OSError) as exc:  # a port in use: the others still open
+                        log.error("cannot open the listener for node %d: %s", node_id, exc)
             late = self._cluster_answer is None and self._cluster_problem is not None
             self._cluster_answer = f"the cluster answered: {len(nodes)} broker(s) at {host}:{port}"
             self._cluster_problem = None
