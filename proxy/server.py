@@ -62,6 +62,7 @@ REFUSAL_LOG_INTERVAL_S = 10.0
 _SWEEP_MIN_S = 0.01
 _SWEEP_MAX_S = 5.0
 _MAX_UNMAPPED_LOGGED = 1_000
+"""Node ids remembered (and logged) as having no port or no listener; beyond, silence."""
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
@@ -485,16 +486,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self, slot: _Slot, payload: Frame, learned: dict[int, tuple[str, int]]
     ) -> None:
         server = self._server
-        try:
-            for node_id, address in learned.items():
-                await server.learn_node(node_id, address)
-        except (OSError, ProxyError) as exc:
-            self.abort(
-                f"cannot open a listener for the nodes named by api {slot.api_key}: {exc}",
-                reason="upstream_error",
-            )
-            return
-        self._answer(slot, payload)
+        for node_id, address in learned.items():
+            await server.learn_node_or_log(node_id, address)
+        self._answer(slot, payload)  # a node whose port is taken: its clients retry elsewhere
         self.flush()
 
     def flush(self) -> None:
@@ -665,6 +659,8 @@ class ProxyServer:
         """port -> the node id that claimed it first: the mapping never changes while running."""
         self._unmapped: set[int] = set()
         """Node ids the cluster named that have no port (each logged once)."""
+        self._listener_failures: set[int] = set()
+        """Node ids whose listener could not open (each logged once)."""
         self._listeners: dict[int | None, asyncio.Server] = {}
         self._listener_lock = asyncio.Lock()
         self._clients: set[ClientConnection] = set()
@@ -752,8 +748,12 @@ class ProxyServer:
                 enforced=outcome.enforced,
             )
             self.rejection_log.rejected(event)
-            for listener in self.rejection_listeners:
-                listener(event)
+            for listener in list(self.rejection_listeners):
+                try:
+                    listener(event)
+                except Exception:  # a listener never changes an answer: it is dropped
+                    log.exception("rejection listener %r failed: no longer told", listener)
+                    self.rejection_listeners.remove(listener)
 
     def _make_journal(self) -> Journal | None:
         settings = self.config.quarantine
@@ -915,11 +915,10 @@ class ProxyServer:
         try:
             return self.port_for(node_id)
         except ProxyError as exc:
-            if node_id not in self._unmapped:
-                if len(self._unmapped) < _MAX_UNMAPPED_LOGGED:
-                    self._unmapped.add(node_id)
+            if node_id not in self._unmapped and len(self._unmapped) < _MAX_UNMAPPED_LOGGED:
+                self._unmapped.add(node_id)
                 log.error("%s; answers to clients leave node %d out", exc, node_id)
-            self.metrics.unmapped_nodes.set(len(self._unmapped))
+                self.metrics.unmapped_nodes.set(len(self._unmapped))
             return None
 
     @property
@@ -945,6 +944,18 @@ class ProxyServer:
         """Remember where node `node_id` lives and make sure its listener is open."""
         self._nodes[node_id] = address
         await self._ensure_listener(node_id)
+
+    async def learn_node_or_log(self, node_id: int, address: tuple[str, int]) -> None:
+        """As `learn_node`, for a node an answer to a client names: a listener that cannot
+        open (its port taken by another process) is logged once, and the answer still goes out,
+        so one broker's port never fails every client's Metadata request."""
+        try:
+            await self.learn_node(node_id, address)
+        except (OSError, ProxyError) as exc:
+            if node_id not in self._listener_failures:
+                if len(self._listener_failures) < _MAX_UNMAPPED_LOGGED:
+                    self._listener_failures.add(node_id)
+                log.error("cannot open the listener for node %d: %s", node_id, exc)
 
     async def _ensure_listener(self, node_id: int | None) -> None:
         if node_id in self._listeners or self._stopping:
@@ -1018,8 +1029,15 @@ class ProxyServer:
         seen an answer naming that broker.
 
         `strict` (at start): a node with no port raises ProxyError, so `serve` refuses to run
-        rather than serve part of the cluster; later such a node is logged and left out."""
-        from proxy.upstream_client import fetch_broker_addresses  # noqa: PLC0415
+        rather than serve part of the cluster; later such a node is logged and left out.
+
+        A SASL-only listener closes the connection on the proxy's Metadata request (it carries
+        no credentials) but answers ApiVersions, which Kafka serves before authentication: such
+        a cluster has answered too, and its brokers are learnt from clients' answers."""
+        from proxy.upstream_client import (  # noqa: PLC0415
+            answers_api_versions,
+            fetch_broker_addresses,
+        )
 
         timeout = self.config.upstream.connect_timeout_ms / 1000
         problems = []
@@ -1027,23 +1045,25 @@ class ProxyServer:
             try:
                 nodes = await fetch_broker_addresses(host, port, self._upstream_ssl, timeout)
             except (OSError, TimeoutError, ProtocolError) as exc:
-                problems.append(
-                    f"metadata from {host}:{port} failed: {describe_failure(exc, timeout)}"
-                )
+                why = describe_failure(exc, timeout)
+                if isinstance(exc, ConnectionError) and await answers_api_versions(
+                    host, port, self._upstream_ssl, timeout
+                ):
+                    self._answered(
+                        f"the cluster answered ApiVersions at {host}:{port} but closed the "
+                        f"connection on Metadata ({why}): a listener that requires "
+                        "authentication? Broker listeners open as clients' answers name them",
+                        logging.WARNING,
+                    )
+                    return True
+                problems.append(f"metadata from {host}:{port} failed: {why}")
                 continue
             for node_id, address in sorted(nodes.items()):
                 if strict:
                     await self.learn_node(node_id, address)
                 elif self.port_or_none(node_id) is not None:
-                    try:
-                        await self.learn_node(node_id, address)
-                    except (ProxyError, OSError) as exc:  # a port in use: the others still open
-                        log.error("cannot open the listener for node %d: %s", node_id, exc)
-            late = self._cluster_answer is None and self._cluster_problem is not None
-            self._cluster_answer = f"the cluster answered: {len(nodes)} broker(s) at {host}:{port}"
-            self._cluster_problem = None
-            if late:  # serve logged "not ready" at start: say when that ended
-                log.info("kvproxy ready: %s", self._cluster_answer)
+                    await self.learn_node_or_log(node_id, address)
+            self._answered(f"the cluster answered: {len(nodes)} broker(s) at {host}:{port}")
             return True
         problem = "; ".join(problems)
         if problem != self._cluster_problem:  # each new reason once, not every retry
@@ -1051,9 +1071,22 @@ class ProxyServer:
         self._cluster_problem = problem
         return False
 
+    def _answered(self, what: str, level: int = logging.INFO) -> None:
+        first = self._cluster_answer is None
+        late = first and self._cluster_problem is not None
+        self._cluster_answer = what
+        self._cluster_problem = None
+        if first:
+            self._ready_cache = (float("-inf"), False, "")  # /readyz: check again now
+        if late:  # serve logged "not ready" at start: say when that ended
+            log.log(level, "kvproxy ready: %s", what)
+        elif first and level > logging.INFO:
+            log.log(level, "%s", what)
+
     @property
     def cluster_answered(self) -> bool:
-        """Whether a bootstrap server has answered the proxy's Metadata request."""
+        """Whether a bootstrap server has answered the proxy's Metadata request (or, closing
+        the connection on it, ApiVersions)."""
         return self._cluster_answer is not None
 
     @property

@@ -44,6 +44,26 @@ async def fetch_broker_addresses(
     return {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
 
 
+async def answers_api_versions(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float
+) -> bool:
+    """Whether the server answers ApiVersions v0 with no error: it speaks Kafka, even where it
+    serves nothing else before authentication."""
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest  # noqa: PLC0415
+
+    from protocol.messages import API_VERSIONS  # noqa: PLC0415
+
+    try:
+        payload = await _round_trip(
+            host, port, ssl_context, timeout, api_key=API_VERSIONS, version=0,
+            body=ApiVersionsRequest(),
+        )  # fmt: skip
+        answer = decode_response(payload, API_VERSIONS, 0).body
+    except (OSError, TimeoutError, ProtocolError):
+        return False
+    return int(answer.error_code) == 0
+
+
 _DESCRIBE_CONFIGS_VERSION = 1  # every broker since 1.1 answers it; Tansu serves 0-4
 _TOPIC_RESOURCE = 2
 CLEANUP_POLICY = "cleanup.policy"
