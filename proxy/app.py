@@ -11,6 +11,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from policies.config import TopicRouting
 from proxy.config import ProxyConfig
 from proxy.embedded import EmbeddedBroker, run_embedded_broker
 from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
@@ -22,12 +23,18 @@ log = logging.getLogger("kvproxy")
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    config: ProxyConfig, config_dir: Path | None = None, worker: WorkerRole | None = None
+    config: ProxyConfig,
+    config_dir: Path | None = None,
+    worker: WorkerRole | None = None,
+    routing: TopicRouting | None = None,
 ) -> AsyncIterator[ProxyServer]:
     """A started proxy (and its embedded broker when `upstream.embedded`), stopped on exit.
 
-    Schema files named by policies resolve against `config_dir` (the config file's folder)."""
-    routing = build_routing_for(config, config_dir or Path.cwd())
+    `routing`: the rules of `config` when the caller has built them (closed on exit, as the
+    ones built here are); schema files named by policies resolve against `config_dir` (the
+    config file's folder)."""
+    if routing is None:
+        routing = build_routing_for(config, config_dir or Path.cwd())
     with contextlib.ExitStack() as stack:
         bootstrap = None
         if config.upstream.embedded:
@@ -56,6 +63,7 @@ async def serve(
     reload_poll_s: float = DEFAULT_POLL_INTERVAL,
     on_reload: ReloadListener | None = None,
     worker: WorkerRole | None = None,
+    routing: TopicRouting | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain in-flight requests and close.
 
@@ -69,12 +77,13 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     sighup = _Sighup()
     loop.add_signal_handler(signal.SIGHUP, sighup.received)
+    sighup.take_early()  # after the handler: one in between is queued, not lost
     watcher = None
     if worker is not None:  # a worker does not outlive its supervisor
         watcher = loop.create_task(_watch_parent(stop), name="kvproxy-parent-watch")
     reloader: ConfigReloader | None = None
     try:
-        async with running_proxy(config, config_dir, worker) as server:
+        async with running_proxy(config, config_dir, worker, routing) as server:
             _log_started(server)
             if config_path is not None:
                 reloader = ConfigReloader(
@@ -133,10 +142,15 @@ class _Sighup:
 
     def __init__(self) -> None:
         self._reloader: ConfigReloader | None = None
-        self._queued = take_queued_sighups()
-        if self._queued:
-            log.info("SIGHUP while starting: reloading once the configuration is live")
+        self._queued = 0
         self._stopping = False
+
+    def take_early(self) -> None:
+        """Those that came before the event loop handled SIGHUP (see `proxy.signals`)."""
+        early = take_queued_sighups()
+        if early:
+            self._queued += early
+            log.info("SIGHUP while starting: reloading once the configuration is live")
 
     def received(self) -> None:
         if self._stopping:
@@ -194,10 +208,16 @@ def run(
     config_path: Path | None = None,
     reload_poll_s: float = DEFAULT_POLL_INTERVAL,
     worker: WorkerRole | None = None,
+    routing: TopicRouting | None = None,
 ) -> None:
     """Blocking entry point of `kvproxy serve` and of each of its workers (uvloop if installed)."""
     main = serve(
-        config, config_dir, config_path=config_path, reload_poll_s=reload_poll_s, worker=worker
+        config,
+        config_dir,
+        config_path=config_path,
+        reload_poll_s=reload_poll_s,
+        worker=worker,
+        routing=routing,
     )
     try:
         import uvloop  # noqa: PLC0415

@@ -71,8 +71,8 @@ def _serve(args: argparse.Namespace) -> int:
         worker = WorkerRole(args.worker_index, args.worker_state)
     try:
         config, routing = load_config_and_rules(path)  # every problem of the file, at once
-        routing.close()  # each process serves with the rules it builds itself
         if args.workers != 1 and worker is None:
+            routing.close()  # each worker serves with the rules it builds itself
             settings = WorkerSettings(path, args.workers, args.log_format, args.reload_interval)
             run_workers(config, settings)
             return 0
@@ -82,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
             config_path=path,
             reload_poll_s=args.reload_interval,
             worker=worker,
+            routing=routing,  # built once: custom classes imported, schemas compiled
         )
     except WorkersError as exc:
         return _fail(args, str(exc), exc.exit_code)

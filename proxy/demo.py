@@ -220,13 +220,16 @@ async def _demo(keep_running: bool) -> None:
 
 
 def _print_rejection(event: RejectionEvent) -> None:
+    """One line per rejection on stdout (a terminal, or a pipe that keeps up: a line is short,
+    and the demo serves your own clients only)."""
     verb = "rejected" if event.enforced else "would reject (warn mode)"
     client = f"client {event.client_id!r} at {event.client_address}"
-    print(
-        f"{verb}: {event.topic}-{event.partition} by {event.policy}: "
-        f"{error_name(event.code)} ({event.code}): {event.message} [{client}]",
-        flush=True,
-    )
+    with contextlib.suppress(BrokenPipeError):  # `| head`: the demo goes on serving
+        print(
+            f"{verb}: {event.topic}-{event.partition} by {event.policy}: "
+            f"{error_name(event.code)} ({event.code}): {event.message} [{client}]",
+            flush=True,
+        )
 
 
 def _print_metrics(server: ProxyServer) -> None:

@@ -35,6 +35,7 @@ from prometheus_client.samples import Sample
 
 from proxy.config import ProxyConfig
 from proxy.metrics import start_http_endpoint
+from proxy.signals import queue_sighup
 
 log = logging.getLogger("kvproxy")
 
@@ -203,8 +204,8 @@ class Supervisor:
                     worker.process.send_signal(sig)
 
     def reload_all(self) -> None:
-        """SIGHUP to every worker that has started; one still starting has no handler for it
-        yet (it would die of it) and reads the configuration file as it starts anyway."""
+        """SIGHUP to every worker that has started; one still starting reads the configuration
+        file as it starts anyway (and would only queue the signal)."""
         for worker in self.workers:
             if worker.running and worker.started and worker.process is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -354,6 +355,8 @@ async def supervise(config: ProxyConfig, settings: WorkerSettings) -> None:
         await supervisor.stop()
         log.info("kvproxy stopped")
     finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        queue_sighup()  # while cleaning up and exiting: never the default action, which kills
         if http is not None:
             http.close()
         shutil.rmtree(state_dir, ignore_errors=True)
