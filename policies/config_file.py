@@ -56,14 +56,15 @@ def _key_lines(loader: yaml.SafeLoader, root: yaml.Node | None) -> dict[KeyPath,
     value); () is where the document starts. Keys merged in with `<<:` have the line where they
     are written, unless the mapping sets them itself."""
     lines: dict[KeyPath, int] = {(): 1 if root is None else root.start_mark.line + 1}
-    pending: list[tuple[yaml.Node, KeyPath, frozenset[int]]] = []
+    pending: list[tuple[yaml.Node, KeyPath]] = []
     if root is not None:
-        pending.append((root, (), frozenset()))
+        pending.append((root, ()))
+    walked: set[int] = set()
     while pending:
-        node, path, above = pending.pop()
-        if id(node) in above:  # an alias of a node that contains it
-            continue
-        inside = above | {id(node)}
+        node, path = pending.pop()
+        if id(node) in walked:  # an alias: its keys are on the lines of the anchor's, and a
+            continue  # file of nested aliases cannot make this walk (or the map) grow beyond it
+        walked.add(id(node))
         if isinstance(node, yaml.MappingNode):
             # after construction the node's pairs are flattened: merged keys first, own keys last
             for key_node, value_node in node.value:
@@ -71,11 +72,11 @@ def _key_lines(loader: yaml.SafeLoader, root: yaml.Node | None) -> dict[KeyPath,
                     continue
                 key = loader.construct_object(key_node)
                 lines[(*path, key)] = key_node.start_mark.line + 1
-                pending.append((value_node, (*path, key), inside))
+                pending.append((value_node, (*path, key)))
         elif isinstance(node, yaml.SequenceNode):
             for index, item in enumerate(node.value):
                 lines[(*path, index)] = item.start_mark.line + 1
-                pending.append((item, (*path, index), inside))
+                pending.append((item, (*path, index)))
     return lines
 
 

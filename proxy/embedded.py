@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -91,7 +92,7 @@ def run_embedded_broker(port: int | None = None) -> Iterator[EmbeddedBroker]:
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509  (one foreign call, resolved before fork)
+            preexec_fn=_dying_with(os.getpid()),  # noqa: PLW1509  (one call, resolved before fork)
         )
         try:
             _wait_ready(process, port, log)
@@ -105,7 +106,10 @@ _PR_SET_PDEATHSIG = 1
 
 def _load_prctl() -> Any:
     with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(None, use_errno=True).prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        prctl.restype = ctypes.c_int
+        return prctl
     return None
 
 
@@ -113,12 +117,20 @@ _PRCTL = _load_prctl()
 """Looked up here, not in the child: between fork and exec only the call itself runs."""
 
 
-def _die_with_parent() -> None:
-    """In the broker's process, before it runs: be killed when kvproxy dies, however it dies
+def _dying_with(parent: int) -> Callable[[], None]:
+    """For the broker's process, before it runs: be killed when kvproxy dies, however it dies
     (SIGKILL included), so a development broker is never left running on its own. Linux only;
-    elsewhere the `finally` of `run_embedded_broker` is what stops it."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    elsewhere the `finally` of `run_embedded_broker` is what stops it. The signal comes when
+    the thread that started the broker ends, so start it from the thread that keeps it (every
+    caller does: the main thread, or the event loop's)."""
+
+    def arrange() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0)
+            if os.getppid() != parent:  # kvproxy died before the line above: do not run
+                os._exit(1)
+
+    return arrange
 
 
 def _wait_ready(process: subprocess.Popen[bytes], port: int, log: IO[bytes]) -> None:

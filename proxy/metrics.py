@@ -154,7 +154,8 @@ class ProxyMetrics:
         )
         self.ready = Gauge(
             "kvproxy_ready",
-            "1 when the cluster answered the proxy's last Metadata request",
+            "1 once the cluster has answered the proxy and while a bootstrap server accepts "
+            "connections",
             registry=r,
         )
         self.unmapped_nodes = Gauge(
