@@ -20,13 +20,13 @@ import psutil
 import pytest
 import yaml
 
-from protocol.messages import METADATA, decode_response, encode_request, make_request
+from protocol.messages import METADATA, PRODUCE, decode_response, encode_request, make_request
 from protocol.records import build_batch
 from proxy.cli import main
 from proxy.config import ProxyConfig
 from proxy.server import ProxyError
 from tests.harness import Broker, RawKafkaClient, create_topic, unique_topic_name
-from tests.harness.clients import consume_through, produce_through
+from tests.harness.clients import consume_through, produce_through, sasl_plain_producer
 from tests.harness.fuzz import produce_request
 from tests.harness.proxy import free_port_range, proxy_config, run_proxy
 from tests.harness.stub_upstream import run_stub_cluster
@@ -383,3 +383,73 @@ def test_the_topic_of_a_fresh_tansu_is_produced_through_the_default_mapping(
         bootstrap = f"{HOST}:{proxy.port}"
         produce_through(bootstrap, topic, 2)
         assert consume_through(bootstrap, topic, 2) == [b"v0", b"v1"]
+
+
+# ---- clusters that answer the proxy only in part ----
+
+
+def test_a_cluster_that_requires_sasl_is_ready_once_it_answers_api_versions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SASL-only listener closes the connection on the proxy's Metadata request (it carries no
+    credentials) but answers ApiVersions: the cluster has answered, /readyz says ready, and the
+    brokers are learnt from the clients' own (authenticated) answers."""
+    with (
+        caplog.at_level("WARNING", logger="kvproxy"),
+        run_stub_cluster(sasl_plain={"alice": "secret"}) as cluster,
+        run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
+    ):
+        assert proxy.server.cluster_answered
+        wait_for(lambda: get(f"{proxy.metrics_url}/readyz")[0] == 200, "/readyz 200", 10)
+        errors: list[Any] = []
+        producer: Any = sasl_plain_producer(proxy.bootstrap, "secret", errors)
+        results: list[Any] = []
+        producer.produce(
+            "stub-topic", b"v", partition=2, on_delivery=lambda e, m: results.append(e)
+        )
+        assert producer.flush(10) == 0 and results == [None], errors
+    assert (
+        f"the cluster answered ApiVersions at {cluster.bootstrap} but closed the connection on "
+        "Metadata" in caplog.text
+    )
+
+
+def test_a_broker_port_taken_by_another_process_fails_only_that_broker() -> None:
+    """The listener of node 2 cannot open (another process holds its port): a client's Metadata
+    answer still comes back, and the partitions of the other brokers are produced to. It used
+    to close every connection whose answer named node 2."""
+    with (
+        run_stub_cluster(sasl_plain={"alice": "secret"}) as cluster,  # nodes learnt from clients
+        run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
+        socket.create_server((HOST, proxy.broker_port(2))),  # taken
+    ):
+        errors: list[Any] = []
+        producer: Any = sasl_plain_producer(proxy.bootstrap, "secret", errors)
+        results: list[Any] = []
+        producer.produce(
+            "stub-topic", b"v", partition=2, on_delivery=lambda e, m: results.append(e)
+        )
+        assert producer.flush(10) == 0 and results == [None], errors
+        assert cluster.produced(3) == 1  # partition 2's leader is node 3
+        assert sorted(proxy.nodes) == [1, 2, 3]
+
+
+def test_a_failing_rejection_listener_is_dropped_and_changes_no_answer(
+    tansu: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = create_topic(tansu.bootstrap, unique_topic_name("listener"))
+    defaults = {"policies": ["batch_integrity", "crc", "json"]}
+    with run_proxy(tansu.bootstrap, defaults=defaults) as proxy:
+
+        def broken(event: object) -> None:
+            raise BrokenPipeError("stdout is gone")
+
+        proxy.server.rejection_listeners.append(broken)
+        not_json = build_batch([(b"k", b"not json", (), None)])
+        with RawKafkaClient(proxy.host, proxy.port) as client:
+            for n in range(2):
+                answer = client.request(produce_request(9, n, [(topic, 0, not_json)]))
+                body = decode_response(answer, PRODUCE, 9).body
+                assert body.responses[0].partition_responses[0].error_code == 87
+        assert proxy.server.rejection_listeners == []
+    assert caplog.text.count("no longer told") == 1
