@@ -43,6 +43,7 @@ from proxy.logs import TEXT_FORMAT, JsonFormatter
 from tests.harness import Broker, create_topic, unique_topic_name
 from tests.harness.kcat import run_kcat
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.integration.test_policies_clients import LINGER_MS
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "clients.md"
@@ -245,7 +246,7 @@ def confluent_errors(
         {
             "bootstrap.servers": bootstrap,
             "acks": "all",
-            "linger.ms": 50,
+            "linger.ms": LINGER_MS,
             "message.timeout.ms": 5000,
             **conf,
         }
@@ -319,7 +320,7 @@ def test_kcat(stage: Stage) -> None:
 
     def kcat(system: bool, topic: str, lines: bytes, *options: str) -> list[str]:
         args = ["-b", stage.bootstrap, "-P", "-t", stage.topics[topic], "-p", "0"]
-        args += ["-X", "linger.ms=50", "-X", "message.timeout.ms=5000", *options]
+        args += ["-X", f"linger.ms={LINGER_MS}", "-X", "message.timeout.ms=5000", *options]
         if system:
             done = subprocess.run(
                 ["kcat", *args], input=lines, capture_output=True, timeout=20, check=False
@@ -369,11 +370,16 @@ def kafka_python_outcomes(
     from kafka import KafkaProducer
 
     producer = KafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=50, request_timeout_ms=5000, **conf
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=LINGER_MS,
+        request_timeout_ms=5000,
+        **conf,
     )
     outcomes: list[BaseException | None] = []
     try:
         futures = [producer.send(topic, key=k, value=v, partition=0) for k, v in records]
+        producer.flush(15)  # sends at once: the linger only keeps the records in one batch
         for future in futures:
             try:
                 future.get(timeout=15)
@@ -459,7 +465,7 @@ async def aiokafka_outcomes(
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=50, request_timeout_ms=5000
+        bootstrap_servers=bootstrap, acks="all", linger_ms=LINGER_MS, request_timeout_ms=5000
     )
     await producer.start()
     try:

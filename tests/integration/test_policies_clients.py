@@ -25,6 +25,12 @@ from tests.harness.proxy import RunningProxy, run_proxy
 INVALID_RECORD = 87
 
 
+LINGER_MS = 1000
+"""Long enough that records produced back to back form one request even on a loaded machine
+(100 ms was not, once in five suite runs beside a CPU hog); each test flushes, which sends at
+once, so only the aiokafka tests wait for it."""
+
+
 def consume(bootstrap: str, topic: str, partitions: int = 2) -> dict[int, list[bytes | None]]:
     """Every value of every partition, read from the beginning to the end with confluent-kafka."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
@@ -67,7 +73,7 @@ def confluent_send(
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
-            "linger.ms": 50,
+            "linger.ms": LINGER_MS,
             "acks": "all",
             "message.timeout.ms": 5000,
             **conf,
@@ -257,7 +263,7 @@ def test_confluent_kafka_compression_policy_per_topic(tansu: Broker, make_topic:
             {
                 "bootstrap.servers": proxy.bootstrap,
                 "compression.type": "gzip",
-                "linger.ms": 50,
+                "linger.ms": LINGER_MS,
                 "message.timeout.ms": 5000,
             }
         )
@@ -305,7 +311,11 @@ def test_confluent_kafka_five_records_two_bad_all_five_fail(tansu: Broker, make_
     topics = [{"match": topic, "policies": ["json"]}]
     with run_proxy(tansu.bootstrap, topics=topics) as proxy:
         producer = Producer(
-            {"bootstrap.servers": proxy.bootstrap, "linger.ms": 100, "message.timeout.ms": 5000}
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "linger.ms": LINGER_MS,
+                "message.timeout.ms": 5000,
+            }
         )
         errors: list[Any] = []
         for value in values:
@@ -331,7 +341,7 @@ def test_kafka_python_null_key_on_compacted_topic_one_request(
 
     topic = make_topic(2, config={"cleanup.policy": "compact"})
     with run_proxy(tansu.bootstrap) as proxy:
-        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=100, retries=0)
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=LINGER_MS, retries=0)
         try:
             bad = producer.send(topic, value=b"no key", partition=0)
             good = producer.send(topic, value=b"keyed", key=b"id", partition=1)
@@ -355,7 +365,7 @@ def test_kafka_python_json_policy_one_request(tansu: Broker, make_topic: Any) ->
     topic = make_topic(2)
     topics = [{"match": topic, "policies": ["json"]}]
     with run_proxy(tansu.bootstrap, topics=topics) as proxy:
-        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=100, retries=0)
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=LINGER_MS, retries=0)
         try:
             bad = producer.send(topic, value=b"{oops", partition=0)
             good = producer.send(topic, value=b'{"ok": 1}', partition=1)
@@ -409,7 +419,7 @@ async def _aiokafka_send(
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         enable_idempotence=False,
-        linger_ms=100,
+        linger_ms=LINGER_MS,
         request_timeout_ms=5000,
     )
     await producer.start()

@@ -15,7 +15,7 @@ from protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
 from tests.integration.test_policies_answers import batch, produce, record_errors, stored
-from tests.integration.test_policies_clients import consume, produce_partitions
+from tests.integration.test_policies_clients import LINGER_MS, consume, produce_partitions
 
 POLICY_VIOLATION = 44
 CURRENCY = {
@@ -84,7 +84,7 @@ def test_currency_policy_kafka_python(tansu: Broker, make_topic: Any) -> None:
 
     topic = make_topic(2)
     with run_proxy(tansu.bootstrap, topics=_payments(topic)) as proxy:
-        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=100, retries=0)
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=LINGER_MS, retries=0)
         try:
             bad = producer.send(topic, value=GBP, partition=0)
             good = producer.send(topic, value=EUR, partition=1)
@@ -108,7 +108,7 @@ async def test_currency_policy_aiokafka(tansu: Broker, make_topic: Any) -> None:
     topic = make_topic(2)
     with run_proxy(tansu.bootstrap, topics=_payments(topic)) as proxy:
         producer = AIOKafkaProducer(
-            bootstrap_servers=proxy.bootstrap, enable_idempotence=False, linger_ms=100
+            bootstrap_servers=proxy.bootstrap, enable_idempotence=False, linger_ms=LINGER_MS
         )
         await producer.start()
         try:
