@@ -19,6 +19,7 @@ import threading
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
@@ -30,10 +31,22 @@ T = TypeVar("T")
 HOST = "127.0.0.1"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port_range(size: int, attempts: int = 200) -> int:
-    """A base port such that base .. base+size-1 are all free right now."""
+    """A base port such that base .. base+size-1 are all free right now.
+
+    Taken below the ephemeral ports, where the operating system puts `free_port()`'s ports and
+    every outgoing connection: a bootstrap port from `free_port()` never falls inside a broker
+    port range from here (a config that has it so is refused)."""
+    top = _ephemeral_low()
     for _ in range(attempts):
-        base = random.randrange(20_000, 60_000 - size)
+        base = random.randrange(10_000, top - size)
         sockets = []
         try:
             for port in range(base, base + size):

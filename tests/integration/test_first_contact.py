@@ -209,7 +209,7 @@ def test_sighup_while_starting_is_queued_and_a_silent_cluster_is_not_ready(
                     "listen": {
                         "host": HOST,
                         "port": port,
-                        "broker_port_base": free_port(),
+                        "broker_port_base": free_port_range(1),
                         "max_brokers": 1,
                     },
                     "upstream": {
@@ -355,7 +355,7 @@ def test_embedded_serve_leaves_no_broker_behind_on_sigterm(tmp_path: Path) -> No
                 "listen": {
                     "host": HOST,
                     "port": 0,
-                    "broker_port_base": free_port(),
+                    "broker_port_base": free_port_range(1),
                     "max_brokers": 1,
                 },
                 "upstream": {"embedded": True},

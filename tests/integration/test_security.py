@@ -54,7 +54,7 @@ from tests.harness.stub_upstream import (
     _uvarint,
     run_stub_cluster,
 )
-from tests.harness.tansu import run_tansu
+from tests.harness.tansu import free_port, run_tansu
 from tests.harness.tls_relay import run_tls_relay
 
 REPO = Path(__file__).resolve().parents[2]
@@ -613,7 +613,7 @@ def encrypted_key(key: Path, password: str) -> Path:
 def write_config(path: Path, pki: Pki, bootstrap: str, **extra: str) -> int:
     """A kvproxy.yaml whose key password is `${KVPROXY_TEST_KEY_PASSWORD}`; the bootstrap port."""
     cert, key = pki.certs["server"]
-    port = free_port_range(1)
+    port = free_port()
     lines = [
         "listen:",
         f"  port: {port}",
