@@ -388,6 +388,15 @@ def test_the_topic_of_a_fresh_tansu_is_produced_through_the_default_mapping(
 # ---- clusters that answer the proxy only in part ----
 
 
+def _produce_logged_in(bootstrap: str) -> None:
+    """One record to partition 2 (led by node 3) as alice over SASL/PLAIN; it must be written."""
+    errors: list[Any] = []
+    producer: Any = sasl_plain_producer(bootstrap, "secret", errors)
+    results: list[Any] = []
+    producer.produce("stub-topic", b"v", partition=2, on_delivery=lambda e, m: results.append(e))
+    assert producer.flush(10) == 0 and results == [None], errors
+
+
 def test_a_cluster_that_requires_sasl_is_ready_once_it_answers_api_versions(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -401,13 +410,7 @@ def test_a_cluster_that_requires_sasl_is_ready_once_it_answers_api_versions(
     ):
         assert proxy.server.cluster_answered
         wait_for(lambda: get(f"{proxy.metrics_url}/readyz")[0] == 200, "/readyz 200", 10)
-        errors: list[Any] = []
-        producer: Any = sasl_plain_producer(proxy.bootstrap, "secret", errors)
-        results: list[Any] = []
-        producer.produce(
-            "stub-topic", b"v", partition=2, on_delivery=lambda e, m: results.append(e)
-        )
-        assert producer.flush(10) == 0 and results == [None], errors
+        _produce_logged_in(proxy.bootstrap)
     assert (
         f"the cluster answered ApiVersions at {cluster.bootstrap} but closed the connection on "
         "Metadata" in caplog.text
@@ -423,13 +426,7 @@ def test_a_broker_port_taken_by_another_process_fails_only_that_broker() -> None
         run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
         socket.create_server((HOST, proxy.broker_port(2))),  # taken
     ):
-        errors: list[Any] = []
-        producer: Any = sasl_plain_producer(proxy.bootstrap, "secret", errors)
-        results: list[Any] = []
-        producer.produce(
-            "stub-topic", b"v", partition=2, on_delivery=lambda e, m: results.append(e)
-        )
-        assert producer.flush(10) == 0 and results == [None], errors
+        _produce_logged_in(proxy.bootstrap)
         assert cluster.produced(3) == 1  # partition 2's leader is node 3
         assert sorted(proxy.nodes) == [1, 2, 3]
 
