@@ -246,7 +246,13 @@ def test_a_client_that_never_reads_is_paused_not_buffered(tansu: Broker) -> None
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         fetches = b"".join(
             struct.pack(">i", len(r)) + r
-            for r in (fetch_request(16, 100 + n, topic_id, max_wait_ms=100) for n in range(64))
+            # min_bytes makes the broker answer with the data, never an empty answer after
+            # max_wait (a loaded machine once got small answers with max_wait_ms=100, nothing
+            # piled up and the proxy rightly kept reading)
+            for r in (
+                fetch_request(16, 100 + n, topic_id, max_wait_ms=5000, min_bytes=512 * 1024)
+                for n in range(64)
+            )
         )
         produce = produce_request(9, 1000, topic, [(b"k", b"q" * (1024 * 1024))])
         produce_frame = struct.pack(">i", len(produce)) + produce
