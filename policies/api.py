@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from protocol import error_codes
+from protocol.budget import Allowance
 from protocol.errors import DecodeError
 from protocol.records import Record, RecordBatch, read_batches
 
 __all__ = [
     "ACCEPT",
     "INVALID_RECORD_REJECTION",
+    "MAX_RECORD_ERRORS",
     "MISSING_KEY",
     "PolicyViolation",
     "ProducedRecords",
@@ -82,6 +84,16 @@ class Verdict:
 
 ACCEPT = Verdict()
 
+MAX_RECORD_ERRORS = 1000
+"""A verdict keeps the first this many record errors (the message still counts them all).
+
+A broker lists every one, but one request of a million records with bad timestamps would then
+be answered with 145 MB, more than any client accepts; a thousand say what is wrong as well."""
+
+RECORD_OBJECT_BYTES = 240
+"""What one decoded `Record` costs in memory besides its key and value bytes (measured: the tuple,
+its fields and the list slot), counted in the request's allowance before records are decoded."""
+
 
 class PolicyViolation(Exception):
     """Raised by a custom policy to reject a partition: POLICY_VIOLATION (44) with str(message)."""
@@ -104,13 +116,14 @@ def record_errors_verdict(
     """
     if rejection == "":
         rejection = INVALID_RECORD_REJECTION if code == error_codes.INVALID_RECORD else None
-    errors = tuple(errors)
+    total = len(errors)
+    errors = tuple(errors[:MAX_RECORD_ERRORS])
     if code == error_codes.INVALID_TIMESTAMP:
         message = "One or more records have been rejected due to invalid timestamp"
     else:
         shown = ", ".join(error.java_repr() for error in errors[:3])
         message = (
-            f"One or more records have been rejected due to {len(errors)} record errors in total, "
+            f"One or more records have been rejected due to {total} record errors in total, "
             f"and only showing the first three errors at most: [{shown}]"
         )
     return Verdict(code, message, errors, policy, rejection)
@@ -142,6 +155,19 @@ class ProducedRecords:
     were assigned by the broker, the log cleaner may have removed records (gaps in offset deltas,
     empty batches), so the checks of what only a producer's batch must satisfy are relaxed."""
     _records: tuple[Record, ...] | None = field(default=None, repr=False)
+    allowance: Allowance | None = field(default=None, repr=False)
+    """Where decoding memory is counted (the proxy's per-request budget); None: not counted."""
+    _records_charge: int = field(default=0, repr=False)
+
+    def release(self) -> None:
+        """Drop what decoding kept (records, decompressed batches) and give its memory back;
+        the batch headers stay readable, and decoding again is possible."""
+        self._records = None
+        if self.allowance is not None and self._records_charge:
+            self.allowance.give_back(self._records_charge)
+        self._records_charge = 0
+        for batch in self.batches:
+            batch.release()
 
     @property
     def topic_partition(self) -> str:
@@ -162,6 +188,13 @@ class ProducedRecords:
             return self._records
         out: list[Record] = []
         for batch in self.batches:
+            if self.allowance is not None:
+                count = max(batch.record_count, 0)
+                # keys and values are copied out of the plain batch: count its size too
+                charge = count * RECORD_OBJECT_BYTES + batch.plain_size()
+                what = f"decoding {count} records of {self.topic_partition}"
+                self.allowance.take(charge, what)
+                self._records_charge += charge
             start = len(out)
             if start == 0:
                 out.extend(batch.records())
@@ -205,6 +238,7 @@ def parse_records(
     compacted: bool | None,
     now_ms: int,
     stored: bool = False,
+    allowance: Allowance | None = None,
 ) -> ProducedRecords | Verdict:
     """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse.
 
@@ -217,7 +251,7 @@ def parse_records(
     elif isinstance(raw, bytearray):
         raw = bytes(raw)
     try:
-        batches = read_batches(raw)
+        batches = read_batches(raw, allowance)
     except DecodeError as exc:
         return Verdict(
             code=error_codes.CORRUPT_MESSAGE,
@@ -235,4 +269,5 @@ def parse_records(
         compacted=compacted,
         now_ms=now_ms,
         stored=stored,
+        allowance=allowance,
     )

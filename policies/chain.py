@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from policies.api import ACCEPT, PolicyViolation, ProducedRecords, RecordsPolicy, Verdict
 from protocol import error_codes
+from protocol.budget import ResourceLimit
 from protocol.errors import DecodeError
 
 __all__ = ["CRASH_LOG_INTERVAL_S", "Mode", "PolicyChain"]
@@ -34,7 +35,8 @@ class PolicyChain:
     chain holds no policies. `PolicyViolation` becomes POLICY_VIOLATION (44) with its message;
     records that turn out not to decode become CORRUPT_MESSAGE; any other exception fails closed
     with INVALID_RECORD (87), is counted in `crash_counts` and logged with its traceback at most
-    once per `CRASH_LOG_INTERVAL_S` per policy.
+    once per `CRASH_LOG_INTERVAL_S` per policy. A `ResourceLimit` (decoding would need more memory
+    than the request may hold) is raised to the caller, which answers it.
     """
 
     __slots__ = ("_last_logged", "clock", "crash_counts", "mode", "names", "policies")
@@ -66,6 +68,8 @@ class PolicyChain:
                 verdict = policy.validate(topic, partition, produced)
             except PolicyViolation as exc:
                 return Verdict(error_codes.POLICY_VIOLATION, str(exc), policy=policy.name)
+            except ResourceLimit:
+                raise  # not the policy's failure: the caller answers it (or decodes elsewhere)
             except DecodeError as exc:
                 return Verdict(
                     error_codes.CORRUPT_MESSAGE,

@@ -21,6 +21,7 @@ from typing import Any, TypeAlias
 
 import cramjam
 
+from protocol.budget import Allowance, ResourceLimit
 from protocol.errors import CorruptRecords, UnsupportedCompression
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -90,56 +91,121 @@ def compress(codec: Codec | int, data: Buffer, *, legacy_lz4_checksum: bool = Fa
     return bytes(cramjam.zstd.compress(data, level=3))
 
 
-def decompress(codec: Codec | int, data: Buffer, *, legacy_lz4_checksum: bool = False) -> bytes:
-    """Decompress a Kafka-framed payload; anything that does not decode is `CorruptRecords`."""
+def decompress(
+    codec: Codec | int,
+    data: Buffer,
+    *,
+    legacy_lz4_checksum: bool = False,
+    allowance: Allowance | None = None,
+    headroom: int = 0,
+    what: str = "compressed records",
+) -> bytearray:
+    """Decompress a Kafka-framed payload; anything that does not decode is `CorruptRecords`.
+
+    The result starts with `headroom` bytes for the caller to fill (a batch header, so that the
+    plain batch is one buffer, never a copy of the payload). Without an allowance a payload that
+    expands beyond MAX_DECOMPRESSED_BYTES is refused as corrupt; with one, every buffer is
+    counted in it before it is allocated, and a payload that needs more than it has left raises
+    the allowance's `BudgetExhausted` (or `InlineLimitReached`).
+    """
     codec = codec_from_id(codec) if not isinstance(codec, Codec) else codec
+    output = _Output(allowance, headroom, what)
     try:
         if codec is Codec.NONE:
-            return bytes(data)
+            return output.whole(data)
         if codec is Codec.GZIP:
-            return _bounded(cramjam.gzip, data)
+            return _bounded(cramjam.gzip, data, output)
         if codec is Codec.SNAPPY:
             if bytes(data[:8]) == XERIAL_MAGIC:
-                return _xerial_decode(data)
-            return _snappy_raw_decode(data)
+                return _xerial_decode(data, output)
+            return _snappy_raw_decode(data, output)
         if codec is Codec.LZ4:
             if legacy_lz4_checksum:
                 data = _lz4_set_header_checksum(bytes(data), legacy=False)
-            return _bounded(cramjam.lz4, data)
-        return _bounded(cramjam.zstd, data)
-    except CorruptRecords:
+            return _bounded(cramjam.lz4, data, output)
+        return _bounded(cramjam.zstd, data, output)
+    except (CorruptRecords, ResourceLimit):
         raise
     except Exception as exc:  # cramjam raises its own DecompressionError, ValueError, ...
         raise CorruptRecords(f"{codec.name.lower()} payload does not decompress: {exc}") from exc
 
 
-def _bounded(codec: Any, data: Buffer) -> bytes:
-    """`codec.decompress(data)` into buffers of bounded size: a first guess of 16 times the
-    input, then four times larger each time it does not fit, up to MAX_DECOMPRESSED_BYTES."""
-    size = min(MAX_DECOMPRESSED_BYTES, max(65536, len(data) * _FIRST_GUESS_RATIO))
+class _Output:
+    """Where decompressed bytes go: buffers counted in an allowance, or bounded by the constant."""
+
+    __slots__ = ("allowance", "headroom", "what")
+
+    def __init__(self, allowance: Allowance | None, headroom: int, what: str) -> None:
+        self.allowance = allowance
+        self.headroom = headroom
+        self.what = what
+
+    def limit(self) -> int:
+        """The most a payload may expand to (headroom excluded)."""
+        if self.allowance is None:
+            return MAX_DECOMPRESSED_BYTES
+        return max(0, self.allowance.available() - self.headroom)
+
+    def buffer(self, size: int) -> bytearray:
+        """A buffer of `size` payload bytes plus the headroom, counted before it is allocated."""
+        if self.allowance is not None:
+            self.allowance.take(size + self.headroom, self.what)
+        return bytearray(size + self.headroom)
+
+    def shrink(self, out: bytearray, written: int) -> bytearray:
+        """`out` cut to what was written (in place: no copy), the rest given back."""
+        unused = len(out) - self.headroom - written
+        del out[self.headroom + written :]
+        if self.allowance is not None:
+            self.allowance.give_back(unused)
+        return out
+
+    def drop(self, out: bytearray) -> None:
+        if self.allowance is not None:
+            self.allowance.give_back(len(out))
+
+    def too_large(self, compressed: int) -> ResourceLimit | CorruptRecords:
+        """The error for a payload that expands beyond `limit()`."""
+        if self.allowance is None:
+            return CorruptRecords(
+                f"payload of {compressed} bytes expands beyond {MAX_DECOMPRESSED_BYTES} bytes"
+            )
+        try:  # asking for one byte more than is left raises the allowance's own error
+            self.allowance.take(self.allowance.available() + 1, self.what)
+        except ResourceLimit as exc:
+            return exc
+        raise AssertionError("an allowance gave more than it had")  # pragma: no cover
+
+    def whole(self, data: Buffer) -> bytearray:
+        """`data` copied after the headroom."""
+        if len(data) > self.limit():
+            raise self.too_large(len(data))
+        out = self.buffer(len(data))
+        out[self.headroom :] = data
+        return out
+
+
+def _bounded(codec: Any, data: Buffer, output: _Output) -> bytearray:
+    """`codec.decompress_into(data)` into buffers of bounded size: a first guess of 16 times the
+    input, then four times larger each time it does not fit, up to the output's limit; at most
+    one buffer at a time."""
+    limit = output.limit()
+    size = min(limit, max(65536, len(data) * _FIRST_GUESS_RATIO))
     while True:
-        out = bytearray(size)
+        out = output.buffer(size)
         try:
-            written = codec.decompress_into(data, out)
+            with memoryview(out) as view:
+                written = codec.decompress_into(data, view[output.headroom :])
         except Exception as exc:  # cramjam's DecompressionError: corrupt, or does not fit
+            output.drop(out)
+            del out
             if "failed to write whole buffer" not in str(exc):
                 raise
-            if size >= MAX_DECOMPRESSED_BYTES:
-                raise CorruptRecords(
-                    f"payload of {len(data)} bytes expands beyond {MAX_DECOMPRESSED_BYTES} bytes"
-                ) from None
-            size = min(MAX_DECOMPRESSED_BYTES, size * 4)
-            del out  # before the larger one is allocated: at most one buffer at a time
+            if size >= limit:
+                raise output.too_large(len(data)) from None
+            size = min(limit, size * 4)
             continue
-        with memoryview(out) as view:
-            return bytes(view[: int(written)])
-
-
-def _snappy_raw_decode(block: Buffer) -> bytes:
-    claimed = cramjam.snappy.decompress_raw_len(block)
-    if claimed > len(block) * _SNAPPY_MAX_RATIO + _SNAPPY_MAX_RATIO:
-        raise CorruptRecords(f"snappy block of {len(block)} bytes claims {claimed} bytes")
-    return bytes(cramjam.snappy.decompress_raw(block))
+        return output.shrink(out, int(written))
 
 
 def _xerial_encode(data: Buffer) -> bytes:
@@ -153,12 +219,33 @@ def _xerial_encode(data: Buffer) -> bytes:
     return b"".join(parts)
 
 
-def _xerial_decode(data: Buffer) -> bytes:
+def _snappy_claimed(block: Buffer) -> int:
+    """The length a raw snappy block says it expands to; refused when no snappy block could."""
+    claimed = int(cramjam.snappy.decompress_raw_len(block))
+    if claimed > len(block) * _SNAPPY_MAX_RATIO + _SNAPPY_MAX_RATIO:
+        raise CorruptRecords(f"snappy block of {len(block)} bytes claims {claimed} bytes")
+    return claimed
+
+
+def _snappy_raw_decode(block: Buffer, output: _Output) -> bytearray:
+    claimed = _snappy_claimed(block)
+    if claimed > output.limit():
+        raise output.too_large(len(block))
+    out = output.buffer(claimed)
+    with memoryview(out) as view:
+        written = cramjam.snappy.decompress_raw_into(block, view[output.headroom :])
+    return output.shrink(out, int(written))
+
+
+def _xerial_decode(data: Buffer, output: _Output) -> bytearray:
+    """A xerial stream: every block's claimed length first (a header read), so the whole
+    output is counted and allocated once, then each block decompressed into its place."""
     view = memoryview(data)
     if len(view) < len(_XERIAL_HEADER):
         raise CorruptRecords("xerial snappy stream shorter than its header")
     pos = len(_XERIAL_HEADER)
-    out: list[bytes] = []
+    blocks: list[tuple[int, int, int]] = []  # (start, end, claimed length)
+    total = 0
     while pos < len(view):
         if pos + 4 > len(view):
             raise CorruptRecords(f"xerial snappy block length cut off at byte {pos}")
@@ -166,9 +253,24 @@ def _xerial_decode(data: Buffer) -> bytes:
         pos += 4
         if block_len < 0 or pos + block_len > len(view):
             raise CorruptRecords(f"xerial snappy block of {block_len} bytes at byte {pos - 4}")
-        out.append(_snappy_raw_decode(view[pos : pos + block_len]))
+        claimed = _snappy_claimed(view[pos : pos + block_len])
+        total += claimed
+        blocks.append((pos, pos + block_len, claimed))
         pos += block_len
-    return b"".join(out)
+    if total > output.limit():
+        raise output.too_large(len(view))
+    out = output.buffer(total)
+    at = output.headroom
+    with memoryview(out) as target:
+        for start, end, claimed in blocks:
+            written = int(cramjam.snappy.decompress_raw_into(view[start:end], target[at:]))
+            if written != claimed:
+                raise CorruptRecords(
+                    f"snappy block at byte {start} holds {written} bytes, "
+                    f"not the {claimed} it claims"
+                )
+            at += written
+    return out
 
 
 def _lz4_set_header_checksum(frame: bytes, *, legacy: bool) -> bytes:

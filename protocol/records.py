@@ -19,6 +19,7 @@ from typing import NamedTuple
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
+from protocol.budget import Allowance
 from protocol.compression import CODEC_MASK, Codec, codec_from_id, compress, decompress
 from protocol.errors import BufferUnderflow, CorruptRecords, EncodeError
 
@@ -124,10 +125,12 @@ class RecordBatch:
     """
 
     __slots__ = (
+        "_charged",
         "_count",
         "_inner_crcs_valid",
         "_plain",
         "_scan",
+        "allowance",
         "attributes",
         "base_offset",
         "base_sequence",
@@ -160,12 +163,17 @@ class RecordBatch:
     base_sequence: int
     _count: int | None
     _inner_crcs_valid: bool | None
-    _plain: memoryview | bytes | None
+    _plain: memoryview | bytes | bytearray | None
     _scan: RecordScan | None
+    allowance: Allowance | None
+    """Where the memory of decompressing is counted (None: bounded by the codec's constant)."""
+    _charged: int
 
-    def __init__(self, buffer: memoryview) -> None:
+    def __init__(self, buffer: memoryview, allowance: Allowance | None = None) -> None:
         """Wrap exactly one batch's bytes; use `read_batch` rather than calling this directly."""
         self.buffer = buffer
+        self.allowance = allowance
+        self._charged = 0
         self._inner_crcs_valid = None
         self._plain = None
         self._scan = None
@@ -243,10 +251,24 @@ class RecordBatch:
 
     @property
     def record_count(self) -> int:
-        """Magic 2: the header's count. Magic 0/1: 1, or the inner messages of a wrapper."""
+        """Magic 2: the header's count. Magic 0/1: 1, or the inner messages of a wrapper
+        (counted by their length fields, without parsing them)."""
         if self._count is None:
-            self._count = sum(1 for _ in self.records())
+            self._count = self._count_inner()
         return self._count
+
+    def plain_size(self) -> int:
+        """Bytes of the batch once decompressed (decompressing it, once, if it is compressed)."""
+        if self.codec is Codec.NONE:
+            return len(self.buffer)
+        return len(self._plain_v2() if self.magic == 2 else self._inner())
+
+    def release(self) -> None:
+        """Drop the decompressed bytes kept for a second pass and give their memory back."""
+        self._plain = None
+        if self._charged and self.allowance is not None:
+            self.allowance.give_back(self._charged)
+        self._charged = 0
 
     def computed_crc(self) -> int:
         """CRC32C over attributes..end (magic 2); CRC32 over magic..end (magic 0/1)."""
@@ -303,8 +325,9 @@ class RecordBatch:
         low = high = 0
         null_keys = 0
         index = 0
+        plain = self._plain_v2()  # outside the try: a decompression error is its own
         try:
-            for raw in DefaultRecordBatch(self._plain_v2()):
+            for raw in DefaultRecordBatch(plain):
                 timestamp = raw.timestamp
                 if index == 0:
                     low = high = timestamp
@@ -330,8 +353,9 @@ class RecordBatch:
     def _values_v2(self) -> Iterator[bytes | None]:
         count = self._checked_count()
         index = 0
+        plain = self._plain_v2()  # outside the try: a decompression error is its own
         try:
-            for raw in DefaultRecordBatch(self._plain_v2()):
+            for raw in DefaultRecordBatch(plain):
                 yield raw.value
                 index += 1
         except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
@@ -356,23 +380,40 @@ class RecordBatch:
             raise CorruptRecords(f"invalid record count {count} in batch at {self.base_offset}")
         return count
 
-    def _plain_v2(self) -> memoryview | bytes:
-        """The batch with its records uncompressed (decompressed once, kept for a second pass)."""
+    def _plain_v2(self) -> memoryview | bytes | bytearray:
+        """The batch with its records uncompressed (decompressed once, kept for a second pass,
+        counted in the allowance until `release`)."""
         if self._plain is None:
             if self.codec is Codec.NONE:
                 self._plain = self.buffer
             else:
-                payload = decompress(self.codec, self.buffer[V2_HEADER_SIZE:])
-                header = bytearray(self.buffer[:V2_HEADER_SIZE])
-                struct.pack_into(">h", header, V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
-                self._plain = bytes(header) + payload
+                plain = self._decompress(self.buffer[V2_HEADER_SIZE:], V2_HEADER_SIZE)
+                plain[:V2_HEADER_SIZE] = self.buffer[:V2_HEADER_SIZE]
+                struct.pack_into(">h", plain, V2_ATTRIBUTES_POS, self.attributes & ~CODEC_MASK)
+                self._plain = plain
         return self._plain
+
+    def _decompress(self, payload: memoryview, headroom: int = 0) -> bytearray:
+        allowance = self.allowance
+        held = 0 if allowance is None else allowance.held
+        plain = decompress(
+            self.codec,
+            payload,
+            legacy_lz4_checksum=self.magic == 0,
+            allowance=allowance,
+            headroom=headroom,
+            what=f"the batch at offset {self.base_offset} ({self.codec.name.lower()}, "
+            f"{len(self.buffer)} bytes)",
+        )
+        if allowance is not None:
+            self._charged += allowance.held - held
+        return plain
 
     def _records_v2(self) -> Iterator[Record]:
         count = self._checked_count()
         return self._iter_v2(self._plain_v2(), count)
 
-    def _iter_v2(self, source: memoryview | bytes, count: int) -> Iterator[Record]:
+    def _iter_v2(self, source: memoryview | bytes | bytearray, count: int) -> Iterator[Record]:
         base_offset = self.base_offset
         new = _tuple_new
         index = 0
@@ -413,17 +454,20 @@ class RecordBatch:
             timestamp = self.max_timestamp if log_append else message.timestamp
             yield _legacy_record(index, message.offset, message, timestamp)
 
-    def _inner_messages(self) -> Iterator[_Message]:
-        wrapper = _parse_message(self.buffer, 0, len(self.buffer))
-        if wrapper.value is None:
-            raise CorruptRecords(f"compressed message at offset {self.base_offset} has no value")
-        inner = memoryview(
-            decompress(
-                self.codec,
-                wrapper.value,
-                legacy_lz4_checksum=self.magic == 0,
-            )
-        )
+    def _inner(self) -> memoryview:
+        """A compressed wrapper's inner message set (decompressed once, kept as `_plain`)."""
+        if self._plain is None:
+            wrapper = _parse_message(self.buffer, 0, len(self.buffer))
+            if wrapper.value is None:
+                raise CorruptRecords(
+                    f"compressed message at offset {self.base_offset} has no value"
+                )
+            self._plain = self._decompress(memoryview(wrapper.value))
+        return memoryview(self._plain)
+
+    def _inner_bounds(self) -> Iterator[tuple[int, int]]:
+        """(start, end) of each inner message, read from the length fields only."""
+        inner = self._inner()
         pos = 0
         while pos < len(inner):
             if len(inner) - pos < LOG_OVERHEAD + MIN_LENGTH_BY_MAGIC[0]:
@@ -432,8 +476,16 @@ class RecordBatch:
             end = pos + LOG_OVERHEAD + length
             if length < MIN_LENGTH_BY_MAGIC[0] or end > len(inner):
                 raise CorruptRecords(f"inner message at byte {pos} has bad length {length}")
-            yield _parse_message(inner, pos, end)
+            yield pos, end
             pos = end
+
+    def _count_inner(self) -> int:
+        return sum(1 for _ in self._inner_bounds())
+
+    def _inner_messages(self) -> Iterator[_Message]:
+        inner = self._inner()
+        for pos, end in self._inner_bounds():
+            yield _parse_message(inner, pos, end)
 
 
 class _Message(NamedTuple):
@@ -500,14 +552,16 @@ def _legacy_record(index: int, offset_delta: int, message: _Message, timestamp: 
 # -- readers -----------------------------------------------------------------------------------
 
 
-def read_batch(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[RecordBatch, int]:
+def read_batch(
+    buf: bytes | bytearray | memoryview, offset: int = 0, allowance: Allowance | None = None
+) -> tuple[RecordBatch, int]:
     """Read the batch (or legacy message) starting at `offset`; returns it and the offset after.
 
     BufferUnderflow when the buffer ends inside it; CorruptRecords when its header is nonsense
     (length below the minimum for its magic, magic above 2); UnsupportedCompression for codec
     ids 5-7.
     """
-    return _read_batch(_byte_view(buf), offset)
+    return _read_batch(_byte_view(buf), offset, allowance)
 
 
 def _byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
@@ -517,7 +571,9 @@ def _byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-def _read_batch(view: memoryview, offset: int) -> tuple[RecordBatch, int]:
+def _read_batch(
+    view: memoryview, offset: int, allowance: Allowance | None = None
+) -> tuple[RecordBatch, int]:
     available = len(view) - offset
     if offset < 0:
         raise CorruptRecords(f"negative buffer offset {offset}")
@@ -539,10 +595,12 @@ def _read_batch(view: memoryview, offset: int) -> tuple[RecordBatch, int]:
         raise BufferUnderflow(
             f"batch at byte {offset} needs {end - offset} bytes, {available} left"
         )
-    return RecordBatch(view[offset:end]), end
+    return RecordBatch(view[offset:end], allowance), end
 
 
-def read_batches(buf: bytes | bytearray | memoryview) -> tuple[RecordBatch, ...]:
+def read_batches(
+    buf: bytes | bytearray | memoryview, allowance: Allowance | None = None
+) -> tuple[RecordBatch, ...]:
     """Every batch of `buf`, which must end where its last batch ends (BufferUnderflow if not).
 
     `tuple(iter_batches(buf))` without the generator: this runs for every partition of every
@@ -552,7 +610,7 @@ def read_batches(buf: bytes | bytearray | memoryview) -> tuple[RecordBatch, ...]
     offset = 0
     batches = []
     while offset < end:
-        batch, offset = _read_batch(view, offset)
+        batch, offset = _read_batch(view, offset, allowance)
         batches.append(batch)
     return tuple(batches)
 

@@ -265,6 +265,18 @@ class LimitsConfig(_Section):
     holds at most about 150,000 records (7 bytes each at the least), and producers batch far
     fewer than that, so 1,000,000 is not reached by real traffic, while it bounds the decoding of
     one request to a fraction of a second (the record parser reads 2-5 million records a second)."""
+    decode_bytes_per_request: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
+    """Memory one Produce request may hold while its records are checked: decompressed batches
+    and decoded records (about 240 bytes each besides their keys and values). A partition that
+    would need more is answered MESSAGE_TOO_LARGE with a message naming this limit; the others
+    are checked as usual (what one partition held is given back before the next is decoded). A
+    producer's batch is at most `max.request.size` (1 MiB) compressed; 256 MiB lets it expand
+    more than 200 times and still be checked, as the broker would accept it."""
+    decode_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
+    """Memory every Produce request being checked may hold together, in this process. A
+    partition that would pass it is answered MESSAGE_TOO_LARGE ("retry later"), never held
+    waiting. With the defaults, decoding never holds more than 512 MiB, which with the rest of
+    the proxy (about 100 MiB, plus receive buffers) fits a 2 GiB container."""
 
 
 class ShutdownConfig(_Section):

@@ -22,6 +22,7 @@ log = logging.getLogger("kvproxy")
 
 OTHER_TOPICS: Final = "_other"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LATENCY_BUCKETS: Final = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0,
@@ -161,6 +162,32 @@ class ProxyMetrics:
         self.unmapped_nodes = Gauge(
             "kvproxy_unmapped_nodes",
             "Broker nodes named by the cluster that have no proxy port (left out of answers)",
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "kvproxy_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 100 ms: how long it was held",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_max = Gauge(
+            "kvproxy_event_loop_lag_max_seconds",
+            "The longest the event loop was held in the last minute",
+            registry=r,
+        )
+        self.decode_memory = Gauge(
+            "kvproxy_decode_memory_bytes",
+            "Memory held by decoding Produce requests now (limits.decode_memory_bytes)",
+            registry=r,
+        )
+        self.decode_budget_refusals = Counter(
+            "kvproxy_decode_budget_refusals",
+            "Partitions answered MESSAGE_TOO_LARGE because decoding them would pass a memory limit",
+            registry=r,
+        )
+        self.off_loop_decisions = Counter(
+            "kvproxy_produce_off_loop",
+            "Produce requests decided off the event loop (too much to decode on it)",
             registry=r,
         )
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import ACCEPT, ProducedRecords, Verdict, parse_records
+from policies.chain import PolicyChain
 from policies.config import TopicRouting
 from protocol import error_codes
+from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from protocol.compression import Codec
 from protocol.error_codes import ErrorProfile, Rejection, rejection_code
 from protocol.errors import DecodeError
@@ -42,6 +44,8 @@ _VALID_ACKS = frozenset({-1, 0, 1})
 _FIRST_WITH_TOPIC_IDS = 13
 RECORDS_LIMIT = "max_records_per_request"
 """`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
+DECODE_BUDGET = "decode_budget"
+"""`Verdict.policy` of a partition whose decoding would hold more memory than allowed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,18 @@ class ProduceSettings:
     reject_request: bool = False
     max_records_per_request: int | None = None
     """A request declaring more records is answered MESSAGE_TOO_LARGE before any is decoded."""
+    inline_max_records: int = 10_000
+    """An inline decision (`Allowance.inline`) of a request declaring more records stops with
+    `InlineLimitReached`: checking them would hold the event loop for milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """A topic's chain and compaction, read on the event loop for a decision made elsewhere
+    (the routing's caches belong to the loop's thread, and a reload may replace it meanwhile)."""
+
+    chain: PolicyChain
+    compacted: bool | None
 
 
 @dataclass(slots=True, eq=False)
@@ -120,7 +136,23 @@ class ProduceEngine:
         override = self.routing.compacted_override(topic)
         return override if override is not None else self._compacted(topic)
 
-    def decide(self, frame: Frame, request: Request, now_ms: int | None = None) -> ProduceDecision:
+    def decide(
+        self,
+        frame: Frame,
+        request: Request,
+        now_ms: int | None = None,
+        allowance: Allowance | None = None,
+        topics: Mapping[str, TopicView] | None = None,
+    ) -> ProduceDecision:
+        """Every partition's outcome and what goes upstream.
+
+        Decoding memory is counted in `allowance` and given back partition by partition, so a
+        request holds at most one partition's decoded records at a time. A partition that would
+        need more than the allowance has is answered MESSAGE_TOO_LARGE; an inline allowance that
+        runs out raises `InlineLimitReached` (nothing is decided: the caller decides again with
+        a larger allowance, off the event loop). `topics` (from `topic_view`) replaces every
+        lookup of a topic's chain and compaction: a decision made off the loop needs it.
+        """
         header, body = request.header, request.body
         version = header.api_version
         if version >= _FIRST_WITH_TOPIC_IDS:
@@ -141,16 +173,25 @@ class ProduceEngine:
                     acks=acks,
                     transactional_id=transactional_id,
                     now=now,
+                    allowance=allowance,
+                    compacted=self._view(name, topics).compacted,
                 )
                 for data in topic_data.partition_data
             ]
             parsed.append((name, partitions))
+        declared = _declared_records(parsed)
+        if (
+            allowance is not None
+            and allowance.inline
+            and declared > self.settings.inline_max_records
+        ):
+            raise InlineLimitReached(f"the request declares {declared} records")
         limit = self.settings.max_records_per_request
-        too_many = None if limit is None else _over_records_limit(parsed, limit)
-        topics: list[tuple[str, tuple[PartitionOutcome, ...]]] = []
+        too_many = None if limit is None or declared <= limit else _too_many(declared, limit)
+        topics_out: list[tuple[str, tuple[PartitionOutcome, ...]]] = []
         if too_many is not None:
             for name, partitions in parsed:
-                topics.append(
+                topics_out.append(
                     (
                         name,
                         tuple(
@@ -167,10 +208,16 @@ class ProduceEngine:
                 )
         else:
             for name, partitions in parsed:
-                topics.append(
-                    (name, tuple(self._judge(name, index, raw, p) for index, raw, p in partitions))
+                chain = self._view(name, topics).chain
+                topics_out.append(
+                    (
+                        name,
+                        tuple(
+                            self._judge(chain, name, index, raw, p) for index, raw, p in partitions
+                        ),
+                    )
                 )
-        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics))
+        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out))
         decision.forward = self._forward(frame, request, decision)
         return decision
 
@@ -183,6 +230,8 @@ class ProduceEngine:
         acks: int,
         transactional_id: str | None,
         now: int,
+        allowance: Allowance | None,
+        compacted: bool | None,
     ) -> tuple[int, bytes | memoryview, ProducedRecords | Verdict]:
         """One partition's batch views (headers only), or the verdict that needs none."""
         index = int(data.index)
@@ -201,21 +250,48 @@ class ProduceEngine:
             produce_version=version,
             acks=acks,
             transactional_id=transactional_id,
-            compacted=self.compaction_for(topic),
+            compacted=compacted,
             now_ms=now,
+            allowance=allowance,
         )
         return index, raw, parsed
 
+    def topic_view(self, request: Request) -> dict[str, TopicView]:
+        """Each topic's chain and compaction now, for `decide(topics=...)`."""
+        return {
+            name: TopicView(self.routing.chain_for(name), self.compaction_for(name))
+            for name in {str(topic.name) for topic in request.body.topic_data}
+        }
+
+    def _view(self, topic: str, topics: Mapping[str, TopicView] | None) -> TopicView:
+        if topics is not None:
+            return topics[topic]
+        return TopicView(self.routing.chain_for(topic), self.compaction_for(topic))
+
     def _judge(
-        self, topic: str, index: int, raw: bytes | memoryview, parsed: ProducedRecords | Verdict
+        self,
+        chain: PolicyChain,
+        topic: str,
+        index: int,
+        raw: bytes | memoryview,
+        parsed: ProducedRecords | Verdict,
     ) -> PartitionOutcome:
         """The partition's outcome: its chain's verdict on what `_parse` read."""
         if isinstance(parsed, Verdict):  # malformed or bad acks: never forwarded, whatever the mode
             return PartitionOutcome(topic, index, parsed, enforced=True, raw=raw)
-        chain = self.routing.chain_for(topic)
         if chain.mode.value == "off":
             return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
-        verdict = chain.check(parsed)
+        try:
+            verdict = chain.check(parsed)
+        except BudgetExhausted as exc:
+            verdict = Verdict(
+                code=error_codes.MESSAGE_TOO_LARGE,
+                message=f"Records in topic partition {parsed.topic_partition} not checked: {exc}",
+                policy=DECODE_BUDGET,
+            )
+            return PartitionOutcome(topic, index, verdict, enforced=True, produced=parsed, raw=raw)
+        finally:
+            parsed.release()  # what decoding held goes back before the next partition
         enforced = chain.mode.value == "enforce"
         return PartitionOutcome(topic, index, verdict, enforced, produced=parsed, raw=raw)
 
@@ -336,16 +412,16 @@ class ProduceEngine:
         return code
 
 
-def _over_records_limit(
+def _declared_records(
     parsed: list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]],
-    limit: int,
-) -> Verdict | None:
-    """The verdict for every partition when the request declares more than `limit` records.
+) -> int:
+    """The records a request declares over all its batches.
 
     Magic 2 batches declare their count in the header (a negative count adds nothing; the
     integrity check rejects it). A magic 0/1 message is one record, except a compressed wrapper
-    (Produce v0-v2 only), which has no count but its inner messages: those are counted, and one
-    that does not decode counts as one (its partition is rejected as corrupt anyway).
+    (Produce v0-v2 only), which has no count but its inner messages: those are counted from their
+    length fields (one wrapper decompressed at a time), and one that does not decode, or would
+    need more memory than the request may hold, counts as one (its partition is rejected anyway).
     """
     declared = 0
     for _, partitions in parsed:
@@ -358,10 +434,15 @@ def _over_records_limit(
                 else:
                     try:
                         declared += batch.record_count
-                    except DecodeError:
+                    except (DecodeError, BudgetExhausted):
                         declared += 1
-    if declared <= limit:
-        return None
+                    finally:
+                        batch.release()  # one wrapper's messages held at a time
+    return declared
+
+
+def _too_many(declared: int, limit: int) -> Verdict:
+    """The verdict for every partition of a request declaring more than `limit` records."""
     return Verdict(
         code=error_codes.MESSAGE_TOO_LARGE,
         message=(

@@ -22,11 +22,13 @@ import struct
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from policies.config import PolicyConfigError, TopicRouting, build_routing
+from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
 from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError, UnsupportedVersion
 from protocol.framing import BufferPool, Frame, FrameDecoder, size_prefix
@@ -44,7 +46,13 @@ from proxy.config import NodePortError, ProxyConfig, shared_port_problem
 from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
-from proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine, ProduceSettings
+from proxy.produce import (
+    DECODE_BUDGET,
+    PartitionOutcome,
+    ProduceDecision,
+    ProduceEngine,
+    ProduceSettings,
+)
 from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
@@ -63,6 +71,11 @@ _SWEEP_MIN_S = 0.01
 _SWEEP_MAX_S = 5.0
 _MAX_UNMAPPED_LOGGED = 1_000
 """Node ids remembered (and logged) as having no port or no listener; beyond, silence."""
+INLINE_DECODE_BYTES = 4 * 1024 * 1024
+"""Decoding memory a Produce request may use on the event loop (a few milliseconds of work);
+one that needs more is decided again on the decoding thread."""
+LAG_TICK_S = 0.1
+LAG_WINDOW_S = 60.0
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
@@ -309,22 +322,43 @@ class ClientConnection(asyncio.BufferedProtocol):
     # ---- produce requests: the policies decide ----
 
     def _on_produce(self, engine: ProduceEngine, payload: Frame) -> None:
+        """Decide on the loop when that is cheap; otherwise hold this connection's later
+        requests (their answers must follow this one's) and decide in a task."""
+        started = time.perf_counter()
         request = decode_request(payload)  # malformed: DecodeError ends the connection
         unknown = self._server.topics_to_describe(request)
-        if unknown:
-            self._held = collections.deque()
-            self.pause_reading("topic-configs")
-            self._spawn(self._after_describe(engine, payload, request, unknown))
-            return
-        self._apply_produce(engine, payload, request)
+        if not unknown:
+            decision = self._server.decide_inline(engine, payload, request)
+            if decision is not None:
+                self._apply_produce(engine, request, decision, started)
+                return
+        self._held = collections.deque()
+        self.pause_reading("produce")
+        self._spawn(self._decide_later(engine, payload, request, unknown, started))
 
-    async def _after_describe(
-        self, engine: ProduceEngine, payload: Frame, request: Request, topics: list[str]
+    async def _decide_later(
+        self,
+        engine: ProduceEngine,
+        payload: Frame,
+        request: Request,
+        topics: list[str],
+        started: float,
     ) -> None:
-        await self._server.describe_topics(topics)
+        """Describe the topics the checks need, then decide: on the loop if it is cheap, else
+        on the decoding thread; then handle the requests held meanwhile, in order."""
+        server = self._server
+        try:
+            if topics:
+                await server.describe_topics(topics)
+            decision = server.decide_inline(engine, payload, request)
+            if decision is None:
+                decision = await server.decide_off_loop(engine, payload, request)
+        except ProtocolError as exc:
+            self.abort(f"client {self.peer} sent an undecodable frame: {exc}", reason="malformed")
+            return
         held, self._held = self._held, None
         try:
-            self._apply_produce(engine, payload, request)
+            self._apply_produce(engine, request, decision, started)
             while held and self._held is None:
                 self._on_request(held.popleft())
         except ProtocolError as exc:
@@ -333,11 +367,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         if held and self._held is not None:
             self._held.extendleft(reversed(held))  # blocked again: keep the order
         if self._held is None:
-            self.resume_reading("topic-configs")
+            self.resume_reading("produce")
+            self.flush()
 
-    def _apply_produce(self, engine: ProduceEngine, payload: Frame, request: Request) -> None:
-        started = time.perf_counter()
-        decision = engine.decide(payload, request)
+    def _apply_produce(
+        self, engine: ProduceEngine, request: Request, decision: ProduceDecision, started: float
+    ) -> None:
         header = request.header
         server = self._server
         server.report(decision, header.client_id, self.peer)
@@ -345,6 +380,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         outcome = "forwarded"
         if decision.rejected:
             outcome = "rejected" if decision.forward is None else "partially_rejected"
+            refused = sum(1 for o in decision.rejected if o.verdict.policy == DECODE_BUDGET)
+            if refused:
+                self.metrics.decode_budget_refusals.inc(refused)
         self.metrics.child(self.metrics.requests, "produce", outcome).inc()
         try:
             self._route_produce(engine, decision, header.correlation_id, header.api_version)
@@ -672,6 +710,13 @@ class ProxyServer:
         self._sweep_task: asyncio.Task[None] | None = None
         self.buffer_pool = BufferPool()
         """Large-frame buffers shared by every connection of this server (one event loop)."""
+        limits = config.limits
+        self.decode_memory = MemoryBudget(limits.decode_memory_bytes, "limits.decode_memory_bytes")
+        """What every Produce request being decoded may hold together."""
+        self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="kvproxy-decode")
+        """Where a request too costly to check on the event loop is checked: one thread, so
+        heavy requests wait for each other while every other client's requests keep flowing."""
+        self._lag_task: asyncio.Task[None] | None = None
         self._upstreams = 0
         self._tasks = 0
         self._client_ssl = _client_side_ssl(config)
@@ -708,6 +753,57 @@ class ProxyServer:
         """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
 
     # ---- produce policies ----
+
+    def decide_inline(
+        self, engine: ProduceEngine, payload: Frame, request: Request
+    ) -> ProduceDecision | None:
+        """The decision, made on the event loop, or None when it needs more than
+        `INLINE_DECODE_BYTES` of decoding or more than the engine's inline record count."""
+        allowance = Allowance(INLINE_DECODE_BYTES, self.decode_memory, inline=True)
+        try:
+            return engine.decide(payload, request, allowance=allowance)
+        except InlineLimitReached:
+            return None
+        finally:
+            allowance.release()
+            self.metrics.decode_memory.set(self.decode_memory.in_use)
+
+    async def decide_off_loop(
+        self, engine: ProduceEngine, payload: Frame, request: Request
+    ) -> ProduceDecision:
+        """The decision, made on the decoding thread with the full per-request allowance."""
+        topics = engine.topic_view(request)  # the routing's caches are read on the loop only
+        allowance = Allowance(self.config.limits.decode_bytes_per_request, self.decode_memory)
+        self.metrics.off_loop_decisions.inc()
+
+        def decide() -> ProduceDecision:
+            try:
+                return engine.decide(payload, request, allowance=allowance, topics=topics)
+            finally:
+                allowance.release()
+
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._decode_thread, decide)
+        finally:
+            self.metrics.decode_memory.set(self.decode_memory.in_use)
+
+    async def _watch_loop_lag(self) -> None:
+        """How late a timer due every `LAG_TICK_S` runs: the longest the loop was held."""
+        loop = asyncio.get_running_loop()
+        recent: collections.deque[tuple[float, float]] = collections.deque()
+        while not self._stopping:
+            due = loop.time() + LAG_TICK_S
+            await asyncio.sleep(LAG_TICK_S)
+            now = loop.time()
+            lag = max(0.0, now - due)
+            self.metrics.loop_lag.observe(lag)
+            while recent and (recent[0][0] < now - LAG_WINDOW_S or recent[0][1] <= lag):
+                recent.popleft()
+            while recent and recent[-1][1] <= lag:
+                recent.pop()
+            recent.append((now, lag))  # decreasing lags: the first is the window's longest
+            self.metrics.loop_lag_max.set(recent[0][1])
 
     def topics_to_describe(self, request: Request) -> list[str]:
         """Topics whose compaction a check needs and nobody has told the proxy yet."""
@@ -1128,6 +1224,7 @@ class ProxyServer:
 
         self._readiness_task = asyncio.get_running_loop().create_task(self._watch_readiness())
         self._sweep_task = asyncio.get_running_loop().create_task(self._sweep())
+        self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag())
 
     async def _sweep(self) -> None:
         """Close idle and stalled client connections: one pass over them every tick.
@@ -1199,6 +1296,8 @@ class ProxyServer:
             self._readiness_task.cancel()
         if self._sweep_task is not None:
             self._sweep_task.cancel()
+        if self._lag_task is not None:
+            self._lag_task.cancel()
         if self._http is not None:
             self._http.close()
         if drain_timeout is None:
@@ -1217,6 +1316,7 @@ class ProxyServer:
         deadline = loop.time() + 2.0
         while (self._clients or self._tasks or self._background) and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        self._decode_thread.shutdown(wait=False, cancel_futures=True)
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
 

@@ -678,29 +678,34 @@ def test_a_decompression_bomb_is_refused_without_expanding_it() -> None:
     """Found by the fuzzer's compression_payload mutator (decompression bombs): a Produce
     request of about 9 KiB whose one zstd batch expands to 256 MiB. The proxy must refuse it (or
     read it without holding the expansion), not allocate what the payload claims: while the
-    request is handled, the Python heap may not peak more than the decompression bound
-    (`protocol.compression.MAX_DECOMPRESSED_BYTES`, 64 MiB) plus 16 MiB above where it was.
-    Without that bound a 9 KiB request cost about 512 MiB, and a 100 MiB request (the frame
-    limit) could claim terabytes.
+    request is handled, the Python heap may not peak more than the request's decoding budget
+    (`limits.decode_bytes_per_request`, 64 MiB here) plus 16 MiB above where it was, and the
+    client is answered MESSAGE_TOO_LARGE. Without a bound a 9 KiB request cost about 512 MiB,
+    and a 100 MiB request (the frame limit) could claim terabytes.
     """
     batch = fuzz.bomb_batch(Codec.ZSTD, BOMB_EXPANDED)
     request = fuzz.produce_request(9, 9, [(fuzz.TOPIC, 0, batch)])
     assert len(request) < 16 * 1024
     with (
         run_stub_cluster(node_ids=(1,)) as cluster,
-        run_proxy(cluster.bootstrap, topics=[{"match": "*", "compacted": False}]) as proxy,
+        run_proxy(
+            cluster.bootstrap,
+            topics=[{"match": "*", "compacted": False}],
+            limits={"decode_bytes_per_request": BOMB_PEAK_LIMIT - 16 * 1024 * 1024},
+        ) as proxy,
     ):
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
             with RawKafkaClient(proxy.host, proxy.port) as client:
-                client.send_frame(request)
-                with contextlib.suppress(RawClientError):
-                    client.recv_frame(timeout=30)  # an answer or a close: either is fine
+                answer = client.request(request, timeout=30)
             peak = tracemalloc.get_traced_memory()[1] - before
         finally:
             tracemalloc.stop()
+    partition = decode_response(answer, PRODUCE, 9).body.responses[0].partition_responses[0]
+    assert int(partition.error_code) == 10, partition  # MESSAGE_TOO_LARGE
+    assert "limits.decode_bytes_per_request" in (partition.error_message or "")
     assert peak < BOMB_PEAK_LIMIT, (
         f"a {len(request)}-byte request made the proxy allocate {peak / 2**20:.0f} MiB"
     )
