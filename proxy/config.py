@@ -333,10 +333,12 @@ class QuarantineConfig(_Section):
 
 
 class LogsConfig(_Section):
-    """How often the same rejection is logged: at most `rejections_per_window` lines per (topic,
-    policy, code) per window; the rest are summed up in one line when the window ends."""
+    """How often rejections are logged: at most `rejections_per_window` lines per (topic, policy,
+    code) and `rejection_lines_per_window` lines in all per window; the rest are summed up in
+    one line when the window ends."""
 
     rejections_per_window: int = Field(default=10, ge=1)
+    rejection_lines_per_window: int = Field(default=100, ge=1)
     rejection_window_ms: int = Field(default=60_000, ge=1)
 
 

@@ -200,3 +200,167 @@ def test_flush_everything_at_shutdown(caplog: pytest.LogCaptureFixture) -> None:
     logger.flush(everything=True)
     [summary] = rejection_records(caplog)
     assert summary.suppressed == 3  # type: ignore[attr-defined]
+
+
+def configured(log_format: str) -> tuple[io.StringIO, Any]:
+    """Route every record to a StringIO in `log_format`; returns (stream, restore)."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+
+    def restore() -> None:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.captureWarnings(False)
+
+    configure_logging(log_format, stream=stream)  # type: ignore[arg-type]
+    return stream, restore
+
+
+FORGED = "2024-01-01 00:00:00,000 INFO kvproxy: forged"
+
+
+def hostile_event() -> RejectionEvent:
+    return RejectionEvent(
+        topic=f"orders\n{FORGED}",
+        partition=0,
+        policy="json",
+        code=87,
+        message="value is not JSON\r\x1b[2J",
+        client_id=f"app\n{FORGED}\u2028x",
+        client_address="127.0.0.1:5555",
+        enforced=True,
+    )
+
+
+def test_text_format_escapes_control_characters_a_client_put_in_names() -> None:
+    stream, restore = configured("text")
+    try:
+        RejectionLogger(clock=FakeClock()).rejected(hostile_event())
+    finally:
+        restore()
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    [line] = text.splitlines()  # also no U+2028 left to split at
+    assert "rejected orders\\n2024-01-01 00:00:00,000 INFO kvproxy: forged-0" in line
+    assert "value is not JSON\\r\\x1b[2J" in line
+    assert "[client app\\n2024-01-01 00:00:00,000 INFO kvproxy: forged\\u2028x at" in line
+    assert "\x1b" not in line
+
+
+def test_text_format_leaves_tracebacks_and_backslashes_alone() -> None:
+    stream, restore = configured("text")
+    try:
+        try:
+            raise ValueError("boom\nsecond line")
+        except ValueError:
+            logging.getLogger("kvproxy").exception("failed at C:\\temp\tnow")
+    finally:
+        restore()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith("kvproxy: failed at C:\\temp\\tnow")
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-2:] == ["ValueError: boom", "second line"]
+
+
+def test_json_format_keeps_one_object_per_line_whatever_the_names_hold() -> None:
+    stream, restore = configured("json")
+    try:
+        event = hostile_event()
+        RejectionLogger(clock=FakeClock()).rejected(event)
+        logging.getLogger("kvproxy").warning("seen %s", "a\u2029b\x85c")
+    finally:
+        restore()
+    lines = stream.getvalue().splitlines()  # splits at U+2028, U+2029 and U+0085 too
+    assert len(lines) == 2
+    rejection, other = (json.loads(line) for line in lines)
+    assert (rejection["topic"], rejection["client_id"]) == (event.topic, event.client_id)
+    assert rejection["error_message"] == event.message
+    assert other["message"] == "seen a\u2029b\x85c"
+
+
+def test_a_line_is_bounded_whatever_the_length_of_names_and_messages(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    logger = RejectionLogger(rate=1, clock=FakeClock())
+    huge = RejectionEvent(
+        topic="t" * 32_000,
+        partition=0,
+        policy="json",
+        code=87,
+        message="m" * 100_000,
+        client_id="c" * 32_000,
+        client_address="127.0.0.1:5555",
+        enforced=True,
+    )
+    logger.rejected(huge)
+    logger.rejected(huge)  # suppressed: its summary names the topic too
+    logger.flush(everything=True)
+    line, summary = rejection_records(caplog)
+    assert line.topic == "t" * 249 + f"...(+{32_000 - 249} chars)"  # type: ignore[attr-defined]
+    assert line.client_id == "c" * 256 + f"...(+{32_000 - 256} chars)"  # type: ignore[attr-defined]
+    message = line.error_message  # type: ignore[attr-defined]
+    assert message == "m" * 2000 + f"...(+{100_000 - 2000} chars)"
+    assert len(line.getMessage()) < 3_000
+    assert summary.topic == line.topic  # type: ignore[attr-defined]
+    assert len(summary.getMessage()) < 500
+
+
+def test_lines_over_all_topics_are_limited_and_the_rest_counted_once_per_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    clock = FakeClock()
+    logger = RejectionLogger(rate=10, window_s=60, clock=clock, total_rate=100)
+    for n in range(2_000):  # a client inventing a topic name per batch
+        logger.rejected(event(topic=f"invented-{n}"))
+    logged = rejection_records(caplog)
+    assert len(logged) == 100
+    assert [r.topic for r in logged] == [f"invented-{n}" for n in range(100)]  # type: ignore[attr-defined]
+    caplog.clear()
+    logger.flush()  # the window is not over: nothing yet
+    assert rejection_records(caplog) == []
+    clock.now += 60
+    logger.flush()
+    [summary] = rejection_records(caplog)
+    assert summary.event == "rejection_lines_suppressed"  # type: ignore[attr-defined]
+    assert summary.suppressed == 1_900  # type: ignore[attr-defined]
+    assert summary.getMessage().startswith(
+        "1900 more rejections not logged in the last 60 s: more than 100 rejection lines over all "
+        "topics"
+    )
+    caplog.clear()
+    logger.rejected(event(topic="next"))  # a new window: lines again
+    assert [r.topic for r in rejection_records(caplog)] == ["next"]  # type: ignore[attr-defined]
+
+
+def test_per_key_windows_are_bounded_and_an_evicted_window_is_summed_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    logger = RejectionLogger(rate=1, clock=FakeClock(), total_rate=10_000, max_keys=1_000)
+    logger.rejected(event(topic="first"))
+    logger.rejected(event(topic="first"))  # suppressed in its window
+    for n in range(2_500):
+        logger.rejected(event(topic=f"invented-{n}"))
+        assert logger.open_windows <= 1_000
+    assert logger.open_windows == 1_000
+    summaries = [r for r in rejection_records(caplog) if hasattr(r, "suppressed")]
+    assert [(r.topic, r.suppressed) for r in summaries] == [("first", 1)]  # type: ignore[attr-defined]
+
+
+def test_summaries_past_the_overall_limit_are_counted_in_the_overall_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    clock = FakeClock()
+    logger = RejectionLogger(rate=1, window_s=60, clock=clock, total_rate=3)
+    for topic in ("a", "b", "c"):
+        for _ in range(4):
+            logger.rejected(event(topic=topic))
+    assert len(rejection_records(caplog)) == 3  # one line per key, 3 suppressed each
+    caplog.clear()
+    logger.flush(everything=True)  # no room for the three summaries: one line for all
+    [summary] = rejection_records(caplog)
+    assert (summary.event, summary.suppressed) == ("rejection_lines_suppressed", 9)  # type: ignore[attr-defined]
