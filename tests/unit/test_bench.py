@@ -3,15 +3,34 @@
 The network benchmarks need a broker and minutes; the engine one runs in seconds and exercises
 the same public calls the proxy makes per request (parse_records, the chains, decode_request,
 ProduceEngine.decide), so an API change that would break `make bench` fails here first.
+
+bench/hostile.py builds its decompression bombs by hand; they are checked here against the
+project's own reader (a bomb the proxy refused as malformed would measure nothing), and so are
+its reading of answers and of the loop-lag metric.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.types import TopicName
+from kio.static.primitive import i32, i32Timedelta, i64
+
+from protocol.compression import Codec, compress, decompress
+from protocol.messages import encode_response, make_response
+from protocol.records import read_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,3 +53,130 @@ def test_run_all_quick_engine_writes_its_figures(tmp_path: Path) -> None:
     report = (tmp_path / "latest.md").read_text()
     assert "## 4. Validation engine alone" in report
     assert "record-level checks" in report
+
+
+# ---- bench/hostile.py: its hand-built inputs are what they claim, its readings parse ----
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[ModuleType]:
+    """bench/hostile.py as a module (bench/ is no package); sys.path is put back afterwards."""
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location("hostile_bench", ROOT / "bench" / "hostile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop(spec.name, None)
+
+
+def test_the_xerial_writer_frames_as_the_proxy_codec_does(hostile: ModuleType) -> None:
+    writer = hostile.XerialWriter()
+    writer.write(b"head")
+    writer.zeros(100_000)  # whole zero blocks take the shortcut
+    writer.write(b"tail")
+    plain = b"head" + bytes(100_000) + b"tail"
+    assert writer.plain_bytes == len(plain)
+    stream = writer.finish()
+    assert stream == compress(Codec.SNAPPY, plain)
+    assert decompress(Codec.SNAPPY, stream) == plain
+
+
+def test_the_snappy_bomb_is_a_valid_batch_of_zero_records(hostile: ModuleType) -> None:
+    batch, end = read_batch(hostile.snappy_zero_batch(3, 100_000))
+    assert end == batch.size
+    assert (batch.magic, batch.codec, batch.record_count) == (2, Codec.SNAPPY, 3)
+    assert batch.crc_valid()
+    records = list(batch.records())
+    assert [(r.offset_delta, r.key, r.value) for r in records] == [
+        (i, None, bytes(100_000)) for i in range(3)
+    ]
+
+
+def test_the_legacy_wrapper_holds_every_inner_message(hostile: ModuleType) -> None:
+    batch, _ = read_batch(hostile.legacy_gzip_wrapper(1000))
+    assert (batch.magic, batch.codec, batch.base_offset) == (1, Codec.GZIP, 999)
+    assert batch.crc_valid() and batch.inner_crcs_valid()
+    records = list(batch.records())
+    assert [(r.offset_delta, r.key, r.value) for r in records] == [
+        (i, None, b"") for i in range(1000)
+    ]
+
+
+def test_a_produce_answer_is_summarised_and_checked(hostile: ModuleType) -> None:
+    schema = importlib.import_module("kio.schema.produce.v9.response")
+
+    def part(index: int, code: ErrorCode, errors: int) -> Any:
+        return schema.PartitionProduceResponse(
+            index=i32(index),
+            error_code=code,
+            base_offset=i64(-1),
+            log_append_time=None,
+            log_start_offset=i64(-1),
+            record_errors=tuple(
+                schema.BatchIndexAndErrorMessage(batch_index=i32(i), batch_index_error_message="x")
+                for i in range(errors)
+            ),
+            error_message="bad" if errors else None,
+        )
+
+    body = schema.ProduceResponse(
+        responses=(
+            schema.TopicProduceResponse(
+                name=TopicName("hostile"),
+                partition_responses=(part(0, ErrorCode.none, 0), part(1, ErrorCode(87), 2)),
+            ),
+        ),
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+    )
+    payload = encode_response(0, 9, make_response(0, 9, 7, body))
+    answer = hostile.read_answer(payload, 9, 7, "hostile", 2)
+    assert answer.well_formed, answer.problem
+    assert answer.said() == "1 x NONE (0), 1 x INVALID_RECORD (87), 2 record errors"
+    assert answer.size == len(payload)
+    assert hostile.read_answer(payload, 9, 8, "hostile", 2).said() == (
+        "malformed answer (correlation id 7, sent 8)"
+    )
+    assert hostile.read_answer(payload, 9, 7, "hostile", 3).problem == (
+        "answers 2 partitions, 3 were sent"
+    )
+    assert (
+        hostile.read_answer(payload[:-3], 9, 7, "hostile", 2)
+        .said()
+        .startswith("malformed answer (does not decode")
+    )
+
+
+def test_the_loop_lag_is_read_from_metrics_when_the_proxy_has_it(hostile: ModuleType) -> None:
+    histogram = "".join(
+        f'kvproxy_event_loop_lag_seconds_bucket{{le="{le}"}} {n}\n'
+        for le, n in (("1.0", 5.0), ("2.5", 5.0), ("5.0", 6.0), ("+Inf", 6.0))
+    )
+    text = histogram + "kvproxy_event_loop_lag_seconds_count 6.0\n"
+    assert hostile.lag_figures(text) == (None, "2.5-5 s")
+    assert hostile.lag_figures(text + "kvproxy_event_loop_lag_max_seconds 3.25\n") == (
+        3.25,
+        "2.5-5 s",
+    )
+    beyond = text.replace('le="+Inf"} 6.0', 'le="+Inf"} 7.0').replace("count 6.0", "count 7.0")
+    assert hostile.lag_figures(beyond) == (None, "> 5 s")
+    assert hostile.lag_figures("kvproxy_requests_total 3.0\n") == (None, None)
+    assert hostile.lag_figures(None) == (None, None)
+
+
+def test_the_hostile_bench_refuses_an_unknown_scenario() -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/hostile.py", "--scenarios", "zstd-5,nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "unknown scenarios ['nope']" in result.stderr
+    assert "zstd-5, zstd-20, zstd-60, gzip-bomb" in result.stderr
