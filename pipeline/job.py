@@ -38,7 +38,7 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
-from policies.builtin.base import ConfigProblem
+from policies.builtin.base import ConfigProblem, short_repr
 from policies.config import PolicyConfigError
 from policies.config_file import ConfigFileError, locate, read_yaml_with_lines
 
@@ -88,7 +88,9 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     if profile not in ("kafka", "kip"):
         problems.append(
             ConfigProblem(
-                ("errors",), f"profile must be kafka or kip, not {profile!r}", ("profile",)
+                ("errors",),
+                f"profile must be kafka or kip, not {short_repr(profile)}",
+                ("profile",),
             )
         )
         profile = "kafka"

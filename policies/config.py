@@ -23,6 +23,7 @@ import fnmatch
 import importlib
 import re
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,17 @@ from typing import Any
 
 from policies.api import RecordsPolicy
 from policies.builtin import REGISTRY, PolicyConfigError, PolicyContext
-from policies.builtin.base import ConfigProblem, KeyPath, format_path
+from policies.builtin.base import (
+    MAX_PROBLEMS_SHOWN,
+    ConfigProblem,
+    KeyPath,
+    cut,
+    format_path,
+    short_repr,
+)
 from policies.chain import Mode, PolicyChain
 from policies.producer_state import ProducerStateTracker
+from protocol.topics import is_legal_topic_name
 
 __all__ = [
     "DEFAULT_DEFAULTS",
@@ -54,7 +63,9 @@ DEFAULT_DEFAULTS: Mapping[str, Any] = {"mode": "enforce", "policies": list(DEFAU
 _DEFAULTS_KEYS = frozenset({"mode", "policies"})
 _TOPIC_KEYS = frozenset({"match", "mode", "compacted", "policies"})
 _CUSTOM_KEYS = frozenset({"class", "config"})
-_CACHE_LIMIT = 100_000
+_CACHE_LIMIT = 10_000
+"""Topics whose rule `TopicRouting` remembers, the least recently used dropped first. A name that
+cannot be a topic (`protocol.topics`) is matched each time and never kept: clients choose names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,15 +97,23 @@ class TopicRouting:
         self.default = default
         self.producer_state = producer_state
         """The tracker every `producer_state` policy reads; the proxy feeds it."""
-        self._cache: dict[str, TopicRule] = {}
+        self._cache: OrderedDict[str, TopicRule] = OrderedDict()
+
+    @property
+    def cached_topics(self) -> int:
+        """Topics whose rule is remembered (at most `_CACHE_LIMIT`)."""
+        return len(self._cache)
 
     def rule_for(self, topic: str) -> TopicRule:
         rule = self._cache.get(topic)
-        if rule is None:
-            rule = next((r for r in self.rules if r.matcher(topic)), self.default)
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
+        if rule is not None:
+            self._cache.move_to_end(topic)
+            return rule
+        rule = next((r for r in self.rules if r.matcher(topic)), self.default)
+        if is_legal_topic_name(topic):
             self._cache[topic] = rule
+            if len(self._cache) > _CACHE_LIMIT:
+                self._cache.popitem(last=False)
         return rule
 
     def chain_for(self, topic: str) -> PolicyChain:
@@ -194,11 +213,19 @@ class _Problems:
 
     def __init__(self) -> None:
         self.found: list[ConfigProblem] = []
+        self._seen: set[ConfigProblem] = set()  # a list's `in` made many problems quadratic
 
     def add(self, path: KeyPath, message: str, at: KeyPath = ()) -> None:
         problem = ConfigProblem(path, message, at)
-        if problem not in self.found:
+        if problem not in self._seen:
+            self._seen.add(problem)
             self.found.append(problem)
+
+    def hint(self, key: object, known: Iterable[str]) -> str:
+        """` (did you mean ...?)` for a misspelt key, while the report still lists problems."""
+        if len(self.found) >= MAX_PROBLEMS_SHOWN:
+            return ""
+        return f" ({spelling_hint(key, known)})"
 
 
 def _entries(topics: Any, problems: _Problems) -> Sequence[Any]:
@@ -257,7 +284,9 @@ def _build_topic(
     compacted = entry.get("compacted")
     if compacted is not None and not isinstance(compacted, bool):
         problems.add(
-            where, f"compacted must be true, false or absent, not {compacted!r}", ("compacted",)
+            where,
+            f"compacted must be true, false or absent, not {short_repr(compacted)}",
+            ("compacted",),
         )
     if "policies" in entry:
         policies = _build_policies(where, entry["policies"], context, problems)
@@ -275,27 +304,31 @@ def _check_keys(
 ) -> None:
     for key in section:
         if key not in allowed:
-            problems.add((*where, key), f"unknown key ({spelling_hint(key, allowed)})")
+            problems.add((*where, key), f"unknown key{problems.hint(key, allowed)}")
 
 
 def _mode(where: KeyPath, value: Any, problems: _Problems) -> Mode | None:
     if value is False:
         return Mode.OFF  # YAML 1.1 (PyYAML) reads a bare `off` as false
     try:
-        return Mode(value)
+        if isinstance(value, str):  # Enum's own error would repr any value in full
+            return Mode(value)
     except ValueError:
-        known = ", ".join(m.value for m in Mode)
-        problems.add(where, f"mode must be one of {known}, not {value!r}", ("mode",))
-        return None
+        pass
+    known = ", ".join(m.value for m in Mode)
+    problems.add(where, f"mode must be one of {known}, not {short_repr(value)}", ("mode",))
+    return None
 
 
 def _matcher(where: KeyPath, pattern: str, problems: _Problems) -> Callable[[str], bool] | None:
     if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
         try:
             regex = re.compile(pattern[1:-1])
-        except re.error as exc:
+        except (re.error, RecursionError, OverflowError) as exc:  # the last two: too deep, too big
             problems.add(
-                where, f"match {pattern!r} is not a valid regular expression: {exc}", ("match",)
+                where,
+                f"match {short_repr(pattern)} is not a valid regular expression: {exc}",
+                ("match",),
             )
             return None
         return lambda topic: regex.fullmatch(topic) is not None
@@ -334,15 +367,16 @@ def _build_policy(
         ((name, options),) = spec.items()
     else:
         problems.add(
-            where, f"a policy is a name or a one-key mapping {{name: {{options}}}}, not {spec!r}"
+            where,
+            "a policy is a name or a one-key mapping {name: {options}}, not " + short_repr(spec),
         )
         return None
     if name == "custom":
         return _build_custom(where, options, context, problems)
     cls = REGISTRY.get(name)
     if cls is None:
-        hint = spelling_hint(name, [*REGISTRY, "custom"])
-        problems.add(where, f"unknown policy {name!r} ({hint})")
+        hint = problems.hint(name, [*REGISTRY, "custom"])
+        problems.add(where, f"unknown policy {short_repr(name)}{hint}")
         return None
     if options is not None and not isinstance(options, Mapping):
         problems.add(
@@ -351,8 +385,8 @@ def _build_policy(
         return None
     unknown = [key for key in options or {} if key not in cls.OPTIONS]
     for key in unknown:
-        hint = spelling_hint(key, cls.OPTIONS)
-        problems.add(where, f"policy {name}: unknown option {key!r} ({hint})", (name, key))
+        hint = problems.hint(key, cls.OPTIONS)
+        problems.add(where, f"policy {name}: unknown option {short_repr(key)}{hint}", (name, key))
     if unknown:
         return None
     try:
@@ -372,8 +406,8 @@ def _build_custom(
         return None
     unknown = [key for key in options if key not in _CUSTOM_KEYS]
     for key in unknown:
-        hint = spelling_hint(key, _CUSTOM_KEYS)
-        problems.add((*where, "custom", key), f"unknown key ({hint})")
+        hint = problems.hint(key, _CUSTOM_KEYS)
+        problems.add((*where, "custom", key), f"unknown key{hint}")
     target = options.get("class")
     if not isinstance(target, str):
         problems.add(where, "custom: class must be 'module:Class'", ("custom", "class"))
@@ -399,7 +433,9 @@ def _build_custom(
             policy.name = cls.__name__
         policy.configure(config)
     except Exception as exc:
-        problems.add(where, f"custom {target}: configure failed: {exc!r}", ("custom", "config"))
+        problems.add(
+            where, f"custom {target}: configure failed: {cut(repr(exc))}", ("custom", "config")
+        )
         return None
     for method in ("configure", "validate", "close"):
         if not callable(getattr(policy, method, None)):
@@ -413,7 +449,7 @@ def load_custom_class(target: str, base_dir: Path) -> Any:
     and its parent (so `examples.policies:X` works beside `examples/kvproxy.yaml`)."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise PolicyConfigError(f"custom class {target!r} must be written 'module:Class'")
+        raise PolicyConfigError(f"custom class {short_repr(target)} must be written 'module:Class'")
     try:
         module = _import(module_name, base_dir)
     except Exception as exc:

@@ -2,6 +2,12 @@
 
 The proxy (`kvproxy serve`, `check`, reloads) and the audit (`kvproxy audit -c FILE`) read the
 same file, so both report a problem the same way: `FILE:LINE: where: why`, every problem at once.
+
+The file is read with bounds, because whoever can write it (or swap it, for a reload) should not
+be able to stall the reader: at most `MAX_FILE_BYTES`, at most `MAX_VALUES` values once every
+YAML alias is expanded (nested aliases, the "billion laughs", expand exponentially), no alias
+inside its own anchor, at most `MAX_DEPTH` levels of nesting, and no integer longer than
+`MAX_INT_CHARS`. A file past a bound is refused before its data is built.
 """
 
 from __future__ import annotations
@@ -9,13 +15,36 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
-from policies.builtin.base import ConfigProblem, KeyPath
+from policies.builtin.base import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, cut
 
-__all__ = ["ConfigFileError", "LocatedProblem", "line_of", "locate", "read_yaml_with_lines"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_INT_CHARS",
+    "MAX_PROBLEMS_SHOWN",
+    "MAX_VALUES",
+    "ConfigFileError",
+    "LocatedProblem",
+    "line_of",
+    "locate",
+    "read_yaml_with_lines",
+]
+
+MAX_FILE_BYTES = 1024 * 1024
+"""A policy configuration is a few KiB; 1 MiB holds thousands of topic rules. A larger file is
+refused unread, so a reload cannot be made to parse for minutes."""
+MAX_VALUES = 1_000_000
+"""Values (keys, items, scalars) in the file with every alias expanded at each use. A 1 MiB file
+without aliases has fewer than 600,000; nine levels of nine aliases would make 387 million."""
+MAX_DEPTH = 100
+"""Levels of nested lists and mappings (PyYAML composes recursively: a deeper file would fail
+with Python's recursion limit)."""
+MAX_INT_CHARS = 100
+"""Characters of one integer: Python takes quadratic time over long decimal and `1:2:3` ones."""
 
 
 class ConfigFileError(ValueError):
@@ -31,24 +60,120 @@ class LocatedProblem:
     text: str
 
 
-def read_yaml_with_lines(path: Path) -> tuple[Mapping[str, Any] | None, dict[KeyPath, int]]:
+def read_yaml_with_lines(
+    path: Path, *, max_bytes: int = MAX_FILE_BYTES, max_values: int = MAX_VALUES
+) -> tuple[Mapping[str, Any] | None, dict[KeyPath, int]]:
     """The file's data (None when empty), and the line of each key and list item in it."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read: {exc.strerror}") from None
-    loader = yaml.SafeLoader(text)
+    text = _read_text(path, max_bytes)
+    loader = _BoundedLoader(text, max_values)
     try:
         node = loader.get_single_node()  # what yaml.safe_load does, keeping the nodes' marks
         data = None if node is None else loader.construct_document(node)
         lines = _key_lines(loader, node)
     except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigFileError(f"{path}: not valid YAML: {cut(str(exc))}") from None
     finally:
         loader.dispose()
     if data is not None and not isinstance(data, Mapping):
         raise ConfigFileError(f"{path}: the top level must be a mapping of sections")
     return data, lines
+
+
+def _read_text(path: Path, max_bytes: int) -> str:
+    """The file as text, read no further than `max_bytes` (a FIFO or /dev/zero included)."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > max_bytes:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        what = f"{size:,} bytes" if size > max_bytes else f"more than {max_bytes:,} bytes"
+        raise ConfigFileError(
+            f"{path}: too large: {what}, the limit is {max_bytes:,} bytes (a policy "
+            "configuration is a few KiB; JSON and Avro schemas go in files of their own)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigFileError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}"
+        ) from None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that counts, while it composes, how many values the document holds
+    with its aliases expanded, and refuses it past `max_values`, before anything is built from
+    it. An alias costs the size of its anchor, known once that anchor is composed."""
+
+    def __init__(self, text: str, max_values: int) -> None:
+        super().__init__(text)
+        self._max_values = max_values
+        self._values = 0
+        self._sizes: dict[int, int] = {}  # id of an anchored node -> its expanded size
+        self._open_anchors: set[str] = set()
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise _refusal(
+                    f"the alias *{cut(str(event.anchor), 100)} is inside its own anchor "
+                    "(a structure that contains itself)",
+                    event,
+                )
+            node = super().compose_node(parent, index)
+            self._count(self._sizes.get(id(node), 1), event)
+            return node
+        anchor: str | None = getattr(event, "anchor", None)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _refusal(f"nested deeper than {MAX_DEPTH} levels", event)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
+        before = self._values
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            if anchor is not None:
+                self._open_anchors.discard(anchor)
+        self._count(1, event)
+        if anchor is not None:
+            self._sizes[id(node)] = self._values - before
+        return node
+
+    def _count(self, values: int, event: Any) -> None:
+        self._values += values
+        if self._values > self._max_values:
+            raise _refusal(
+                f"more than {self._max_values:,} values with its aliases expanded (nested "
+                "aliases multiply: write the values out, or use fewer levels of aliases)",
+                event,
+            )
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        if len(node.value) > MAX_INT_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"an integer of {len(node.value):,} characters (at most {MAX_INT_CHARS})",
+                cast(Any, node.start_mark),
+            )
+        return int(super().construct_yaml_int(node))
+
+
+def _refusal(problem: str, event: Any) -> yaml.YAMLError:
+    """A YAML error at the event's position, worded like PyYAML's own."""
+    return yaml.composer.ComposerError(None, None, problem, event.start_mark)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def _key_lines(loader: yaml.SafeLoader, root: yaml.Node | None) -> dict[KeyPath, int]:
@@ -93,12 +218,15 @@ def line_of(problem: ConfigProblem, lines: Mapping[KeyPath, int]) -> int | None:
 def locate(
     source: str, problems: Sequence[ConfigProblem], lines: Mapping[KeyPath, int]
 ) -> tuple[str, list[LocatedProblem]]:
-    """Every problem by line, and the report: `source: N problem(s)`, then one line each,
-    `source:line: where: why` (no line when the data did not come from a file)."""
+    """Every problem by line, and the report: `source: N problem(s)`, then one line each (for
+    the first `MAX_PROBLEMS_SHOWN`), `source:line: where: why` (no line when the data did not
+    come from a file)."""
     found = [LocatedProblem(line_of(problem, lines), str(problem)) for problem in problems]
     found.sort(key=lambda problem: problem.line or 0)
     text = [f"{source}: {len(found)} problem(s)"]
-    for problem in found:
+    for problem in found[:MAX_PROBLEMS_SHOWN]:
         where = f"{source}:{problem.line}: " if problem.line is not None else ""
         text.append(f"  {where}{problem.text}")
+    if len(found) > MAX_PROBLEMS_SHOWN:
+        text.append(f"  ... and {len(found) - MAX_PROBLEMS_SHOWN} more problem(s)")
     return "\n".join(text), found

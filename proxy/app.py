@@ -159,13 +159,13 @@ class _Sighup:
             self._queued += 1
             log.info("SIGHUP before the configuration is live: reloading once it is")
         else:
-            self._reloader.reload("SIGHUP")
+            self._reloader.request_reload("SIGHUP")  # read and built off the event loop
 
     def live(self, reloader: ConfigReloader) -> None:
         self._reloader = reloader
         if self._queued:
             self._queued = 0
-            reloader.reload("SIGHUP")
+            reloader.request_reload("SIGHUP")
 
     def stopping(self) -> None:
         self._stopping = True

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from policies.builtin.base import MAX_PROBLEMS_SHOWN, short_repr
 from policies.config import (
     ConfigProblem,
     KeyPath,
@@ -318,9 +319,9 @@ class QuarantineConfig(_Section):
             if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
                 try:
                     re.compile(pattern[1:-1])
-                except re.error as exc:
+                except (re.error, RecursionError, OverflowError) as exc:  # also too deep, too big
                     raise ValueError(
-                        f"{pattern!r} is not a valid regular expression: {exc}"
+                        f"{short_repr(pattern)} is not a valid regular expression: {exc}"
                     ) from None
         return patterns
 
@@ -375,7 +376,7 @@ class ProxyConfig(_Section):
 def parse_host_port(server: str) -> tuple[str, int]:
     host, sep, port = server.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ValueError(f"{server!r} is not HOST:PORT")
+        raise ValueError(f"{short_repr(server)} is not HOST:PORT")
     return host.strip("[]"), int(port)
 
 
@@ -444,7 +445,9 @@ def _validate(data: Mapping[str, Any] | None) -> tuple[ProxyConfig | None, list[
     try:
         return ProxyConfig.model_validate(dict(data or {})), []
     except ValidationError as exc:
-        return None, [_schema_problem(error) for error in exc.errors()]
+        errors = exc.errors()
+        # a spelling hint compares with every known key: only for problems a report can list
+        return None, [_schema_problem(e, hint=i < MAX_PROBLEMS_SHOWN) for i, e in enumerate(errors)]
 
 
 _EXPECTED = {
@@ -459,15 +462,15 @@ _EXPECTED = {
 be. A scalar of the wrong type keeps pydantic's words ("Input should be a valid integer")."""
 
 
-def _schema_problem(error: Any) -> ConfigProblem:
+def _schema_problem(error: Any, *, hint: bool = True) -> ConfigProblem:
     """A pydantic error in the words of the file: a key is unknown, missing, or a section of the
     wrong type ("listen must be a mapping, not a number"); other errors keep pydantic's message."""
     loc: KeyPath = tuple(error["loc"])
     kind = error["type"]
     if kind == "extra_forbidden" and loc:
         known = _known_keys(loc[:-1])
-        hint = f" ({spelling_hint(loc[-1], known)})" if known else ""
-        return ConfigProblem(loc, f"unknown key{hint}")
+        why = f" ({spelling_hint(loc[-1], known)})" if known and hint else ""
+        return ConfigProblem(loc, f"unknown key{why}")
     if kind == "missing" and loc:
         return ConfigProblem(loc[:-1], f"{loc[-1]} is missing", loc[-1:])
     expected = _EXPECTED.get(kind)

@@ -2,10 +2,13 @@
 
 The new file is loaded and validated, and its policy chains are built (custom classes imported,
 schemas read) before anything is swapped; a file that fails any of that is refused with one ERROR
-line naming the file and every problem with its line, and the rules in force stay. On success the
-server's rules are replaced between two requests: a request already decided keeps its verdict, the
-next one uses the new rules, and no connection is dropped. Sections that only take effect at start
-(`listen`, `upstream`, `limits`, `shutdown`, ...) are reported with a WARNING and not applied.
+line naming the file and every problem with its line, and the rules in force stay. The reading,
+parsing and building run on a thread of their own, so a large or hostile file never holds the
+event loop (the file's bounds are in `policies.config_file`); only the swap runs on the loop. On
+success the server's rules are replaced between two requests: a request already decided keeps its
+verdict, the next one uses the new rules, and no connection is dropped. Sections that only take
+effect at start (`listen`, `upstream`, `limits`, `shutdown`, ...) are reported with a WARNING and
+not applied.
 
 The file is watched by polling its (mtime, size, inode, device) every `poll_interval` seconds; an
 editor that saves by renaming a new file over the old one is seen as well, and a file still being
@@ -15,6 +18,7 @@ written is read once it stops changing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -24,7 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from policies.builtin.base import MAX_PROBLEMS_SHOWN, cut
 from policies.config import TopicRouting
+from policies.producer_state import ProducerStateTracker
 from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
 from proxy.server import ProxyServer
 
@@ -93,9 +99,12 @@ def error_line(error: ConfigError, path: Path) -> str:
         return one_line(str(error), path)
     problems = [
         f"line {problem.line}: {problem.text}" if problem.line is not None else problem.text
-        for problem in error.problems
+        for problem in error.problems[:MAX_PROBLEMS_SHOWN]
     ]
-    return f"{len(problems)} problem(s): " + "; ".join(problems)
+    more = len(error.problems) - len(problems)
+    if more:
+        problems.append(f"... and {more} more problem(s)")
+    return f"{len(error.problems)} problem(s): " + "; ".join(problems)
 
 
 def sections_needing_restart(running: ProxyConfig, new: ProxyConfig) -> list[str]:
@@ -130,6 +139,10 @@ class ConfigReloader:
         self._watch_task: asyncio.Task[None] | None = None
         self._sighup = False
         self._retired: dict[int, tuple[TopicRouting, asyncio.TimerHandle | None]] = {}
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock: asyncio.Lock | None = None
+        self._tasks: set[asyncio.Task[bool]] = set()
+        self._waiting = False  # a reload is queued behind the one running
 
     # ---- lifecycle ----
 
@@ -139,13 +152,13 @@ class ConfigReloader:
         loop = asyncio.get_running_loop()
         if sighup:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
+                loop.add_signal_handler(signal.SIGHUP, self.request_reload, "SIGHUP")
                 self._sighup = True
         if self.poll_interval > 0:
             self._watch_task = loop.create_task(self.watch(), name="kvproxy-config-watch")
 
     async def stop(self) -> None:
-        """Stop watching (the rules in force stay in force)."""
+        """Stop watching and reloading (the rules in force stay in force)."""
         if self._sighup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             self._sighup = False
@@ -154,6 +167,13 @@ class ConfigReloader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
             self._watch_task = None
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
 
     def close(self) -> None:
         """Close every replaced routing not closed yet (call once no request can use them)."""
@@ -169,7 +189,7 @@ class ConfigReloader:
             await asyncio.sleep(self.poll_interval)
             if file_signature(self.path) != self._signature:
                 await self._settle()
-                self.check_file()
+                await self.check_file()
 
     async def _settle(self) -> None:
         """Let a writer finish: wait until the file looks the same on two checks in a row."""
@@ -182,7 +202,7 @@ class ConfigReloader:
                 return
             last = now
 
-    def check_file(self) -> bool | None:
+    async def check_file(self) -> bool | None:
         """Reload if the file changed since it was last read; None when nothing changed."""
         signature = file_signature(self.path)
         if signature == self._signature:
@@ -193,22 +213,79 @@ class ConfigReloader:
                 self._missing_reported = True
             self._signature = None
             return None
-        return self.reload("file change")
+        return await self.reload_off_loop("file change")
 
     # ---- reloading ----
 
+    def request_reload(self, trigger: str = "request") -> None:
+        """Reload in the background (a signal handler cannot wait). One reload runs at a time;
+        requests that come meanwhile make one more, which reads the file as it is then."""
+        if self._waiting:
+            return
+        if self._lock is not None and self._lock.locked():
+            self._waiting = True
+        task = asyncio.get_running_loop().create_task(
+            self.reload_off_loop(trigger), name="kvproxy-config-reload"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload_off_loop(self, trigger: str = "request") -> bool:
+        """As `reload`, with the file read, parsed and built on the reload thread; the event
+        loop keeps serving meanwhile and only swaps the rules. False when refused."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._lock.locked():
+            self._waiting = True
+        async with self._lock:
+            self._waiting = False
+            self._signature = file_signature(self.path)
+            self._missing_reported = False
+            if self._thread is None:
+                self._thread = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="kvproxy-config"
+                )
+            state = self.server.routing.producer_state
+            built = self._thread.submit(self._load, state, trigger)
+            try:
+                outcome = await asyncio.wrap_future(built)
+            except asyncio.CancelledError:  # stopping: rules built after all are closed
+                built.add_done_callback(_close_unused)
+                raise
+            if isinstance(outcome, str):
+                return self._refuse(outcome, trigger)
+            return self._apply(*outcome, trigger)
+
     def reload(self, trigger: str = "request") -> bool:
-        """Load, validate and build the file, then swap the rules; False when refused."""
+        """Load, validate and build the file, then swap the rules; False when refused. This
+        blocks the caller while the file is read and built: on a running proxy use
+        `reload_off_loop` or `request_reload`."""
         self._signature = file_signature(self.path)
         self._missing_reported = False
+        outcome = self._load(self.server.routing.producer_state, trigger)
+        if isinstance(outcome, str):
+            return self._refuse(outcome, trigger)
+        return self._apply(*outcome, trigger)
+
+    def _load(
+        self, state: ProducerStateTracker | None, trigger: str
+    ) -> tuple[ProxyConfig, TopicRouting] | str:
+        """The file's configuration and rules, or why it is refused (any thread)."""
+        log.info(
+            "config reload: reading %s (%s)",
+            self.path,
+            trigger,
+            extra={"event": "config_reload_started", "file": str(self.path), "trigger": trigger},
+        )
         try:
-            config, routing = load_config_and_rules(
-                self.path, self.base_dir, producer_state=self.server.routing.producer_state
-            )
+            return load_config_and_rules(self.path, self.base_dir, producer_state=state)
         except ConfigError as exc:
-            return self._refuse(error_line(exc, self.path), trigger)
+            return error_line(exc, self.path)
         except Exception as exc:  # a custom policy failing in a way it should have reported
-            return self._refuse(f"building the policies failed: {exc!r}", trigger)
+            return f"building the policies failed: {cut(repr(exc))}"
+
+    def _apply(self, config: ProxyConfig, routing: TopicRouting, trigger: str) -> bool:
+        """Swap the rules in (on the event loop, between two requests)."""
         restart = sections_needing_restart(self.server.config, config)
         if restart:
             log.warning(
@@ -276,3 +353,12 @@ class ConfigReloader:
     def _close_retired(self, routing: TopicRouting) -> None:
         if self._retired.pop(id(routing), None) is not None:
             routing.close()
+
+
+def _close_unused(built: concurrent.futures.Future[tuple[ProxyConfig, TopicRouting] | str]) -> None:
+    """Close rules that a reload built after it was cancelled."""
+    if built.cancelled() or built.exception() is not None:
+        return
+    outcome = built.result()
+    if not isinstance(outcome, str):
+        outcome[1].close()

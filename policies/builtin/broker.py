@@ -18,7 +18,7 @@ from policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.base import BuiltinPolicy
+from policies.builtin.base import BuiltinPolicy, short_repr
 from protocol import error_codes
 from protocol.compression import Codec
 from protocol.records import Record, RecordBatch
@@ -328,7 +328,9 @@ class TimestampsPolicy(BuiltinPolicy):
         self.after_max_ms = self._int_option("after_max_ms", minimum=0)
         kind = self.options["type"]
         if kind not in (_CREATE_TIME, _LOG_APPEND_TIME):
-            raise self._error(f"option type must be CreateTime or LogAppendTime, not {kind!r}")
+            raise self._error(
+                f"option type must be CreateTime or LogAppendTime, not {short_repr(kind)}"
+            )
         self.create_time = kind == _CREATE_TIME
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:

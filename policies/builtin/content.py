@@ -20,7 +20,7 @@ import fastjsonschema
 import orjson
 
 from policies.api import ACCEPT, ProducedRecords, RecordError, Verdict, record_errors_verdict
-from policies.builtin.base import BuiltinPolicy
+from policies.builtin.base import BuiltinPolicy, short_repr
 from protocol import error_codes
 from protocol.records import Record
 
@@ -147,8 +147,8 @@ class KeyPatternPolicy(RecordCheckPolicy):
             raise self._error("regex must be a string")
         try:
             self.regex = re.compile(pattern)
-        except re.error as exc:
-            raise self._error(f"bad regex {pattern!r}: {exc}") from None
+        except (re.error, RecursionError, OverflowError) as exc:  # the last two: too deep, too big
+            raise self._error(f"bad regex {short_repr(pattern)}: {exc}") from None
         self.allow_null = self._bool_option("allow_null")
 
     def check(self, record: Record, tp: str) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.api import ACCEPT, ProducedRecords, Verdict
-from policies.builtin.base import BuiltinPolicy
+from policies.builtin.base import BuiltinPolicy, short_repr
 from protocol import error_codes
 from protocol.compression import Codec
 
@@ -21,11 +21,10 @@ class CompressionPolicy(BuiltinPolicy):
     def setup(self) -> None:
         allowed: set[Codec] = set()
         for item in self._list_option("allowed"):
-            codec = _CODEC_NAMES.get(str(item).lower())
+            codec = _CODEC_NAMES.get(item.lower()) if isinstance(item, str) else None
             if codec is None:
-                raise self._error(
-                    f"unknown codec {item!r} in allowed (known: {', '.join(_CODEC_NAMES)})"
-                )
+                known = ", ".join(_CODEC_NAMES)
+                raise self._error(f"unknown codec {short_repr(item)} in allowed (known: {known})")
             allowed.add(codec)
         self.allowed = frozenset(allowed)
         self._allowed_text = ", ".join(c.name.lower() for c in sorted(allowed))
@@ -51,7 +50,7 @@ class AcksPolicy(BuiltinPolicy):
         values = self._list_option("allowed")
         for value in values:
             if value not in (-1, 0, 1) or isinstance(value, bool):
-                raise self._error(f"acks values are -1, 0 and 1, not {value!r}")
+                raise self._error(f"acks values are -1, 0 and 1, not {short_repr(value)}")
         if not values:
             raise self._error("allowed must name at least one acks value")
         self.allowed = frozenset(int(v) for v in values)

@@ -328,11 +328,12 @@ def test_the_audit_reports_the_same_file_by_line_and_all_at_once(tmp_path: Path)
 
 
 def test_nested_aliases_do_not_multiply_the_line_map(tmp_path: Path) -> None:
-    """Aliases of aliases name each node many times (10^5 paths here): the lines are walked once
-    per node, so such a file costs what its text costs."""
+    """Aliases of aliases name each node many times (5 x 10^5 paths here, within the bound on
+    expanded values): the lines are walked once per node, so such a file costs what its text
+    costs."""
     from policies.config_file import read_yaml_with_lines
 
-    levels = ["a0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"]
+    levels = ["a0: &a0 [1, 2, 3, 4, 5]"]
     for n in range(1, 6):
         levels.append(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]")
     path = tmp_path / "aliases.yaml"
