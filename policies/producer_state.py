@@ -7,7 +7,8 @@ an epoch older than the last one acknowledged -> INVALID_PRODUCER_EPOCH (47), a 
 that does not follow the last acknowledged one -> OUT_OF_ORDER_SEQUENCE_NUMBER (45). A retry of
 the last acknowledged batch passes (the broker answers it as a duplicate), and so does anything
 for a (partition, producer) the tracker knows nothing about. Memory is bounded: an LRU of
-`max_producers` (topic, partition, producer id) entries.
+`max_producers` (topic, partition, producer id) entries, of topic names no longer than a Kafka
+topic's (a broker that accepted a longer name is not tracked for it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from protocol.records import RecordBatch
+from protocol.topics import MAX_TOPIC_NAME_CHARS
 
 __all__ = ["ProducerEntry", "ProducerStateTracker"]
 
@@ -68,7 +70,7 @@ class ProducerStateTracker:
         last_sequence: int,
     ) -> None:
         """The broker accepted this batch; remember it (a producer id < 0 is ignored)."""
-        if producer_id < 0 or base_sequence < 0:
+        if producer_id < 0 or base_sequence < 0 or len(topic) > MAX_TOPIC_NAME_CHARS:
             return
         key = (topic, partition, producer_id)
         with self._lock:

@@ -8,6 +8,7 @@ number of characters left out, so a line or an entry's metadata has a size known
 
 from __future__ import annotations
 
+import re
 from typing import Final, overload
 
 from protocol.topics import MAX_TOPIC_NAME_CHARS
@@ -40,7 +41,15 @@ def clip(text: str | None, limit: int) -> str | None:
     """`text` cut to `limit` characters, followed by `...(+N chars)` when it was longer.
 
     A clipped topic name ends in characters no topic name may hold, so it never names a real one.
+    Clipping a clipped text changes nothing (an entry read back and written again stays as is).
     """
     if text is None or len(text) <= limit:
         return text
+    if _CLIPPED.fullmatch(text, limit) and len(text) <= limit + _MARK_MAX:
+        return text
     return f"{text[:limit]}...(+{len(text) - limit} chars)"
+
+
+_CLIPPED = re.compile(r"\.\.\.\(\+[1-9][0-9]{0,19} chars\)")
+"""What `clip` appends (matched from position `limit` of a clipped text)."""
+_MARK_MAX = len("...(+ chars)") + 20

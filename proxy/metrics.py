@@ -1,8 +1,10 @@
 """Prometheus metrics, and the small HTTP endpoint that serves them with /healthz and /readyz.
 
 Each `ProxyServer` has its own registry, so several proxies in one process (tests) do not share
-counters. Topic labels are bounded: after `topic_label_limit` distinct topics, the rest are
-counted under `_other`, so a client cannot blow up the metric cardinality by inventing topics.
+counters. Topic labels are bounded: a topic's name is a label value only when the cluster has
+the topic, and only for the first `topic_label_limit` of them (`_other` after, `_unknown` for
+names the cluster does not know; `proxy/topic_labels.py`), so a client cannot blow up the metric
+cardinality by inventing topics.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
+
 log = logging.getLogger("kvproxy")
 
-OTHER_TOPICS: Final = "_other"
+__all__ = ["OTHER_TOPICS", "UNKNOWN_TOPICS", "ProxyMetrics", "start_http_endpoint"]
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LATENCY_BUCKETS: Final = (
@@ -28,6 +33,8 @@ _LATENCY_BUCKETS: Final = (
     2.5, 5.0, 10.0,
 )  # fmt: skip
 _MAX_HTTP_REQUEST: Final = 8192
+LABEL_FLUSH_TIMEOUT_S: Final = 5.0
+"""How long /metrics waits for the cluster's answer about topics counted just before."""
 
 
 def api_name(api_key: int) -> str:
@@ -80,9 +87,9 @@ class _JournalCollector(Collector):
 class ProxyMetrics:
     def __init__(self, topic_label_limit: int = 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._topic_limit = topic_label_limit
-        self._topics: set[str] = set()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.topic_labels = TopicLabels(topic_label_limit, self.child)
+        """Counts by topic go through it: `topic_labels.count(metric, topic, (outcome,), n)`."""
         r = self.registry
         self.requests = Counter(
             "kvproxy_requests",
@@ -185,6 +192,16 @@ class ProxyMetrics:
             "Partitions answered MESSAGE_TOO_LARGE because decoding them would pass a memory limit",
             registry=r,
         )
+        self.receive_memory = Gauge(
+            "kvproxy_receive_memory_bytes",
+            "Bytes reserved by client requests being received (limits.receive_buffer_bytes)",
+            registry=r,
+        )
+        self.receive_waits = Counter(
+            "kvproxy_receive_memory_waits",
+            "Times a client connection stopped being read until receive memory was free",
+            registry=r,
+        )
         self.off_loop_decisions = Counter(
             "kvproxy_produce_off_loop",
             "Produce requests decided off the event loop (too much to decode on it)",
@@ -206,15 +223,6 @@ class ProxyMetrics:
             found = self._children[key] = metric.labels(*values)
         return found
 
-    def topic(self, name: str) -> str:
-        """`name`, or `_other` once the label limit is reached."""
-        if name in self._topics:
-            return name
-        if len(self._topics) < self._topic_limit:
-            self._topics.add(name)
-            return name
-        return OTHER_TOPICS
-
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -233,6 +241,7 @@ async def start_http_endpoint(
         registry = metrics
 
         async def render_registry() -> bytes:
+            await registry.topic_labels.flush(LABEL_FLUSH_TIMEOUT_S)
             return registry.exposition()
 
         render = render_registry

@@ -29,6 +29,13 @@ from typing import Any
 
 from protocol.errors import BufferUnderflow, DecodeError, EncodeError
 from protocol.journal import encode_entry, iter_entries
+from proxy.bounds import (
+    MAX_CLIENT_ID_CHARS,
+    MAX_MESSAGE_CHARS,
+    MAX_RECORD_INDEXES,
+    MAX_TOPIC_CHARS,
+    clip,
+)
 
 __all__ = [
     "KINDS",
@@ -104,6 +111,8 @@ class QuarantineEntry:
     record_indexes: tuple[int, ...] = ()
     records: bytes = b""  # the original records bytes (empty for "replayed" marks)
     replayed_id: str | None = None  # kind "replayed": the id of the entry replayed
+    record_indexes_omitted: int = 0
+    """Record indexes left out of the stored metadata (beyond `MAX_RECORD_INDEXES`)."""
 
     @classmethod
     def create(
@@ -135,23 +144,33 @@ class QuarantineEntry:
         )
 
     def to_metadata(self) -> dict[str, Any]:
-        """The JSON object stored in the entry (everything but the records)."""
-        return {
+        """The JSON object stored in the entry (everything but the records).
+
+        Its size is bounded whatever the client sent: topic, client id and message are clipped
+        (`proxy.bounds`) and at most `MAX_RECORD_INDEXES` record indexes are kept, the number of
+        the others in `record_indexes_omitted`."""
+        omitted = self.record_indexes_omitted + max(
+            0, len(self.record_indexes) - MAX_RECORD_INDEXES
+        )
+        metadata = {
             "v": METADATA_VERSION,
             "id": self.id,
             "time_ms": self.time_ms,
             "kind": self.kind,
-            "topic": self.topic,
+            "topic": clip(self.topic, MAX_TOPIC_CHARS),
             "partition": self.partition,
-            "client_id": self.client_id,
+            "client_id": clip(self.client_id, MAX_CLIENT_ID_CHARS),
             "client_address": self.client_address,
             "produce_version": self.produce_version,
             "policy": self.policy,
             "code": self.code,
-            "message": self.message,
-            "record_indexes": list(self.record_indexes),
+            "message": clip(self.message, MAX_MESSAGE_CHARS),
+            "record_indexes": list(self.record_indexes[:MAX_RECORD_INDEXES]),
             "replayed_id": self.replayed_id,
         }
+        if omitted:
+            metadata["record_indexes_omitted"] = omitted
+        return metadata
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], records: bytes = b"") -> QuarantineEntry:
@@ -174,6 +193,7 @@ class QuarantineEntry:
             record_indexes=tuple(_int_list(metadata.get("record_indexes"))),
             records=bytes(records),
             replayed_id=_optional(metadata, "replayed_id", str),
+            record_indexes_omitted=_optional(metadata, "record_indexes_omitted", int, 0),
         )
 
 

@@ -4,13 +4,15 @@ Broker addresses are replaced by proxy addresses (Metadata, FindCoordinator, Des
 Produce v10+ and Fetch v16+ `node_endpoints`), and ApiVersions is trimmed so a client never picks
 a version whose answer would carry an address the proxy does not rewrite, or a Produce version the
 proxy cannot decode. Each function takes the response frame (size prefix removed) and returns the
-new frame plus the upstream addresses it learned, so the caller can open listeners for them.
+new frame plus the upstream addresses it learned, so the caller can open listeners for them; the
+topics a Metadata answer names without an error are passed to `topics_seen` (the metrics label
+only topics the cluster has).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -181,14 +183,29 @@ def _rewrite_body(
     return body
 
 
+def existing_topics(body: Any) -> Iterable[str]:
+    """The topics a Metadata answer names with no error or LEADER_NOT_AVAILABLE: they exist."""
+    for topic in body.topics:
+        if topic.name is not None and int(topic.error_code) in (0, 5):
+            yield str(topic.name)
+
+
 def rewrite_response(
-    frame: bytes | memoryview, api_key: int, api_version: int, host: str, port_for: PortFor
+    frame: bytes | memoryview,
+    api_key: int,
+    api_version: int,
+    host: str,
+    port_for: PortFor,
+    *,
+    topics_seen: Callable[[Iterable[str]], None] | None = None,
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """The frame with proxy addresses (or trimmed versions), and the node addresses it named.
 
     An unchanged body is returned as the original bytes, so the common case costs one decode.
     """
     response: Response = decode_response(frame, api_key, api_version)
+    if api_key == METADATA and topics_seen is not None:
+        topics_seen(existing_topics(response.body))
     learned: dict[int, NodeAddress] = {}
     body = _rewrite_body(
         api_key, api_version, response.body, host=host, port_for=port_for, learned=learned

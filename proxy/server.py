@@ -42,6 +42,7 @@ from protocol.messages import (
     supported_versions,
 )
 from protocol.produce import read_produce_acks
+from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import NodePortError, ProxyConfig, shared_port_problem
 from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
 from proxy.logs import RejectionEvent, RejectionLogger
@@ -56,7 +57,7 @@ from proxy.produce import (
 from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.topic_configs import TopicConfigCache
-from proxy.upstream_client import describe_failure
+from proxy.upstream_client import describe_failure, topics_exist
 
 log = logging.getLogger("kvproxy")
 
@@ -76,6 +77,8 @@ INLINE_DECODE_BYTES = 4 * 1024 * 1024
 one that needs more is decided again on the decoding thread."""
 LAG_TICK_S = 0.1
 LAG_WINDOW_S = 60.0
+MAX_REJECTION_KEYS = 1_000
+"""(topic, policy, code) keys `ProxyServer.rejections` keeps (the oldest is dropped first)."""
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
@@ -460,7 +463,12 @@ class ClientConnection(asyncio.BufferedProtocol):
             server = self._server
             try:
                 payload, learned = rewrite_response(
-                    payload, slot.api_key, slot.api_version, server.public_host, server.port_or_none
+                    payload,
+                    slot.api_key,
+                    slot.api_version,
+                    server.public_host,
+                    server.port_or_none,
+                    topics_seen=server.metrics.topic_labels.seen,
                 )
             except (ProtocolError, ProxyError) as exc:
                 self.abort(
@@ -732,8 +740,10 @@ class ProxyServer:
         self.rejection_log = RejectionLogger(
             rate=config.logs.rejections_per_window,
             window_s=config.logs.rejection_window_ms / 1000,
+            total_rate=config.logs.rejection_lines_per_window,
         )
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
+        self.metrics.topic_labels.lookup = self._topics_exist
         # A lambda, not the bound method: a reload replaces self.routing.
         self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108
         self.journal = self._make_journal()
@@ -750,7 +760,8 @@ class ProxyServer:
         self.rejection_listeners: list[Callable[[RejectionEvent], None]] = []
         """Told of every rejection as it happens, unthrottled (`kvproxy demo` prints them)."""
         self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
-        """(topic, policy, code) -> partitions rejected (warn mode: would have been)."""
+        """(topic, policy, code) -> partitions rejected (warn mode: would have been), for the
+        latest `MAX_REJECTION_KEYS` keys (clients choose topic names)."""
 
     # ---- produce policies ----
 
@@ -828,10 +839,13 @@ class ProxyServer:
         for outcome in [*decision.rejected, *decision.warned]:
             verdict = outcome.verdict
             policy = verdict.policy or "?"
-            self.rejections[(outcome.topic, policy, verdict.code)] += 1
-            self.metrics.rejections.labels(
-                self.metrics.topic(outcome.topic), policy, str(verdict.code)
-            ).inc()
+            key = (clip(outcome.topic, MAX_TOPIC_CHARS), policy, verdict.code)
+            if key not in self.rejections and len(self.rejections) >= MAX_REJECTION_KEYS:
+                del self.rejections[next(iter(self.rejections))]
+            self.rejections[key] += 1
+            self.metrics.topic_labels.count(
+                self.metrics.rejections, outcome.topic, (policy, str(verdict.code))
+            )
             self._quarantine(outcome, decision.api_version, client_id, peer)
             event = RejectionEvent(
                 topic=outcome.topic,
@@ -941,12 +955,27 @@ class ProxyServer:
                 verdict = "warned"
             else:
                 verdict = "accepted"
-            topic = metrics.topic(outcome.topic)
+            labels = metrics.topic_labels
             batches = outcome.produced.batches
-            metrics.child(metrics.batches, topic, verdict).inc(len(batches))
-            metrics.child(metrics.records, topic, verdict).inc(
-                max(0, sum(b.record_count for b in batches))
+            labels.count(metrics.batches, outcome.topic, (verdict,), len(batches))
+            labels.count(
+                metrics.records,
+                outcome.topic,
+                (verdict,),
+                max(0, sum(b.record_count for b in batches)),
             )
+
+    async def _topics_exist(self, topics: list[str]) -> dict[str, bool | None]:
+        """Which of `topics` the cluster has, asked of the first bootstrap server that answers
+        (the topic label of the metrics); ConnectionError when none does."""
+        timeout = self.config.upstream.connect_timeout_ms / 1000
+        problem = "none configured"
+        for host, port in list(self._bootstrap):
+            try:
+                return await topics_exist(host, port, self._upstream_ssl, timeout, topics)
+            except (OSError, TimeoutError, ProtocolError) as exc:
+                problem = describe_failure(exc, timeout)
+        raise ConnectionError(f"no bootstrap server answered Metadata: {problem}")
 
     def record_reload(self, result: str) -> None:
         """Count a configuration reload ("success" or "failure")."""
@@ -1298,6 +1327,7 @@ class ProxyServer:
             self._sweep_task.cancel()
         if self._lag_task is not None:
             self._lag_task.cancel()
+        self.metrics.topic_labels.close()
         if self._http is not None:
             self._http.close()
         if drain_timeout is None:

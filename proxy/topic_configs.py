@@ -5,6 +5,10 @@ to repeat in kvproxy what the cluster already says. Answers are cached for `ttl`
 cluster cannot describe (unknown yet, or the request failed) is cached as unknown for a shorter
 time, and an unknown topic passes the check, as a broker would accept it into a new, delete-policy
 topic.
+
+Clients choose the names, so the cache is bounded: at most `MAX_TOPICS` names (the least recently
+used dropped first), and a name that cannot be a topic (`protocol.topics`) is never asked about
+or kept: it counts as not compacted, and the broker refuses it anyway.
 """
 
 from __future__ import annotations
@@ -13,15 +17,19 @@ import asyncio
 import logging
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Final
 
 from protocol.errors import ProtocolError
+from protocol.topics import is_legal_topic_name
 from proxy.upstream_client import describe_cleanup_policies
 
 log = logging.getLogger("kvproxy")
 
 UNKNOWN_TTL_S: Final = 5.0
+MAX_TOPICS: Final = 10_000
+"""Topics whose answer is kept; with names of at most 249 characters, a few MB at most."""
 
 
 class TopicConfigCache:
@@ -31,15 +39,24 @@ class TopicConfigCache:
         ssl_context: ssl.SSLContext | None,
         ttl_s: float,
         timeout_s: float,
+        max_topics: int | None = None,
     ) -> None:
         self._bootstrap = bootstrap
         self._ssl = ssl_context
         self._ttl = ttl_s
         self._timeout = timeout_s
-        self._entries: dict[str, tuple[bool | None, float]] = {}
+        self._max_topics = MAX_TOPICS if max_topics is None else max_topics
+        self._entries: OrderedDict[str, tuple[bool | None, float]] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[None]] = {}
 
+    def __len__(self) -> int:
+        """Topics whose answer is kept (at most `max_topics`)."""
+        return len(self._entries)
+
     def known(self, topic: str) -> bool:
+        """Whether nothing needs asking: a fresh answer is kept, or `topic` cannot be a topic."""
+        if not is_legal_topic_name(topic):
+            return True
         entry = self._entries.get(topic)
         return entry is not None and entry[1] > time.monotonic()
 
@@ -48,11 +65,17 @@ class TopicConfigCache:
         entry = self._entries.get(topic)
         if entry is None or entry[1] <= time.monotonic():
             return None
+        self._entries.move_to_end(topic)
         return entry[0]
 
     def put(self, topic: str, compacted: bool | None, ttl_s: float | None = None) -> None:
+        if not is_legal_topic_name(topic):
+            return
         ttl = self._ttl if ttl_s is None else ttl_s
         self._entries[topic] = (compacted, time.monotonic() + ttl)
+        self._entries.move_to_end(topic)
+        while len(self._entries) > self._max_topics:
+            self._entries.popitem(last=False)
 
     async def refresh(self, topics: list[str]) -> None:
         """Ask the cluster about `topics` (one request; concurrent askers share it)."""

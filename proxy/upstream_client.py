@@ -64,6 +64,33 @@ async def answers_api_versions(
     return int(answer.error_code) == 0
 
 
+_EXISTS = frozenset({0, 5})  # NONE, LEADER_NOT_AVAILABLE (the topic is there, electing a leader)
+_ABSENT = frozenset({3, 17})  # UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION
+
+
+async def topics_exist(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, topics: list[str]
+) -> dict[str, bool | None]:
+    """topic -> whether the cluster has it (None when it answers another error, e.g. not
+    authorized). Metadata v4 with `allow_auto_topic_creation` false: asking creates nothing."""
+    from kio.schema.metadata.v4.request import MetadataRequest as MetadataRequestV4  # noqa: PLC0415
+    from kio.schema.metadata.v4.request import MetadataRequestTopic  # noqa: PLC0415
+    from kio.schema.types import TopicName  # noqa: PLC0415
+
+    body = MetadataRequestV4(
+        topics=tuple(MetadataRequestTopic(name=TopicName(topic)) for topic in topics),
+        allow_auto_topic_creation=False,
+    )
+    payload = await _round_trip(
+        host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body
+    )
+    found: dict[str, bool | None] = {}
+    for entry in decode_response(payload, METADATA, 4).body.topics:
+        code = int(entry.error_code)
+        found[str(entry.name)] = True if code in _EXISTS else False if code in _ABSENT else None
+    return found
+
+
 _DESCRIBE_CONFIGS_VERSION = 1  # every broker since 1.1 answers it; Tansu serves 0-4
 _TOPIC_RESOURCE = 2
 CLEANUP_POLICY = "cleanup.policy"

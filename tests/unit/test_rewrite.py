@@ -204,6 +204,38 @@ def test_metadata_v12_brokers_keep_their_rack_and_the_rest_of_the_answer() -> No
     assert learned == {111: ("10.0.0.1", 9092)}
 
 
+def test_metadata_answers_tell_which_topics_exist() -> None:
+    import uuid
+
+    from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseTopic
+
+    def topic(name: str | None, code: int) -> Any:
+        return MetadataResponseTopic(
+            error_code=ErrorCode(code), name=name, topic_id=uuid.UUID(int=0), partitions=()
+        )
+
+    body = MetadataResponse(
+        throttle_time=ZERO,
+        brokers=(),
+        cluster_id="c",
+        controller_id=i32(-1),
+        topics=(
+            topic("orders", 0),
+            topic("electing", 5),  # LEADER_NOT_AVAILABLE: there, without a leader yet
+            topic("made-up", 3),  # UNKNOWN_TOPIC_OR_PARTITION
+            topic("bad\nname", 17),  # INVALID_TOPIC_EXCEPTION
+            topic(None, 0),  # asked by id, named by none
+        ),
+    )
+    seen: list[str] = []
+    out, _ = rewrite_response(
+        frame_of(METADATA, 12, body), METADATA, 12, PROXY_HOST, port_for, topics_seen=seen.extend
+    )
+    assert seen == ["orders", "electing"]
+    decoded = decode_response(out, METADATA, 12).body.topics
+    assert [t.name for t in decoded] == ["orders", "electing", "made-up", "bad\nname", None]
+
+
 # ---- FindCoordinator ----
 
 
