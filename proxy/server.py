@@ -1327,7 +1327,6 @@ class ProxyServer:
             self._sweep_task.cancel()
         if self._lag_task is not None:
             self._lag_task.cancel()
-        self.metrics.topic_labels.close()
         if self._http is not None:
             self._http.close()
         if drain_timeout is None:
@@ -1346,6 +1345,7 @@ class ProxyServer:
         deadline = loop.time() + 2.0
         while (self._clients or self._tasks or self._background) and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        self.metrics.topic_labels.close()  # after the drain: its requests were counted
         self._decode_thread.shutdown(wait=False, cancel_futures=True)
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)

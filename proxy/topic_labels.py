@@ -95,6 +95,7 @@ class TopicLabels:
         self._task: asyncio.Task[None] | None = None
         self._failing_until = -math.inf
         self._failure_logged = False
+        self._closed = False
 
     def sizes(self) -> dict[str, int]:
         """How many names each structure holds (all bounded)."""
@@ -157,7 +158,8 @@ class TopicLabels:
             await asyncio.wait(pending, timeout=timeout)
 
     def close(self) -> None:
-        """Stop asking; what is still held is counted as `_unknown`."""
+        """Stop asking; what is still held, and any name not known yet, counts as `_unknown`."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -174,6 +176,7 @@ class TopicLabels:
     def _can_ask(self) -> bool:
         return (
             self.lookup is not None
+            and not self._closed
             and len(self._queued) + len(self._asking) < self._max_pending
             and self._clock() >= self._failing_until
         )

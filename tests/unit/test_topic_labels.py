@@ -171,13 +171,17 @@ async def test_no_such_topic_is_believed_for_a_while_then_asked_again() -> None:
     assert cluster.requests == [["later"], ["later"]]
 
 
-async def test_closing_counts_what_is_held_as_unknown() -> None:
-    metrics = proxy_metrics(FakeCluster("orders"))
+async def test_closing_counts_what_is_held_and_what_comes_later_as_unknown() -> None:
+    cluster = FakeCluster("orders")
+    metrics = proxy_metrics(cluster)
     metrics.topic_labels.count(metrics.batches, "orders", ("accepted",))
     metrics.topic_labels.close()
     await asyncio.sleep(0)
     assert batches_by_topic(metrics) == {"_unknown": 1}
     await metrics.topic_labels.flush(5)  # nothing left to wait for
+    metrics.topic_labels.count(metrics.batches, "orders", ("accepted",))  # e.g. while stopping
+    assert batches_by_topic(metrics) == {"_unknown": 2}
+    assert cluster.requests == []  # nothing asked once closed
 
 
 async def test_a_scrape_waits_for_the_answer_about_what_was_counted_before_it() -> None:
