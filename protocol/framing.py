@@ -18,15 +18,16 @@ import struct
 import sys
 from typing import Final
 
+from protocol.budget import MemoryBudget
 from protocol.errors import FrameTooLarge, NegativeSize
 
 SIZE_PREFIX: Final = 4
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
 LARGE_FRAME: Final = 64 * 1024
 """Frames above this size are received into a buffer of their own (no copy out)."""
-INITIAL_LARGE_BUFFER: Final = 2 * 1024 * 1024
-"""A large frame's buffer starts at most this big and doubles as its bytes arrive, so a size
-prefix alone never commits more memory than this."""
+INITIAL_LARGE_BUFFER: Final = 64 * 1024
+"""A large frame's buffer starts this big (or as big as what has already arrived) and doubles as
+its bytes arrive, so a size prefix alone commits no more than this."""
 _SCRATCH_SIZE: Final = 64 * 1024
 _SIZE = struct.Struct(">i")
 
@@ -60,17 +61,32 @@ class BufferPool:
         handles one read at a time."""
         return self._scratch
 
-    def take(self, size: int) -> bytearray:
-        """A buffer of at least `size` bytes (contents undefined)."""
+    def take(self, size: int, most: int | None = None) -> bytearray:
+        """A buffer of at least `size` bytes (contents undefined): a free pooled one of at most
+        `most` bytes (default four times `size`), else a new one of `size` bytes."""
+        most = 4 * size if most is None else most
         for buffer in self._buffers:
             # referents: the pool's list, the loop variable, getrefcount's argument
-            if size <= len(buffer) <= 4 * size and sys.getrefcount(buffer) <= 3:
+            if size <= len(buffer) <= most and sys.getrefcount(buffer) <= 3:
                 return buffer
         buffer = bytearray(size)
         if len(self._buffers) < self.max_buffers and self._bytes + size <= self.max_bytes:
             self._buffers.append(buffer)
             self._bytes += size
         return buffer
+
+    def grown(self, old: bytearray, new: bytearray) -> None:
+        """`new` (a larger copy of `old`) takes `old`'s place in the pool, if `old` was pooled
+        and the pool's byte bound allows; else `old` just leaves the pool."""
+        for index, buffer in enumerate(self._buffers):
+            if buffer is old:
+                if self._bytes - len(old) + len(new) <= self.max_bytes:
+                    self._buffers[index] = new
+                    self._bytes += len(new) - len(old)
+                else:
+                    del self._buffers[index]
+                    self._bytes -= len(old)
+                return
 
     @property
     def pooled_bytes(self) -> int:
@@ -81,23 +97,38 @@ class FrameDecoder:
     """Splits a byte stream into frame payloads (size prefix removed)."""
 
     __slots__ = (
+        "_budget",
         "_buffer",
         "_large",
         "_large_filled",
         "_large_size",
         "_max_frame_size",
         "_pool",
+        "_reserved",
         "_scratch",
         "_start",
+        "waiting",
     )
 
     def __init__(
-        self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, pool: BufferPool | None = None
+        self,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        pool: BufferPool | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
+        """`budget`: large frames being received reserve their declared size in it before their
+        buffer is started (their buffers still grow only with what arrives). A frame that
+        cannot reserve waits, its bytes kept, with `waiting` set to its size; the caller stops
+        reading and calls `next_frame` again once the budget has room. A frame that has its
+        reservation always completes, so frames never wait for each other's memory forever."""
         if max_frame_size <= 0:
             raise ValueError("max_frame_size must be positive")
         self._max_frame_size = max_frame_size
         self._pool = pool
+        self._budget = budget
+        self._reserved = 0
+        self.waiting: int | None = None
+        """The size of a large frame waiting for `budget` to have room, else None."""
         self._buffer = bytearray()
         self._start = 0
         self._scratch: bytearray | None = None if pool is None else pool.scratch
@@ -131,7 +162,7 @@ class FrameDecoder:
             filled = self._large_filled
             end = min(len(large), self._large_size)
             if filled == end:  # grow: the frame is longer than what was committed so far
-                large = self._large = large + bytes(min(len(large), self._large_size - filled))
+                large = self._grow(min(len(large), self._large_size - filled))
                 end = min(len(large), self._large_size)
             return memoryview(large)[filled:end]
         if self._scratch is None:
@@ -168,6 +199,7 @@ class FrameDecoder:
                 payload = whole[: self._large_size].toreadonly()
             self._large = None
             self._large_size = self._large_filled = 0
+            self.release()
             return payload
         size = self.pending_frame_size()
         if size is None:
@@ -177,8 +209,17 @@ class FrameDecoder:
         buffer = self._buffer
         if end > len(buffer):
             if size > LARGE_FRAME:  # the rest of this frame goes straight into its own buffer
-                initial = min(size, INITIAL_LARGE_BUFFER)
-                self._large = bytearray(initial) if self._pool is None else self._pool.take(initial)
+                budget = self._budget
+                if budget is not None and not budget.try_take(size):
+                    self.waiting = size
+                    return None
+                self.waiting = None
+                self._reserved = size if budget is not None else 0
+                initial = min(size, max(INITIAL_LARGE_BUFFER, len(buffer) - begin))
+                if self._pool is None:
+                    self._large = bytearray(initial)
+                else:  # a free pooled buffer up to the frame's size commits nothing new
+                    self._large = self._pool.take(initial, most=max(size, 4 * initial))
                 self._large_size = size
                 with memoryview(buffer) as view:
                     self._fill_large(view[begin:])  # all of it: the frame ends further on
@@ -190,6 +231,21 @@ class FrameDecoder:
         self._consume(end)
         return frame
 
+    def _grow(self, more: int) -> bytearray:
+        old = self._large
+        assert old is not None
+        new = self._large = old + bytes(more)
+        if self._pool is not None:
+            self._pool.grown(old, new)
+        return new
+
+    def release(self) -> None:
+        """Give back the budget reserved by the frame being received (it completed, or the
+        connection is closing)."""
+        if self._reserved and self._budget is not None:
+            self._budget.give_back(self._reserved)
+        self._reserved = 0
+
     def _fill_large(self, data: bytes | bytearray | memoryview) -> int:
         """Copy what belongs to the large frame from `data`; returns how many bytes it took."""
         large = self._large
@@ -197,7 +253,7 @@ class FrameDecoder:
         filled = self._large_filled
         taken = min(len(data), self._large_size - filled)
         if filled + taken > len(large):
-            large = self._large = large + bytes(
+            large = self._grow(
                 min(max(len(large), filled + taken - len(large)), self._large_size - len(large))
             )
         large[filled : filled + taken] = memoryview(data)[:taken]

@@ -266,6 +266,13 @@ class LimitsConfig(_Section):
     holds at most about 150,000 records (7 bytes each at the least), and producers batch far
     fewer than that, so 1,000,000 is not reached by real traffic, while it bounds the decoding of
     one request to a fraction of a second (the record parser reads 2-5 million records a second)."""
+    receive_buffer_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
+    """Bytes the requests being received from clients may declare together, in this process
+    (requests above 64 KiB; smaller ones are read in a shared 64 KiB buffer). A request reserves
+    its declared size when its size prefix arrives, and its buffer grows only with the bytes that
+    arrive; when the reservation does not fit, the proxy stops reading that connection until
+    other requests complete (as Kafka's `queued.max.request.bytes` does). A request that has its
+    reservation always completes. At least `max_frame_bytes`."""
     decode_bytes_per_request: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     """Memory one Produce request may hold while its records are checked: decompressed batches
     and decoded records (about 240 bytes each besides their keys and values). A partition that
@@ -278,6 +285,15 @@ class LimitsConfig(_Section):
     partition that would pass it is answered MESSAGE_TOO_LARGE ("retry later"), never held
     waiting. With the defaults, decoding never holds more than 512 MiB, which with the rest of
     the proxy (about 100 MiB, plus receive buffers) fits a 2 GiB container."""
+
+    @model_validator(mode="after")
+    def _a_frame_fits(self) -> LimitsConfig:
+        if self.receive_buffer_bytes < self.max_frame_bytes:
+            raise ValueError(
+                f"receive_buffer_bytes {self.receive_buffer_bytes} is below max_frame_bytes "
+                f"{self.max_frame_bytes}: a request of the largest size could never be received"
+            )
+        return self
 
 
 class ShutdownConfig(_Section):

@@ -12,8 +12,10 @@ import ssl
 from collections.abc import Callable
 from typing import Final
 
+from policies.api import RECORD_OBJECT_BYTES
+from protocol.budget import Allowance
 from protocol.errors import ProtocolError
-from protocol.records import build_batch, iter_batches
+from protocol.records import build_batch, read_batches
 from proxy.upstream_client import partition_leader, produce_batch
 
 log = logging.getLogger("kvproxy")
@@ -51,10 +53,13 @@ def dead_letter_records(
     message: str | None,
     partition: int,
     client_id: str | None,
+    allowance: Allowance | None = None,
 ) -> bytes:
     """One magic-2 batch holding the refused records, each with the kvproxy.* headers added.
 
-    Records that cannot be decoded travel as one record whose value is the raw bytes.
+    Records that cannot be decoded, or whose decoding would need more memory than `allowance`
+    has, travel as one record whose value is the raw bytes as the client sent them (header
+    `kvproxy.unreadable`).
     """
     why: list[tuple[str, bytes | None]] = [
         (HEADER_POLICY, policy.encode()),
@@ -64,12 +69,17 @@ def dead_letter_records(
         (HEADER_CLIENT, client_id.encode() if client_id is not None else None),
     ]
     try:
-        rows = [
-            (r.key, r.value, (*r.headers, *why), r.timestamp if r.timestamp >= 0 else None)
-            for batch in iter_batches(records)
-            for r in batch.records()
-        ]
-    except ProtocolError:
+        rows = []
+        for batch in read_batches(records, allowance):
+            if allowance is not None:
+                count = max(batch.record_count, 0)
+                cost = count * RECORD_OBJECT_BYTES + batch.plain_size()
+                allowance.take(cost, f"a dead letter of {count} records")
+            rows += [
+                (r.key, r.value, (*r.headers, *why), r.timestamp if r.timestamp >= 0 else None)
+                for r in batch.records()
+            ]
+    except ProtocolError:  # a ResourceLimit too
         rows = [(None, bytes(records), (*why, (HEADER_UNREADABLE, b"1")), None)]
     if not rows:
         rows = [(None, b"", tuple(why), None)]

@@ -281,3 +281,81 @@ def test_record_errors_in_an_answer_are_capped(tansu: Broker, topic: str) -> Non
         assert [index for index, _ in errors] == list(range(1_000))
         assert "due to 5000 record errors in total" in (answer.error_message or "")
     assert stored(tansu, topic) == []
+
+
+# ---- receive memory ----
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_size_prefixes_alone_reserve_receive_memory_not_allocate_it(tansu: Broker) -> None:
+    """300 connections each send only the 4-byte prefix of a 50 MiB request: ten of them fit the
+    512 MiB of receive memory and start buffers of 64 KiB; the others wait, unread. Nobody's
+    memory grows beyond what arrived, and a small request on another connection is answered."""
+    import socket
+
+    with run_proxy(tansu.bootstrap) as proxy:
+        assert_serves(proxy)
+        before = _rss()
+        socks = []
+        try:
+            for _ in range(300):
+                sock = socket.create_connection((proxy.host, proxy.port))
+                sock.sendall(struct.pack(">i", 50 * MiB))
+                socks.append(sock)
+            wait_until_true(lambda: proxy.server.receive_memory.in_use == 10 * 50 * MiB)
+            wait_until_true(
+                lambda: value(scrape(proxy), "kvproxy_receive_memory_waits_total") == 290
+            )
+            assert _rss() - before < 100 * MiB
+            assert_serves(proxy)  # requests below 64 KiB need no reservation
+        finally:
+            for sock in socks:
+                sock.close()
+        wait_until_true(lambda: proxy.server.receive_memory.in_use == 0)
+        assert_idle(proxy)
+
+
+def test_a_request_waiting_for_receive_memory_is_read_when_memory_frees(
+    tansu: Broker, topic: str
+) -> None:
+    """Receive memory for one 1 MiB request: a client that started one and stalls holds it, so
+    a second client's large request waits unread (a warning says why) until the first is
+    closed for stalling; then it is read, checked, forwarded and answered."""
+    from tests.harness.raw_client import RawKafkaClient
+    from tests.integration.test_policies_answers import produce_frame
+
+    config = proxy_config(
+        tansu.bootstrap,
+        limits={
+            "max_frame_bytes": MiB,
+            "receive_buffer_bytes": MiB,
+            "request_timeout_ms": 1500,
+        },
+    )
+    request = produce_frame(9, 5, [(topic, 0, build_batch([(b"k", bytes(700_000), None, None)]))])
+    with run_proxy(config=config) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as staller:
+            staller.send_raw(struct.pack(">i", MiB - 10) + b"x" * 1000)
+            wait_until_true(lambda: proxy.server.receive_memory.in_use == MiB - 10)
+            with RawKafkaClient(proxy.host, proxy.port) as waiter:
+                waiter.send_frame(request)
+                answer = waiter.recv_frame(timeout=30)  # after the staller is dropped
+                assert struct.unpack_from(">i", answer)[0] == 5
+            assert staller.is_closed_by_peer(timeout=1)
+        assert closed(proxy, "slow_request") == 1
+        assert value(scrape(proxy), "kvproxy_receive_memory_waits_total") >= 1
+        wait_until_true(lambda: proxy.server.receive_memory.in_use == 0)
+    assert stored(tansu, topic) == [bytes(700_000)]
+
+
+def wait_until_true(condition: Any, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.02)

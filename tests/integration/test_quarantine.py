@@ -650,3 +650,35 @@ def test_warn_mode_stores_the_record_and_journals_it_as_warned(
     assert value(samples, "kvproxy_dead_letters_total", result="failed") == 0
     # and replay only takes rejected entries: nothing to do for a warned one
     assert list(read_entries(journal_dir, kinds=("rejected",))) == []
+
+
+def test_a_batch_past_the_decoding_budget_goes_to_the_dead_letter_topic_as_sent(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Refused because checking it would need more memory than allowed: its dead letter is not
+    decoded either (that would cost the same memory), it carries the records as the client sent
+    them, marked `kvproxy.unreadable`."""
+    from protocol.compression import Codec
+
+    topic = make_topic()
+    create_topic(tansu.bootstrap, topic + ".dlq")
+    bomb = build_batch(
+        [(b"k", bytes(1024 * 1024), None, None) for _ in range(20)], codec=Codec.ZSTD
+    )
+    with run_proxy(
+        tansu.bootstrap,
+        limits={"decode_bytes_per_request": 8 * 1024 * 1024},
+        quarantine=journal_settings(tmp_path / "journal", dead_letter_suffix=".dlq"),
+    ) as proxy:
+        answers = produce(proxy.host, proxy.port, 9, [(topic, 0, bomb)])
+        assert answers[(topic, 0)].error_code == 10, answers  # MESSAGE_TOO_LARGE
+        wait_until(lambda: dead_letter_counts(proxy) == (1, 0), "the dead letter to be written")
+        assert proxy.server.decode_memory.in_use == 0
+        assert proxy.server.decode_memory.peak <= 8 * 1024 * 1024
+    dead = consume(tansu.bootstrap, topic + ".dlq", 0, 1)
+    assert len(dead) == 1, dead
+    assert dead[0].value() == bomb
+    headers = dict(dead[0].headers())
+    assert headers["kvproxy.unreadable"] == b"1"
+    assert headers["kvproxy.policy"] == b"decode_budget"
+    assert headers["kvproxy.code"] == b"10"

@@ -247,3 +247,64 @@ def test_the_pool_is_bounded_and_frames_beyond_it_get_their_own_buffers() -> Non
         views += _feed_buffered_views(decoder, frame(payload))
     assert views == payloads  # every view still holds its own bytes
     assert pool.pooled_bytes == LARGE_FRAME + 1
+
+
+# ---- receive memory ----
+
+
+def _start(decoder: FrameDecoder, data: bytes) -> Frame | None:
+    view = decoder.get_buffer()
+    view[: len(data)] = data
+    del view
+    decoder.buffer_updated(len(data))
+    return decoder.next_frame()
+
+
+def test_a_size_prefix_alone_commits_no_more_than_the_initial_buffer() -> None:
+    decoder = FrameDecoder(pool=BufferPool())
+    assert _start(decoder, struct.pack(">i", 50 * 1024 * 1024)) is None
+    assert len(decoder.get_buffer()) == INITIAL_LARGE_BUFFER == 64 * 1024
+
+
+def test_a_large_frame_reserves_its_size_and_gives_it_back_when_complete() -> None:
+    from protocol.budget import MemoryBudget
+
+    budget = MemoryBudget(1024 * 1024)
+    decoder = FrameDecoder(budget=budget)
+    payload = _payload(300_000, 3)
+    stream = frame(payload)
+    assert _start(decoder, stream[:1000]) is None
+    assert budget.in_use == 300_000
+    assert _feed_buffered(decoder, stream[1000:], [65536]) == [payload]
+    assert budget.in_use == 0 and decoder.waiting is None
+
+
+def test_a_frame_that_does_not_fit_the_budget_waits_with_its_bytes_kept() -> None:
+    from protocol.budget import MemoryBudget
+
+    budget = MemoryBudget(1024 * 1024)
+    first, second = FrameDecoder(budget=budget), FrameDecoder(budget=budget)
+    one, two = _payload(700_000, 1), _payload(600_000, 2)
+    assert _start(first, frame(one)[:10]) is None
+    assert _start(second, frame(two)[:5000]) is None
+    assert second.waiting == 600_000  # 700,000 + 600,000 do not fit in 1 MiB
+    assert budget.in_use == 700_000
+    assert second.next_frame() is None and second.waiting == 600_000  # still no room
+    assert _feed_buffered(first, frame(one)[10:], [65536]) == [one]
+    assert budget.in_use == 0
+    assert second.next_frame() is None  # room now: reserved and started
+    assert second.waiting is None and budget.in_use == 600_000
+    assert _feed_buffered(second, frame(two)[5000:], [65536]) == [two]
+    assert budget.in_use == 0
+
+
+def test_release_gives_back_a_partial_frames_reservation() -> None:
+    from protocol.budget import MemoryBudget
+
+    budget = MemoryBudget(1024 * 1024)
+    decoder = FrameDecoder(budget=budget)
+    assert _start(decoder, frame(_payload(500_000))[:100]) is None
+    assert budget.in_use == 500_000
+    decoder.release()
+    decoder.release()  # twice is harmless
+    assert budget.in_use == 0
