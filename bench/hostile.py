@@ -857,6 +857,21 @@ def code_location() -> dict[str, str]:
     return {"proxy_module": found, "commit": commit + (" + uncommitted changes" if changed else "")}
 
 
+def proxy_log_lines(path: Path, start: int) -> list[str]:
+    """The proxy's log lines from byte `start` on that say why it closed a connection or what
+    went wrong (rejections are left out: the answer's codes say those), shortened."""
+    with contextlib.suppress(OSError), path.open("rb") as log:
+        log.seek(start)
+        text = log.read().decode(errors="replace")
+        keep = [
+            line.split(" ", 2)[-1]
+            for line in text.splitlines()
+            if "closing connection" in line or " ERROR " in line or " CRITICAL " in line
+        ]
+        return [line if len(line) <= 240 else line[:237] + "..." for line in keep]
+    return []
+
+
 @contextlib.contextmanager
 def watching(pid: int, guard: int) -> Iterator[RssSampler]:
     sampler = RssSampler(pid, guard)
@@ -883,6 +898,7 @@ def run_scenario(
         assert server.proc is not None
         tansu_process = psutil.Process(server.proc.pid)
         url = metrics_url(proxy)
+        log_path = proxy.config_path.parent / "kvproxy.log"
         pid = proxy.process.pid
         other = OtherClient(proxy.port, limit + 60)
         lag = LagWatcher(url)
@@ -895,6 +911,7 @@ def run_scenario(
             if has_lag:
                 lag.start()
             idle = sampler.rss()
+            log_start = log_path.stat().st_size
             tansu_cpu = sum(tansu_process.cpu_times()[:2])
             deadline = time.monotonic() + limit
             began = time.perf_counter()
@@ -919,6 +936,8 @@ def run_scenario(
             if outcome.timed_out:  # still busy: do not wait for it to drain
                 proxy.process.kill()
         peak = sampler.hwm if sampler.hwm else sampler.peak
+        logged = proxy_log_lines(log_path, log_start)
+        outcome.notes += [f"proxy log: {line}" for line in logged[:3]]
         if sampler.tripped:
             outcome.notes.append(
                 f"the memory guard killed the proxy at {_size(sampler.tripped)} RSS"
