@@ -164,14 +164,18 @@ def _verdict(batch_bytes: bytes) -> str:
     )
 
 
-async def _create_compacted_topic(bootstrap: str) -> None:
+async def _create_topics(bootstrap: str) -> None:
+    """The compacted topic, and the payments topic (the metrics name only topics that exist)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics(
-            [NewTopic(COMPACTED_TOPIC, 1, 1, topic_configs={"cleanup.policy": "compact"})]
+            [
+                NewTopic(COMPACTED_TOPIC, 1, 1, topic_configs={"cleanup.policy": "compact"}),
+                NewTopic(PAYMENTS_TOPIC, 1, 1),
+            ]
         )
     finally:
         await admin.close()
@@ -183,7 +187,7 @@ async def _demo(keep_running: bool) -> None:
         _print_addresses(server)
         host, port = server.public_host, server.bootstrap_port
         await _clients(f"{host}:{port}")
-        await _create_compacted_topic(f"{host}:{port}")
+        await _create_topics(f"{host}:{port}")
         good = build_batch([(b"k%d" % i, b"v%d" % i, (), None) for i in range(3)])
         corrupt = bytearray(good)
         corrupt[-1] ^= 0xFF  # one flipped bit in the last record's value
@@ -207,7 +211,7 @@ async def _demo(keep_running: bool) -> None:
             print(f"  {label}")
             print(f"    -> {await _raw_produce(host, port, topic, batch)}")
         print(f"\n  kvproxy's own decoder on the flipped batch: {_verdict(bytes(corrupt))}")
-        _print_metrics(server)
+        await _print_metrics(server)
         if keep_running:
             server.rejection_listeners.append(_print_rejection)
             print(
@@ -232,10 +236,10 @@ def _print_rejection(event: RejectionEvent) -> None:
         )
 
 
-def _print_metrics(server: ProxyServer) -> None:
+async def _print_metrics(server: ProxyServer) -> None:
     """The counters an operator scrapes from /metrics after the exchanges above."""
     wanted = ("kvproxy_policy_rejections_total", "kvproxy_produce_records_total{")
-    text = server.metrics.exposition().decode()
+    text = (await server.metrics.render()).decode()
     lines = [line for line in text.splitlines() if line.startswith(wanted)]
     where = f" (http://127.0.0.1:{server.metrics_port}/metrics)" if server.metrics_port else ""
     print(f"\nmetrics{where}:")

@@ -224,7 +224,15 @@ class ProxyMetrics:
         return found
 
     def exposition(self) -> bytes:
+        """/metrics as it is now (counts whose topic the cluster has not answered for are not
+        in it yet; `render` waits for those)."""
         return generate_latest(self.registry)
+
+    async def render(self) -> bytes:
+        """/metrics once the answers pending about topics counted before are in (at most
+        `LABEL_FLUSH_TIMEOUT_S`)."""
+        await self.topic_labels.flush(LABEL_FLUSH_TIMEOUT_S)
+        return self.exposition()
 
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
@@ -239,12 +247,7 @@ async def start_http_endpoint(
     render: Exposition
     if isinstance(metrics, ProxyMetrics):
         registry = metrics
-
-        async def render_registry() -> bytes:
-            await registry.topic_labels.flush(LABEL_FLUSH_TIMEOUT_S)
-            return registry.exposition()
-
-        render = render_registry
+        render = registry.render
 
         def readiness_seen(is_ready: bool) -> None:
             registry.ready.set(1 if is_ready else 0)
