@@ -31,6 +31,7 @@ __all__ = [
     "PolicyViolation",
     "ProducedRecords",
     "RecordError",
+    "RecordErrorList",
     "RecordsPolicy",
     "Verdict",
     "parse_records",
@@ -90,6 +91,19 @@ MAX_RECORD_ERRORS = 1000
 A broker lists every one, but one request of a million records with bad timestamps would then
 be answered with 145 MB, more than any client accepts; a thousand say what is wrong as well."""
 
+
+class RecordErrorList(list[RecordError]):
+    """A list of record errors that keeps the first MAX_RECORD_ERRORS and counts the rest
+    (`total`): a million bad records cost a counter, not a million kept errors."""
+
+    total: int = 0
+
+    def append(self, error: RecordError) -> None:
+        self.total += 1
+        if len(self) < MAX_RECORD_ERRORS:
+            super().append(error)
+
+
 RECORD_OBJECT_BYTES = 240
 """What one decoded `Record` costs in memory besides its key and value bytes (measured: the tuple,
 its fields and the list slot), counted in the request's allowance before records are decoded."""
@@ -100,7 +114,7 @@ class PolicyViolation(Exception):
 
 
 def record_errors_verdict(
-    errors: list[RecordError] | tuple[RecordError, ...],
+    errors: list[RecordError] | tuple[RecordError, ...] | RecordErrorList,
     *,
     code: int = error_codes.INVALID_RECORD,
     rejection: str | None = "",
@@ -116,7 +130,7 @@ def record_errors_verdict(
     """
     if rejection == "":
         rejection = INVALID_RECORD_REJECTION if code == error_codes.INVALID_RECORD else None
-    total = len(errors)
+    total = errors.total if isinstance(errors, RecordErrorList) else len(errors)
     errors = tuple(errors[:MAX_RECORD_ERRORS])
     if code == error_codes.INVALID_TIMESTAMP:
         message = "One or more records have been rejected due to invalid timestamp"

@@ -15,6 +15,7 @@ from policies.api import (
     MISSING_KEY,
     ProducedRecords,
     RecordError,
+    RecordErrorList,
     Verdict,
     record_errors_verdict,
 )
@@ -218,7 +219,7 @@ class BatchIntegrityPolicy(BuiltinPolicy):
         if all(b.magic == 2 for b in produced.batches):
             return ACCEPT  # DefaultRecords carry neither their own magic nor attributes
         tp = produced.topic_partition
-        errors: list[RecordError] = []
+        errors: list[RecordError] = RecordErrorList()
         for b, record, offset in _iter_with_offsets(produced):
             if b.codec is not Codec.NONE and record.attributes & _CODEC_MASK:
                 errors.append(
@@ -279,7 +280,7 @@ class OffsetsPolicy(BuiltinPolicy):
         ):
             return ACCEPT
         tp = batch.topic_partition
-        errors: list[RecordError] = []
+        errors: list[RecordError] = RecordErrorList()
         records = batch.record_tuple()
         pos = 0
         for b in batch.batches:
@@ -352,7 +353,7 @@ class TimestampsPolicy(BuiltinPolicy):
                     break
             if in_range:
                 return ACCEPT
-        errors: list[RecordError] = []
+        errors: list[RecordError] = RecordErrorList()
         for b, record, offset in _iter_with_offsets(batch):
             ts = record.timestamp
             if create_time and ts != -1:
@@ -392,7 +393,10 @@ class CompactedKeyPolicy(BuiltinPolicy):
             "Compacted topic cannot accept message without key in topic partition "
             f"{batch.topic_partition}."
         )
-        errors = [RecordError(r.index, message) for r in records if r.key is None]
+        errors = RecordErrorList()
+        for r in records:
+            if r.key is None:
+                errors.append(RecordError(r.index, message))
         return record_errors_verdict(errors, rejection=MISSING_KEY)
 
 

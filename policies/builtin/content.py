@@ -19,7 +19,14 @@ import fastavro
 import fastjsonschema
 import orjson
 
-from policies.api import ACCEPT, ProducedRecords, RecordError, Verdict, record_errors_verdict
+from policies.api import (
+    ACCEPT,
+    ProducedRecords,
+    RecordError,
+    RecordErrorList,
+    Verdict,
+    record_errors_verdict,
+)
 from policies.builtin.base import BuiltinPolicy, short_repr
 from protocol import error_codes
 from protocol.records import Record
@@ -56,7 +63,7 @@ class RecordCheckPolicy(BuiltinPolicy):
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         tp = batch.topic_partition
         check = self.check
-        errors: list[RecordError] = []
+        errors: list[RecordError] = RecordErrorList()
         for record in batch.records():
             message = check(record, tp)
             if message is not None:
