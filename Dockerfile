@@ -58,6 +58,10 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
 # Numeric uid so Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001
 
+# An image cannot set limits: give the container room for open files at run time (every client
+# connection holds two descriptors), e.g. `docker run --ulimit nofile=65536:65536` or compose's
+# `ulimits:`. kvproxy raises its soft limit to the hard one when it starts.
+#
 # SIGTERM (docker stop) drains in-flight requests for shutdown.drain_timeout_ms (10 s by default):
 # give the container a stop timeout above that (compose: stop_grace_period).
 ENTRYPOINT ["kvproxy", "serve"]

@@ -76,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
             settings = WorkerSettings(path, args.workers, args.log_format, args.reload_interval)
             run_workers(config, settings)
             return 0
+        _raise_open_file_limit(config, log_unchanged=args.worker_index in (None, 0))
         run(
             config,
             path.resolve().parent,
@@ -93,6 +94,30 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. a listener port already in use
         return _fail(args, f"cannot serve: {exc}", 1)
     return 0
+
+
+def _raise_open_file_limit(config: ProxyConfig, *, log_unchanged: bool) -> None:
+    """The soft limit on open files up to the hard one, said once: each client connection holds
+    two descriptors, and a soft limit of 1024 (many systems' default) runs out at about 500."""
+    from proxy.fds import raise_open_file_limit  # noqa: PLC0415
+
+    log = logging.getLogger("kvproxy")
+    before, after, problem = raise_open_file_limit()
+    if problem is not None:
+        log.warning("open file limit %d could not be raised to the hard limit: %s", before, problem)
+    elif after != before:
+        log.info("open file limit raised from %d to %d (the hard limit)", before, after)
+    elif log_unchanged:
+        log.info("open file limit %d (the hard limit)", after)
+    per_listener = config.limits.max_connections_per_listener
+    if log_unchanged and after <= 2 * per_listener:
+        log.warning(
+            "open file limit %d is not above twice limits.max_connections_per_listener (%d): "
+            "clients can run the proxy out of file descriptors before that limit refuses them; "
+            "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower the setting",
+            after,
+            per_listener,
+        )
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:

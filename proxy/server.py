@@ -45,6 +45,8 @@ from protocol.produce import read_produce_acks
 from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import NodePortError, ProxyConfig, shared_port_problem
 from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
+from proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
+from proxy.fds import describe as describe_fd_shortage
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
 from proxy.produce import (
@@ -564,6 +566,10 @@ class ClientConnection(asyncio.BufferedProtocol):
     async def _connect_upstream(self) -> None:
         try:
             upstream = await self._server.open_upstream(self, self.node_id)
+        except OutOfFileDescriptors as exc:  # logged by the server, a line per 10 s at most
+            why = f"no upstream for client {self.peer}: {exc}"
+            self.abort(why, logging.DEBUG, reason="out_of_file_descriptors")
+            return
         except (OSError, ProxyError, TimeoutError) as exc:
             self.abort(f"no upstream for client {self.peer}: {exc}", reason="no_upstream")
             return
@@ -715,6 +721,8 @@ class ProxyServer:
         self._refused = 0
         """Connections refused since the last log line about them."""
         self._refused_logged_at = float("-inf")
+        self.fds = FdExhaustion()
+        """Running out of file descriptors, logged as such (not as an unreachable upstream)."""
         self._sweep_task: asyncio.Task[None] | None = None
         self.buffer_pool = BufferPool()
         """Large-frame buffers shared by every connection of this server (one event loop)."""
@@ -1121,6 +1129,10 @@ class ProxyServer:
             try:
                 upstream = await self._connect(client, host, port)
             except (OSError, TimeoutError) as exc:
+                if out_of_fds(exc):  # the proxy's shortage, not the broker's: not counted
+                    what = f"closed the connection of client {client.peer}: no descriptor left"
+                    self.fds.report(f"{what} for its connection to {host}:{port}", exc)
+                    raise OutOfFileDescriptors("out of file descriptors") from exc
                 why = describe_failure(exc, self.config.upstream.connect_timeout_ms / 1000)
                 errors.append(f"{host}:{port}: {why}")
                 self.metrics.connect_failures.labels(f"{host}:{port}").inc()
@@ -1235,6 +1247,7 @@ class ProxyServer:
                 if report.truncated_bytes
                 else "",
             )
+        self.fds.start()  # accept errors and the descriptor check
         await self._ensure_listener(None)
         await self._refresh_nodes(strict=True)
         settings = self.config.metrics
@@ -1306,7 +1319,11 @@ class ProxyServer:
         for host, port in self._bootstrap:
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError) as exc:
+                if out_of_fds(exc):  # say so, rather than "no upstream reachable"
+                    self.fds.report("the readiness check could not open a connection", exc)
+                    why = f"not ready: {describe_fd_shortage(exc)}"
+                    break
                 continue
             writer.close()
             ready, why = True, f"ready: upstream {host}:{port} reachable"
@@ -1321,6 +1338,7 @@ class ProxyServer:
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close everything."""
         self._stopping = True
+        self.fds.stop()
         if self._readiness_task is not None:
             self._readiness_task.cancel()
         if self._sweep_task is not None:

@@ -10,6 +10,8 @@ from kio.schema.metadata.v1.request import MetadataRequest
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.messages import METADATA, decode_response, encode_request, make_request
+from proxy.fds import describe as describe_fd_shortage
+from proxy.fds import out_of_fds
 
 
 def describe_failure(exc: BaseException, timeout_s: float) -> str:
@@ -21,6 +23,8 @@ def describe_failure(exc: BaseException, timeout_s: float) -> str:
         )
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused (nothing listens on that port)"
+    if out_of_fds(exc):  # the proxy's own shortage, not the broker's
+        return describe_fd_shortage(exc)
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed: {exc.reason or exc}"
     text = str(exc) or type(exc).__name__

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -48,22 +47,26 @@ def bomb(levels: int, use: str) -> str:
     return UPSTREAM + bomb_lines(levels, use)
 
 
-def limit_memory() -> None:
-    """In the child: 2 GiB of address space, so a reader that expands the bomb fails instead of
-    taking the machine's memory."""
-    resource.setrlimit(resource.RLIMIT_AS, (2 * 1024**3, 2 * 1024**3))
+LIMIT_MEMORY = (
+    sys.executable,
+    "-c",
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+)
+"""Run a command within 2 GiB of address space, so that a reader that expands the bomb fails
+instead of taking the machine's memory (a preexec_fn is unsafe where tests run threads)."""
 
 
 def kvproxy_check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvproxy.cli", "check", "-c", str(path)],
+        [*LIMIT_MEMORY, sys.executable, "-m", "kvproxy.cli", "check", "-c", str(path)],
         check=False,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=limit_memory,
     )
 
 

@@ -282,6 +282,15 @@ def test_compose_kvproxy_healthcheck_uses_the_metrics_port() -> None:
     assert f"http://127.0.0.1:{_metrics_port()}/readyz" in test
 
 
+def test_compose_gives_kvproxy_open_files_for_its_connection_limit() -> None:
+    """Two descriptors per client connection, up to limits.max_connections_per_listener on the
+    bootstrap listener alone, and some for the proxy's own (listeners, metrics, lookups)."""
+    nofile = _service("kvproxy")["ulimits"]["nofile"]
+    limits = yaml.safe_load(KVPROXY_CONFIG.read_text()).get("limits", {})
+    per_listener = limits.get("max_connections_per_listener", 10_000)
+    assert nofile["soft"] == nofile["hard"] >= 2 * per_listener + 1000
+
+
 # ---------------------------------------------------------------- prometheus
 
 
