@@ -343,6 +343,27 @@ class RecordBatch:
         self._check_read(index, count)
         return RecordScan(count, low, high, null_keys)
 
+    def null_key_indexes(self) -> list[int]:
+        """The 0-based indexes of the records without a key (magic 2: read with the C reader,
+        no `Record` built); bad bytes raise CorruptRecords as `records()` does."""
+        if self.magic != 2:
+            return [record.index for record in self.records() if record.key is None]
+        if self._scan is not None and self._scan.null_keys == 0:
+            return []
+        count = self._checked_count()
+        found: list[int] = []
+        index = 0
+        plain = self._plain_v2()  # outside the try: a decompression error is its own
+        try:
+            for raw in DefaultRecordBatch(plain):
+                if raw.key is None:
+                    found.append(index)
+                index += 1
+        except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
+            raise self._undecodable(index, exc) from exc
+        self._check_read(index, count)
+        return found
+
     def values(self) -> Iterator[bytes | None]:
         """Each record's value, without building `Record`s (for checks that read only values);
         bad bytes raise CorruptRecords as `records()` does."""

@@ -388,15 +388,16 @@ class CompactedKeyPolicy(BuiltinPolicy):
             return ACCEPT
         if all(b.scan().null_keys == 0 for b in batch.batches):
             return ACCEPT
-        records = batch.record_tuple()
         message = (
             "Compacted topic cannot accept message without key in topic partition "
             f"{batch.topic_partition}."
         )
         errors = RecordErrorList()
-        for r in records:
-            if r.key is None:
-                errors.append(RecordError(r.index, message))
+        start = 0  # record indexes run across the partition's batches
+        for b in batch.batches:  # the null keys' indexes, without decoding every record
+            for index in b.null_key_indexes():
+                errors.append(RecordError(start + index, message))
+            start += max(b.record_count, 0)
         return record_errors_verdict(errors, rejection=MISSING_KEY)
 
 
