@@ -140,7 +140,7 @@ class ConfigReloader:
         self._sighup = False
         self._retired: dict[int, tuple[TopicRouting, asyncio.TimerHandle | None]] = {}
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock = asyncio.Lock()  # one reload at a time (bound to a loop when first used)
         self._tasks: set[asyncio.Task[bool]] = set()
         self._waiting = False  # a reload is queued behind the one running
 
@@ -222,39 +222,46 @@ class ConfigReloader:
         requests that come meanwhile make one more, which reads the file as it is then."""
         if self._waiting:
             return
-        if self._lock is not None and self._lock.locked():
-            self._waiting = True
+        self._waiting = bool(self._tasks)  # one runs: this one waits for it
         task = asyncio.get_running_loop().create_task(
-            self.reload_off_loop(trigger), name="kvproxy-config-reload"
+            self._requested(trigger), name="kvproxy-config-reload"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a reload that `request_reload` started runs or waits."""
+        return bool(self._tasks)
+
+    async def _requested(self, trigger: str) -> bool:
+        async with self._lock:
+            self._waiting = False  # from here on, a request makes one more
+            return await self._reload_locked(trigger)
+
     async def reload_off_loop(self, trigger: str = "request") -> bool:
         """As `reload`, with the file read, parsed and built on the reload thread; the event
         loop keeps serving meanwhile and only swaps the rules. False when refused."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        if self._lock.locked():
-            self._waiting = True
         async with self._lock:
-            self._waiting = False
-            self._signature = file_signature(self.path)
-            self._missing_reported = False
-            if self._thread is None:
-                self._thread = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="kvproxy-config"
-                )
-            state = self.server.routing.producer_state
-            built = self._thread.submit(self._load, state, trigger)
-            try:
-                outcome = await asyncio.wrap_future(built)
-            except asyncio.CancelledError:  # stopping: rules built after all are closed
-                built.add_done_callback(_close_unused)
-                raise
-            if isinstance(outcome, str):
-                return self._refuse(outcome, trigger)
-            return self._apply(*outcome, trigger)
+            return await self._reload_locked(trigger)
+
+    async def _reload_locked(self, trigger: str) -> bool:
+        self._signature = file_signature(self.path)
+        self._missing_reported = False
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="kvproxy-config"
+            )
+        state = self.server.routing.producer_state
+        built = self._thread.submit(self._load, state, trigger)
+        try:
+            outcome = await asyncio.wrap_future(built)
+        except asyncio.CancelledError:  # stopping: rules built after all are closed
+            built.add_done_callback(_close_unused)
+            raise
+        if isinstance(outcome, str):
+            return self._refuse(outcome, trigger)
+        return self._apply(*outcome, trigger)
 
     def reload(self, trigger: str = "request") -> bool:
         """Load, validate and build the file, then swap the rules; False when refused. This

@@ -9,6 +9,7 @@ logged. A reload on the event loop answered it only after the whole file had bee
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,9 @@ from pathlib import Path
 import yaml
 
 from policies.config_file import MAX_FILE_BYTES
+from proxy.reload import ConfigReloader
 from tests.harness import Broker
+from tests.harness.proxy import run_proxy
 from tests.integration.test_policies_answers import INVALID_RECORD
 from tests.integration.test_reload import (
     JSON_VALUE,
@@ -32,6 +35,8 @@ from tests.unit.test_config_hostile import bomb_lines
 
 PADDING_ITEMS = 40_000
 """`- padding item` lines ahead of the bomb: about 600 KB of YAML, seconds of parsing."""
+TOPIC_RULES = 2_000
+"""Rules in a file that takes a while (a second or so) to read and build."""
 
 
 def test_a_yaml_bomb_by_sighup_is_refused_while_other_clients_are_answered(
@@ -76,3 +81,30 @@ def test_a_yaml_bomb_by_sighup_is_refused_while_other_clients_are_answered(
         proxy.wait_for_log(reloaded, seen)
         assert conn.produce(NOT_JSON) == 0
         assert reloads_counted(proxy) == {"success": 1.0, "failure": 2.0}
+
+
+def test_signals_during_a_reload_make_one_more_reload_not_one_each(
+    tansu: Broker, tmp_path: Path
+) -> None:
+    """Five requests while a slow file is read: the one running, and one more that reads the file
+    as it is when the first is done."""
+    config = tmp_path / "kvproxy.yaml"
+    results: list[str] = []
+    with run_proxy(tansu.bootstrap) as proxy:
+        base = proxy.config.model_dump(mode="json", include={"listen", "upstream"})
+        rules = [{"match": f"topic-{n}", "policies": ["crc"]} for n in range(TOPIC_RULES)]
+        config.write_text(yaml.safe_dump({**base, "topics": rules}))
+        reloader = ConfigReloader(proxy.server, config, poll_interval=0, on_result=results.append)
+
+        async def five_signals() -> int:
+            for _ in range(5):
+                reloader.request_reload("SIGHUP")
+                await asyncio.sleep(0)
+            while reloader.busy:
+                await asyncio.sleep(0.05)
+            await reloader.stop()
+            reloader.close()
+            return sum(1 for _ in proxy.server.routing.rules)
+
+        assert proxy.call(five_signals(), timeout=120) == TOPIC_RULES
+    assert results == ["success", "success"]
