@@ -4,8 +4,8 @@ The proxy (`kvproxy serve`, `check`, reloads) and the audit (`kvproxy audit -c F
 same file, so both report a problem the same way: `FILE:LINE: where: why`, every problem at once.
 
 The file is read with bounds, because whoever can write it (or swap it, for a reload) should not
-be able to stall the reader: at most `MAX_FILE_BYTES`, at most `MAX_VALUES` values once every
-YAML alias is expanded (nested aliases, the "billion laughs", expand exponentially), no alias
+be able to stall the reader: at most `MAX_FILE_BYTES`, at most `MAX_VALUES` values added by
+YAML aliases (nested aliases, the "billion laughs", expand exponentially), no alias
 inside its own anchor, at most `MAX_DEPTH` levels of nesting, and no integer longer than
 `MAX_INT_CHARS`. A file past a bound is refused before its data is built.
 """
@@ -38,8 +38,9 @@ MAX_FILE_BYTES = 1024 * 1024
 """A policy configuration is a few KiB; 1 MiB holds thousands of topic rules. A larger file is
 refused unread, so a reload cannot be made to parse for minutes."""
 MAX_VALUES = 1_000_000
-"""Values (keys, items, scalars) in the file with every alias expanded at each use. A 1 MiB file
-without aliases has fewer than 600,000; nine levels of nine aliases would make 387 million."""
+"""Values (keys, items, scalars) that aliases add, each alias counting what its anchor holds
+once expanded. What is written out is bounded by the file's size (at most about one value a
+byte); nine levels of nine aliases would add 387 million."""
 MAX_DEPTH = 100
 """Levels of nested lists and mappings (PyYAML composes recursively: a deeper file would fail
 with Python's recursion limit)."""
@@ -106,14 +107,15 @@ def _read_text(path: Path, max_bytes: int) -> str:
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that counts, while it composes, how many values the document holds
-    with its aliases expanded, and refuses it past `max_values`, before anything is built from
-    it. An alias costs the size of its anchor, known once that anchor is composed."""
+    """PyYAML's safe loader that counts, while it composes, how many values the document's
+    aliases add once expanded, and refuses it past `max_values`, before anything is built from
+    it. An alias costs the expanded size of its anchor, known once that anchor is composed."""
 
     def __init__(self, text: str, max_values: int) -> None:
         super().__init__(text)
         self._max_values = max_values
-        self._values = 0
+        self._values = 0  # composed so far, aliases expanded
+        self._aliased = 0  # of which aliases added
         self._sizes: dict[int, int] = {}  # id of an anchored node -> its expanded size
         self._open_anchors: set[str] = set()
         self._depth = 0
@@ -128,7 +130,15 @@ class _BoundedLoader(yaml.SafeLoader):
                     event,
                 )
             node = super().compose_node(parent, index)
-            self._count(self._sizes.get(id(node), 1), event)
+            size = self._sizes.get(id(node), 1)
+            self._values += size
+            self._aliased += size
+            if self._aliased > self._max_values:
+                raise _refusal(
+                    f"its aliases expand to more than {self._max_values:,} values (nested "
+                    "aliases multiply: write the values out, or use fewer levels of aliases)",
+                    event,
+                )
             return node
         anchor: str | None = getattr(event, "anchor", None)
         self._depth += 1
@@ -143,19 +153,10 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
             if anchor is not None:
                 self._open_anchors.discard(anchor)
-        self._count(1, event)
+        self._values += 1
         if anchor is not None:
             self._sizes[id(node)] = self._values - before
         return node
-
-    def _count(self, values: int, event: Any) -> None:
-        self._values += values
-        if self._values > self._max_values:
-            raise _refusal(
-                f"more than {self._max_values:,} values with its aliases expanded (nested "
-                "aliases multiply: write the values out, or use fewer levels of aliases)",
-                event,
-            )
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         if len(node.value) > MAX_INT_CHARS:
