@@ -343,6 +343,23 @@ class RecordBatch:
         self._check_read(index, count)
         return RecordScan(count, low, high, null_keys)
 
+    def stamps(self) -> Iterator[tuple[int, int]]:
+        """Magic 2: each record's (offset delta, timestamp), read with the C reader, no `Record`
+        built; bad bytes raise CorruptRecords as `records()` does."""
+        if self.magic != 2:
+            raise ValueError("stamps() reads magic 2 batches")
+        count = self._checked_count()
+        base_offset = self.base_offset
+        index = 0
+        plain = self._plain_v2()  # outside the try: a decompression error is its own
+        try:
+            for raw in DefaultRecordBatch(plain):
+                yield raw.offset - base_offset, raw.timestamp
+                index += 1
+        except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
+            raise self._undecodable(index, exc) from exc
+        self._check_read(index, count)
+
     def null_key_indexes(self) -> list[int]:
         """The 0-based indexes of the records without a key (magic 2: read with the C reader,
         no `Record` built); bad bytes raise CorruptRecords as `records()` does."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import ssl
 import struct
@@ -48,6 +49,7 @@ from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_match
 from proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
 from proxy.fds import describe as describe_fd_shortage
 from proxy.logs import RejectionEvent, RejectionLogger
+from proxy.memory import return_large_buffers_to_the_os
 from proxy.metrics import ProxyMetrics, api_name, start_http_endpoint
 from proxy.produce import (
     DECODE_BUDGET,
@@ -213,7 +215,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         limits = server.config.limits
         self._max_in_flight = limits.max_in_flight_requests
         self.buffer_pool = server.buffer_pool
-        self._decoder = FrameDecoder(limits.max_frame_bytes, self.buffer_pool)
+        self._decoder = FrameDecoder(
+            limits.max_frame_bytes, self.buffer_pool, server.receive_memory
+        )
         self._slots: collections.deque[_Slot] = collections.deque()
         self._awaiting_upstream: collections.deque[_Slot] = collections.deque()
         self._pending_frames: list[Frame] = []
@@ -274,7 +278,32 @@ class ClientConnection(asyncio.BufferedProtocol):
             outgoing, self._outgoing = self._outgoing, None
             if outgoing and self.upstream is not None and self.upstream.transport is not None:
                 self.upstream.transport.writelines(outgoing)
+        if self._decoder.waiting is not None and not self._closing:
+            self.pause_reading("memory")  # a large frame waits for receive memory
+            self._server.wait_for_receive_memory(self)
+        elif self._paused_for:
+            self._enforce_pause()
+        self._server.wake_receive_waiters()
         self.flush()
+
+    @property
+    def waiting_frame(self) -> int | None:
+        """The size of the large frame waiting for receive memory, if any."""
+        return self._decoder.waiting
+
+    def retry_receive(self) -> bool:
+        """Try again to start the large frame that waited for receive memory; True once it has
+        (reading resumes) or the connection is closing."""
+        if self._closing:
+            return True
+        try:
+            self._decoder.next_frame()  # cannot complete: only reserves and starts its buffer
+        except ProtocolError:  # checked when its prefix came; kept for safety
+            return True
+        if self._decoder.waiting is not None:
+            return False
+        self.resume_reading("memory")
+        return True
 
     def pause_writing(self) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
@@ -286,6 +315,8 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self._decoder.release()
+        self._server.wake_receive_waiters()
         for task in list(self._tasks):
             if task is self._connect_task and self._pending_frames:
                 continue  # requests already accepted (acks=0 ones, say) still reach the broker
@@ -635,16 +666,28 @@ class ClientConnection(asyncio.BufferedProtocol):
         return len(self._slots)
 
     def pause_reading(self, reason: str) -> None:
-        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
-            self.transport.pause_reading()
         self._paused_for.add(reason)
+        self._enforce_pause()
+
+    def _enforce_pause(self) -> None:
+        """Stop the transport reading while any reason holds. Checked again after each read:
+        uvloop starts reading after `connection_made` returns, whatever was asked in it."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and transport.is_reading():
+            transport.pause_reading()
 
     def resume_reading(self, reason: str) -> None:
         if reason not in self._paused_for:
             return
         self._paused_for.discard(reason)
-        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        transport = self.transport
+        if (
+            not self._paused_for
+            and transport is not None
+            and not transport.is_closing()
+            and not transport.is_reading()
+        ):
+            transport.resume_reading()
 
     def abort(self, why: str, level: int = logging.WARNING, *, reason: str | None = None) -> None:
         """Close both sides; `reason` (a bounded label) counts the close in the metrics."""
@@ -728,6 +771,12 @@ class ProxyServer:
         """Large-frame buffers shared by every connection of this server (one event loop)."""
         limits = config.limits
         self.decode_memory = MemoryBudget(limits.decode_memory_bytes, "limits.decode_memory_bytes")
+        self.receive_memory = MemoryBudget(
+            limits.receive_buffer_bytes, "limits.receive_buffer_bytes"
+        )
+        """What the large frames being received from clients have declared, together."""
+        self._receive_waiters: collections.deque[ClientConnection] = collections.deque()
+        self._receive_waits_logged_at = float("-inf")
         """What every Produce request being decoded may hold together."""
         self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="kvproxy-decode")
         """Where a request too costly to check on the event loop is checked: one thread, so
@@ -751,6 +800,8 @@ class ProxyServer:
             total_rate=config.logs.rejection_lines_per_window,
         )
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
+        self.metrics.decode_memory.set_function(lambda: self.decode_memory.in_use)
+        self.metrics.receive_memory.set_function(lambda: self.receive_memory.in_use)
         self.metrics.topic_labels.lookup = self._topics_exist
         # A lambda, not the bound method: a reload replaces self.routing.
         self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108
@@ -771,6 +822,32 @@ class ProxyServer:
         """(topic, policy, code) -> partitions rejected (warn mode: would have been), for the
         latest `MAX_REJECTION_KEYS` keys (clients choose topic names)."""
 
+    # ---- receive memory ----
+
+    def wait_for_receive_memory(self, client: ClientConnection) -> None:
+        """`client` stopped reading until its large frame can reserve receive memory."""
+        if client not in self._receive_waiters:
+            self._receive_waiters.append(client)
+        self.metrics.receive_waits.inc()
+        now = time.monotonic()
+        if now - self._receive_waits_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            self._receive_waits_logged_at = now
+            log.warning(
+                "client %s waits to send a %d-byte request: the requests being received hold "
+                "%d of %d bytes (limits.receive_buffer_bytes); %d connections wait",
+                client.peer,
+                client.waiting_frame or 0,
+                self.receive_memory.in_use,
+                self.receive_memory.limit,
+                len(self._receive_waiters),
+            )
+
+    def wake_receive_waiters(self) -> None:
+        """Let waiting connections start their frames, oldest first, while memory lasts."""
+        waiters = self._receive_waiters
+        while waiters and waiters[0].retry_receive():
+            waiters.popleft()
+
     # ---- produce policies ----
 
     def decide_inline(
@@ -785,7 +862,6 @@ class ProxyServer:
             return None
         finally:
             allowance.release()
-            self.metrics.decode_memory.set(self.decode_memory.in_use)
 
     async def decide_off_loop(
         self, engine: ProduceEngine, payload: Frame, request: Request
@@ -801,11 +877,7 @@ class ProxyServer:
             finally:
                 allowance.release()
 
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._decode_thread, decide)
-        finally:
-            self.metrics.decode_memory.set(self.decode_memory.in_use)
+        return await asyncio.get_running_loop().run_in_executor(self._decode_thread, decide)
 
     async def _watch_loop_lag(self) -> None:
         """How late a timer due every `LAG_TICK_S` runs: the longest the loop was held."""
@@ -921,7 +993,8 @@ class ProxyServer:
         if suffix and outcome.enforced and self._dead_letter_for(outcome.topic):
             if outcome.topic.endswith(suffix):
                 return  # never a dead letter of a dead letter
-            batch = dead_letter_records(
+            make = functools.partial(
+                dead_letter_records,
                 bytes(outcome.raw),
                 policy=verdict.policy or "?",
                 code=verdict.code,
@@ -930,12 +1003,25 @@ class ProxyServer:
                 client_id=client_id,
             )
             task = asyncio.get_running_loop().create_task(
-                self._send_dead_letter(outcome.topic + suffix, outcome.index, batch)
+                self._send_dead_letter(outcome.topic + suffix, outcome.index, make)
             )
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _send_dead_letter(self, topic: str, partition: int, batch: bytes) -> None:
+    async def _send_dead_letter(
+        self, topic: str, partition: int, make: Callable[..., bytes]
+    ) -> None:
+        """Build the dead letter on the decoding thread (decoding the refused records costs what
+        checking them did, with the same budget), then send it."""
+        allowance = Allowance(self.config.limits.decode_bytes_per_request, self.decode_memory)
+
+        def build() -> bytes:
+            try:
+                return make(allowance=allowance)
+            finally:
+                allowance.release()
+
+        batch = await asyncio.get_running_loop().run_in_executor(self._decode_thread, build)
         try:
             await send_dead_letter(
                 list(self._bootstrap),
@@ -1236,6 +1322,7 @@ class ProxyServer:
     async def start(self) -> None:
         """Open the bootstrap listener, then a listener for every broker the cluster names now,
         so clients holding broker addresses from an earlier run find them open."""
+        return_large_buffers_to_the_os()
         if self.journal is not None:  # reading the segments is disk work: off the event loop
             report = await asyncio.get_running_loop().run_in_executor(None, self.journal.open)
             log.info(

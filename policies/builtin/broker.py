@@ -354,6 +354,23 @@ class TimestampsPolicy(BuiltinPolicy):
             if in_range:
                 return ACCEPT
         errors: list[RecordError] = RecordErrorList()
+        if create_time and all(b.magic == 2 and b.timestamp_type == 0 for b in batch.batches):
+            # the common rejection, worded without building a `Record` per record
+            start = 0
+            for b in batch.batches:
+                for index, (delta, ts) in enumerate(b.stamps()):
+                    if ts != -1 and (now - ts > self.before_max_ms or ts - now > self.after_max_ms):
+                        errors.append(
+                            RecordError(
+                                start + index,
+                                f"Timestamp {ts} of message with offset {b.base_offset + delta} "
+                                f"is out of range. The timestamp should be within [{low}, {high}]",
+                            )
+                        )
+                start += max(b.record_count, 0)
+            if not errors:
+                return ACCEPT
+            return record_errors_verdict(errors, code=error_codes.INVALID_TIMESTAMP)
         for b, record, offset in _iter_with_offsets(batch):
             ts = record.timestamp
             if create_time and ts != -1:

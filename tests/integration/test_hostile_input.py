@@ -359,3 +359,35 @@ def wait_until_true(condition: Any, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition never became true"
         time.sleep(0.02)
+
+
+def test_bad_timestamps_are_answered_without_decoding_every_record(
+    tansu: Broker, topic: str
+) -> None:
+    """300,000 records with timestamps ten days ahead under a 16 MiB budget: building a `Record` for
+    each would need about 70 MiB, so the answer comes from the reader's timestamps alone:
+    INVALID_TIMESTAMP with the first 1,000 record errors, as the broker words them."""
+    import time
+
+    from protocol.messages import PRODUCE, decode_response
+    from tests.harness.raw_client import RawKafkaClient
+    from tests.integration.test_policies_answers import partitions_of, produce_frame
+
+    future = int(time.time() * 1000) + 10 * 24 * 3600 * 1000  # past the hour allowed ahead
+    batch = build_batch([(b"k", None, None, future + n) for n in range(300_000)], codec=Codec.ZSTD)
+    config = proxy_config(tansu.bootstrap, limits={"decode_bytes_per_request": 16 * MiB})
+    with run_proxy(config=config) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as client:
+            raw = client.request(produce_frame(9, 3, [(topic, 0, batch)]), timeout=30)
+        answer = partitions_of(decode_response(raw, PRODUCE, 9).body)[(topic, 0)]
+        assert answer.error_code == 32, answer.error_message  # INVALID_TIMESTAMP
+        assert answer.error_message == (
+            "One or more records have been rejected due to invalid timestamp"
+        )
+        errors = record_errors(answer)
+        assert len(errors) == 1_000
+        assert errors[5][0] == 5
+        assert (errors[5][1] or "").startswith(f"Timestamp {future + 5} of message with offset 5 ")
+        assert len(raw) < 200 * 1024
+        assert proxy.server.decode_memory.peak <= 16 * MiB
+    assert stored(tansu, topic) == []
