@@ -20,13 +20,14 @@ import functools
 import logging
 import ssl
 import struct
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from policies.config import PolicyConfigError, TopicRouting, build_routing
 from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
@@ -79,6 +80,7 @@ _MAX_UNMAPPED_LOGGED = 1_000
 INLINE_DECODE_BYTES = 4 * 1024 * 1024
 """Decoding memory a Produce request may use on the event loop (a few milliseconds of work);
 one that needs more is decided again on the decoding thread."""
+DECODING_SWITCH_INTERVAL_S = 0.0005
 LAG_TICK_S = 0.1
 LAG_WINDOW_S = 60.0
 MAX_REJECTION_KEYS = 1_000
@@ -86,6 +88,8 @@ MAX_REJECTION_KEYS = 1_000
 _MAX_SILENT = 10_000
 """acks=0 requests remembered in case the broker answers them (Tansu does, Kafka does not)."""
 
+
+T = TypeVar("T")
 
 ResponseTap = Callable[[int, int, bytes], None]
 """Sees every answer as it leaves for a client: (api key, api version, frame). For tracing."""
@@ -782,6 +786,9 @@ class ProxyServer:
         """Where a request too costly to check on the event loop is checked: one thread, so
         heavy requests wait for each other while every other client's requests keep flowing."""
         self._lag_task: asyncio.Task[None] | None = None
+        self._decoding = 0
+        """Pieces of work on the decoding thread, running or queued."""
+        self._switch_interval = sys.getswitchinterval()
         self._upstreams = 0
         self._tasks = 0
         self._client_ssl = _client_side_ssl(config)
@@ -877,7 +884,23 @@ class ProxyServer:
             finally:
                 allowance.release()
 
-        return await asyncio.get_running_loop().run_in_executor(self._decode_thread, decide)
+        return await self._off_loop(decide)
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        """Run `work` on the decoding thread. Meanwhile the interpreter switches threads every
+        `DECODING_SWITCH_INTERVAL_S` rather than every 5 ms: the event loop gives up the GIL
+        at every wait for I/O and must win it back each time, so with CPU-bound decoding beside
+        it every loop iteration could cost a whole switch interval."""
+        if self._decoding == 0:
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(DECODING_SWITCH_INTERVAL_S)
+        self._decoding += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._decode_thread, work)
+        finally:
+            self._decoding -= 1
+            if self._decoding == 0:
+                sys.setswitchinterval(self._switch_interval)
 
     async def _watch_loop_lag(self) -> None:
         """How late a timer due every `LAG_TICK_S` runs: the longest the loop was held."""
@@ -1021,7 +1044,7 @@ class ProxyServer:
             finally:
                 allowance.release()
 
-        batch = await asyncio.get_running_loop().run_in_executor(self._decode_thread, build)
+        batch = await self._off_loop(build)
         try:
             await send_dead_letter(
                 list(self._bootstrap),
