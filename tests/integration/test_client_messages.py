@@ -578,7 +578,7 @@ def test_the_full_reason_is_in_the_log_the_metrics_and_the_quarantine(stage: Sta
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=120,  # a hang guard: a CLI start under heavy load once took 30 s
             check=True,
         )
         return done.stdout if "policy json" in done.stdout else ""
