@@ -257,6 +257,13 @@ class RecordBatch:
             self._count = self._count_inner()
         return self._count
 
+    @property
+    def counted_records(self) -> int:
+        """`record_count` when it is known without decoding anything more; 1 for a compressed
+        wrapper whose inner messages were never counted (it did not decode, or would have
+        needed more memory than allowed). For the metrics, which must not decode on their own."""
+        return self._count if self._count is not None else 1
+
     def plain_size(self) -> int:
         """Bytes of the batch once decompressed (decompressing it, once, if it is compressed)."""
         if self.codec is Codec.NONE:

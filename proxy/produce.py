@@ -46,6 +46,8 @@ RECORDS_LIMIT = "max_records_per_request"
 """`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
 DECODE_BUDGET = "decode_budget"
 """`Verdict.policy` of a partition whose decoding would hold more memory than allowed."""
+_EVERY_VERSION_KNOWS = frozenset({RECORDS_LIMIT, DECODE_BUDGET})
+"""Limits answered MESSAGE_TOO_LARGE on every Produce version, never the legacy code."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,7 +408,7 @@ class ProduceEngine:
             version < self.settings.legacy_below
             and code
             not in (error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT, error_codes.INVALID_REQUIRED_ACKS)
-            and verdict.policy != RECORDS_LIMIT  # MESSAGE_TOO_LARGE: every version knows it
+            and verdict.policy not in _EVERY_VERSION_KNOWS  # MESSAGE_TOO_LARGE, not retried
         ):
             code = self.settings.legacy_code
         return code

@@ -1079,7 +1079,7 @@ class ProxyServer:
                 metrics.records,
                 outcome.topic,
                 (verdict,),
-                max(0, sum(b.record_count for b in batches)),
+                max(0, sum(b.counted_records for b in batches)),
             )
 
     async def _topics_exist(self, topics: list[str]) -> dict[str, bool | None]:

@@ -391,3 +391,28 @@ def test_bad_timestamps_are_answered_without_decoding_every_record(
         assert len(raw) < 200 * 1024
         assert proxy.server.decode_memory.peak <= 16 * MiB
     assert stored(tansu, topic) == []
+
+
+def test_a_legacy_wrapper_past_the_budget_is_answered_and_the_connection_kept(
+    tansu: Broker, topic: str
+) -> None:
+    """A magic 1 gzip wrapper (Produce v2) expanding to 12 MiB under an 8 MiB budget: its inner
+    messages cannot be counted, its check cannot run: MESSAGE_TOO_LARGE, on a connection that
+    then serves the next request (counting it for the metrics decodes nothing)."""
+    from protocol.messages import PRODUCE, decode_response
+    from tests.harness.raw_client import RawKafkaClient
+    from tests.integration.test_policies_answers import partitions_of, produce_frame
+
+    wrapper = build_batch(
+        [(None, bytes(MiB), None, None) for _ in range(12)], magic=1, codec=Codec.GZIP
+    )
+    config = proxy_config(tansu.bootstrap, limits={"decode_bytes_per_request": 8 * MiB})
+    with run_proxy(config=config) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as client:
+            raw = client.request(produce_frame(2, 1, [(topic, 0, wrapper)]), timeout=30)
+            answer = partitions_of(decode_response(raw, PRODUCE, 2).body)[(topic, 0)]
+            assert answer.error_code == MESSAGE_TOO_LARGE
+            raw = client.request(produce_frame(2, 2, [(topic, 0, zeros_batch(1, 5))]), timeout=30)
+            assert partitions_of(decode_response(raw, PRODUCE, 2).body)[(topic, 0)].error_code == 0
+        assert proxy.server.rejections == {(topic, "decode_budget", 10): 1}
+    assert stored(tansu, topic) == [bytes(5)]
