@@ -101,20 +101,31 @@ class Allowance:
         if nbytes <= 0:
             return
         if self.held + nbytes > self.limit:
-            if self.inline:
-                raise InlineLimitReached(f"{what} needs more than the event loop may decode")
-            raise BudgetExhausted(
-                f"{what} needs {self.held + nbytes} bytes of memory to check, more than the "
-                f"proxy allows one request ({self.limit} bytes, {self.name})"
-            )
+            raise self.refusal(nbytes, what)
         if self.budget is not None and not self.budget.try_take(nbytes):
-            raise BudgetExhausted(
-                f"{what} needs {nbytes} bytes of memory to check and the proxy's decoding "
-                f"memory is in use by other requests ({self.budget.limit} bytes, "
-                f"{self.budget.name}); retry later"
-            )
+            raise self._process_refusal(nbytes, what)
         self.held += nbytes
         self.peak = max(self.peak, self.held)
+
+    def refusal(self, nbytes: int, what: str) -> ResourceLimit:
+        """The error `take(nbytes, what)` raises when `nbytes` do not fit (which limit: this
+        allowance's, else the process budget's)."""
+        if self.held + nbytes <= self.limit and self.budget is not None:
+            return self._process_refusal(nbytes, what)
+        if self.inline:
+            return InlineLimitReached(f"{what} needs more than the event loop may decode")
+        return BudgetExhausted(
+            f"{what} needs {self.held + nbytes} bytes of memory to check, more than the "
+            f"proxy allows one request ({self.limit} bytes, {self.name})"
+        )
+
+    def _process_refusal(self, nbytes: int, what: str) -> BudgetExhausted:
+        assert self.budget is not None
+        return BudgetExhausted(
+            f"{what} needs {nbytes} bytes of memory to check and the proxy's decoding "
+            f"memory is in use by other requests ({self.budget.limit} bytes, "
+            f"{self.budget.name}); retry later"
+        )
 
     def give_back(self, nbytes: int) -> None:
         nbytes = min(nbytes, self.held)

@@ -14,7 +14,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -355,17 +355,8 @@ class RecordBatch:
         built; bad bytes raise CorruptRecords as `records()` does."""
         if self.magic != 2:
             raise ValueError("stamps() reads magic 2 batches")
-        count = self._checked_count()
         base_offset = self.base_offset
-        index = 0
-        plain = self._plain_v2()  # outside the try: a decompression error is its own
-        try:
-            for raw in DefaultRecordBatch(plain):
-                yield raw.offset - base_offset, raw.timestamp
-                index += 1
-        except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
-            raise self._undecodable(index, exc) from exc
-        self._check_read(index, count)
+        return ((raw.offset - base_offset, raw.timestamp) for raw in self._raw_records())
 
     def null_key_indexes(self) -> list[int]:
         """The 0-based indexes of the records without a key (magic 2: read with the C reader,
@@ -374,19 +365,21 @@ class RecordBatch:
             return [record.index for record in self.records() if record.key is None]
         if self._scan is not None and self._scan.null_keys == 0:
             return []
+        return [index for index, raw in enumerate(self._raw_records()) if raw.key is None]
+
+    def _raw_records(self) -> Iterator[Any]:
+        """aiokafka's records of a magic 2 batch, its errors as CorruptRecords, the count
+        checked at the end (for the rejection paths: `scan` keeps its own loop, it is hot)."""
         count = self._checked_count()
-        found: list[int] = []
         index = 0
         plain = self._plain_v2()  # outside the try: a decompression error is its own
         try:
             for raw in DefaultRecordBatch(plain):
-                if raw.key is None:
-                    found.append(index)
+                yield raw
                 index += 1
         except Exception as exc:  # aiokafka's CorruptRecordException, struct.error, ...
             raise self._undecodable(index, exc) from exc
         self._check_read(index, count)
-        return found
 
     def values(self) -> Iterator[bytes | None]:
         """Each record's value, without building `Record`s (for checks that read only values);
