@@ -33,6 +33,8 @@ __all__ = [
     "RecordError",
     "RecordErrorList",
     "RecordsPolicy",
+    "TopicConfig",
+    "UNKNOWN_TOPIC_CONFIG",
     "Verdict",
     "parse_records",
     "record_errors_verdict",
@@ -104,6 +106,51 @@ class RecordErrorList(list[RecordError]):
             super().append(error)
 
 
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """The topic settings a broker applies on produce, by Kafka's topic config names.
+
+    Learned from the cluster (DescribeConfigs) or set per topic in YAML; None means not known,
+    and a check that needs the value then uses its own option or Kafka's default.
+    """
+
+    compacted: bool | None = None
+    """`cleanup.policy` contains `compact`."""
+    timestamp_type: str | None = None
+    """`message.timestamp.type`: "CreateTime" or "LogAppendTime"."""
+    timestamp_before_max_ms: int | None = None
+    """`message.timestamp.before.max.ms` (or the older `message.timestamp.difference.max.ms`)."""
+    timestamp_after_max_ms: int | None = None
+    """`message.timestamp.after.max.ms`."""
+    max_message_bytes: int | None = None
+    """`max.message.bytes`: the largest batch (MESSAGE_TOO_LARGE beyond)."""
+    segment_bytes: int | None = None
+    """`segment.bytes`: the largest partition's records (RECORD_LIST_TOO_LARGE beyond)."""
+
+    def over(self, base: TopicConfig) -> TopicConfig:
+        """This config's known values, `base`'s where this one's are None (YAML over cluster)."""
+        return TopicConfig(
+            *(
+                mine if mine is not None else theirs
+                for mine, theirs in zip(_config_values(self), _config_values(base), strict=True)
+            )
+        )
+
+
+def _config_values(config: TopicConfig) -> tuple[Any, ...]:
+    return (
+        config.compacted,
+        config.timestamp_type,
+        config.timestamp_before_max_ms,
+        config.timestamp_after_max_ms,
+        config.max_message_bytes,
+        config.segment_bytes,
+    )
+
+
+UNKNOWN_TOPIC_CONFIG = TopicConfig()
+
+
 RECORD_OBJECT_BYTES = 240
 """What one decoded `Record` costs in memory besides its key and value bytes (measured: the tuple,
 its fields and the list slot), counted in the request's allowance before records are decoded."""
@@ -168,6 +215,8 @@ class ProducedRecords:
     """True when the records come from a log (the audit) rather than a Produce request: offsets
     were assigned by the broker, the log cleaner may have removed records (gaps in offset deltas,
     empty batches), so the checks of what only a producer's batch must satisfy are relaxed."""
+    topic_config: TopicConfig = UNKNOWN_TOPIC_CONFIG
+    """The topic's settings as far as they are known (`compacted` above is its compaction)."""
     _records: tuple[Record, ...] | None = field(default=None, repr=False)
     allowance: Allowance | None = field(default=None, repr=False)
     """Where decoding memory is counted (the proxy's per-request budget); None: not counted."""
@@ -253,6 +302,7 @@ def parse_records(
     now_ms: int,
     stored: bool = False,
     allowance: Allowance | None = None,
+    topic_config: TopicConfig | None = None,
 ) -> ProducedRecords | Verdict:
     """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse.
 
@@ -283,5 +333,6 @@ def parse_records(
         compacted=compacted,
         now_ms=now_ms,
         stored=stored,
+        topic_config=UNKNOWN_TOPIC_CONFIG if topic_config is None else topic_config,
         allowance=allowance,
     )
