@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from policies.api import ACCEPT, PolicyViolation, ProducedRecords, RecordsPolicy, Verdict
+from policies.builtin.base import BuiltinPolicy
+from policies.builtin.broker import BROKER_CHECKS, BrokerChecks, PolicyFailed
 from protocol import error_codes
 from protocol.budget import ResourceLimit
-from protocol.errors import DecodeError
+from protocol.errors import DecodeError, InvalidRecords
 
 __all__ = ["CRASH_LOG_INTERVAL_S", "Mode", "PolicyChain"]
 
@@ -31,15 +33,22 @@ class Mode(enum.Enum):
 class PolicyChain:
     """Policies run in order; the first rejection is the chain's verdict.
 
+    The broker's own checks (`BROKER_CHECKS`, the built-ins of those names) run first, together
+    and in Kafka's order whatever order they are listed in (`BrokerChecks`: the CRC before the
+    batch's fields, record errors of several checks merged); the other policies follow in the
+    order listed.
+
     The verdict is returned whatever the mode: the caller decides what `warn` means. An `off`
     chain holds no policies. `PolicyViolation` becomes POLICY_VIOLATION (44) with its message;
-    records that turn out not to decode become CORRUPT_MESSAGE; any other exception fails closed
+    records whose batch declares another count than it holds, or that do not parse although
+    the CRC holds, become INVALID_RECORD with Kafka's reason (`InvalidRecords`); other records
+    that turn out not to decode become CORRUPT_MESSAGE; any other exception fails closed
     with INVALID_RECORD (87), is counted in `crash_counts` and logged with its traceback at most
     once per `CRASH_LOG_INTERVAL_S` per policy. A `ResourceLimit` (decoding would need more memory
     than the request may hold) is raised to the caller, which answers it.
     """
 
-    __slots__ = ("_last_logged", "clock", "crash_counts", "mode", "names", "policies")
+    __slots__ = ("_last_logged", "_steps", "clock", "crash_counts", "mode", "names", "policies")
 
     def __init__(
         self,
@@ -52,6 +61,7 @@ class PolicyChain:
         self.policies: tuple[RecordsPolicy, ...] = () if self.mode is Mode.OFF else tuple(policies)
         self.names: tuple[str, ...] = tuple(policy.name for policy in self.policies)
         """The policies' names in order (read per request, so kept)."""
+        self._steps = _steps(self.policies)
         self.crash_counts: dict[str, int] = {}
         self.clock = clock
         self._last_logged: dict[str, float] = {}
@@ -63,24 +73,34 @@ class PolicyChain:
     def check(self, produced: ProducedRecords) -> Verdict:
         topic = produced.topic
         partition = produced.partition
-        for policy in self.policies:
+        for policy in self._steps:
             try:
                 verdict = policy.validate(topic, partition, produced)
-            except PolicyViolation as exc:
-                return Verdict(error_codes.POLICY_VIOLATION, str(exc), policy=policy.name)
             except ResourceLimit:
                 raise  # not the policy's failure: the caller answers it (or decodes elsewhere)
-            except DecodeError as exc:
-                return Verdict(
-                    error_codes.CORRUPT_MESSAGE,
-                    f"Record is corrupt in topic partition {topic}-{partition}: {exc}",
-                    policy=policy.name,
-                )
+            except PolicyFailed as failed:
+                return self._failed(failed.policy, failed.error, produced)
             except Exception as exc:
-                return self._crashed(policy.name, exc)
+                return self._failed(policy.name, exc, produced)
             if verdict.code:
                 return verdict.with_policy(policy.name)
         return ACCEPT
+
+    def _failed(self, name: str, exc: Exception, produced: ProducedRecords) -> Verdict:
+        """The verdict when policy `name` raised `exc` instead of answering."""
+        if isinstance(exc, ResourceLimit):
+            raise exc
+        if isinstance(exc, PolicyViolation):
+            return Verdict(error_codes.POLICY_VIOLATION, str(exc), policy=name)
+        if isinstance(exc, InvalidRecords):  # Kafka's record iterators' words, INVALID_RECORD
+            return Verdict(error_codes.INVALID_RECORD, str(exc), policy=name)
+        if isinstance(exc, DecodeError):
+            return Verdict(
+                error_codes.CORRUPT_MESSAGE,
+                f"Record is corrupt in topic partition {produced.topic_partition}: {exc}",
+                policy=name,
+            )
+        return self._crashed(name, exc)
 
     def _crashed(self, name: str, exc: Exception) -> Verdict:
         self.crash_counts[name] = self.crash_counts.get(name, 0) + 1
@@ -106,3 +126,25 @@ class PolicyChain:
                 policy.close()
             except Exception:
                 log.exception("policy %s failed to close", policy.name)
+
+
+def _steps(policies: tuple[RecordsPolicy, ...]) -> tuple[RecordsPolicy, ...]:
+    """What `check` runs: the broker's checks grouped first (`BrokerChecks`), then the rest.
+
+    Only the built-in classes of those names are grouped (a custom policy that borrows a name
+    keeps its place), and only the first of a name (a second one runs where it is listed).
+    """
+    broker: dict[str, RecordsPolicy] = {}
+    rest: list[RecordsPolicy] = []
+    for policy in policies:
+        name = policy.name
+        builtin = isinstance(policy, BuiltinPolicy) and type(policy).__module__.startswith(
+            "policies.builtin."
+        )
+        if builtin and name in BROKER_CHECKS and name not in broker:
+            broker[name] = policy
+        else:
+            rest.append(policy)
+    if not broker:
+        return tuple(rest)
+    return (BrokerChecks(broker), *rest)

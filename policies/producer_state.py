@@ -5,7 +5,8 @@ forwarded: producer id, epoch, first and last sequence). The `producer_state` po
 what the broker would refuse for the same producer (UnifiedLog / ProducerStateManager):
 an epoch older than the last one acknowledged -> INVALID_PRODUCER_EPOCH (47), a first sequence
 that does not follow the last acknowledged one -> OUT_OF_ORDER_SEQUENCE_NUMBER (45). A retry of
-the last acknowledged batch passes (the broker answers it as a duplicate), and so does anything
+one of the last 5 acknowledged batches passes and changes nothing (the broker answers it as a
+duplicate, with success), and so does anything
 for a (partition, producer) the tracker knows nothing about. Memory is bounded: an LRU of
 `max_producers` (topic, partition, producer id) entries, of topic names no longer than a Kafka
 topic's (a broker that accepted a longer name is not tracked for it).
@@ -79,8 +80,12 @@ class ProducerStateTracker:
                 return  # an answer overtaken by a newer epoch's: keep the newer
             if current is not None and epoch == current.epoch:
                 pair = (base_sequence, last_sequence)
-                kept = tuple(b for b in current.batches if b != pair)
-                batches = (*kept, pair)[-NUM_BATCHES_TO_RETAIN:]
+                if pair in current.batches:
+                    # a retry the broker answered as a duplicate: its state stays as it was
+                    # (UnifiedLogTest.testDuplicateAppends), the last batch stays the last
+                    self._entries.move_to_end(key)
+                    return
+                batches = (*current.batches, pair)[-NUM_BATCHES_TO_RETAIN:]
             else:
                 batches = ((base_sequence, last_sequence),)
             self._entries[key] = ProducerEntry(epoch, batches)

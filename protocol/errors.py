@@ -41,6 +41,14 @@ class CorruptRecords(DecodeError):
     error_code: ClassVar[int] = error_codes.CORRUPT_MESSAGE
 
 
+class InvalidRecords(CorruptRecords):
+    """A batch whose CRC holds but whose records do not match its header or do not parse: the
+    producer wrote them so, and a retry sends the same bytes. Kafka answers INVALID_RECORD with
+    the reason its record iterators give (`DefaultRecordBatch`, `DefaultRecord`)."""
+
+    error_code: ClassVar[int] = error_codes.INVALID_RECORD
+
+
 class UnsupportedCompression(CorruptRecords):
     """A compression codec id Kafka does not define."""
 

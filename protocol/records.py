@@ -21,7 +21,7 @@ from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBat
 
 from protocol.budget import Allowance
 from protocol.compression import CODEC_MASK, Codec, codec_from_id, compress, decompress
-from protocol.errors import BufferUnderflow, CorruptRecords, EncodeError
+from protocol.errors import BufferUnderflow, CorruptRecords, EncodeError, InvalidRecords
 
 __all__ = [
     "Header",
@@ -401,6 +401,14 @@ class RecordBatch:
         self._check_read(index, count)
 
     def _undecodable(self, index: int, exc: Exception) -> CorruptRecords:
+        """What a record the reader could not read means: for magic 2, Kafka's reason
+        (`InvalidRecords`, from the records' length prefixes); else CorruptRecords."""
+        if self.magic == 2 and self._plain is not None and self._count is not None:
+            return InvalidRecords(
+                _v2_structure_error(
+                    self._plain, self._count, compressed=self.codec is not Codec.NONE
+                )
+            )
         return CorruptRecords(
             f"record {index} of batch at offset {self.base_offset} does not decode: {exc}"
         )
@@ -408,9 +416,7 @@ class RecordBatch:
     def _check_read(self, index: int, count: int) -> None:
         """The reader stopped after `index` records: the header said `count`."""
         if index != count:
-            raise CorruptRecords(
-                f"batch at offset {self.base_offset} holds {index} of {count} records"
-            )
+            raise InvalidRecords(PREMATURE_EOF if index < count else RECORDS_REMAINING)
 
     def _checked_count(self) -> int:
         count = self._count
@@ -524,6 +530,61 @@ class RecordBatch:
         inner = self._inner()
         for pos, end in self._inner_bounds():
             yield _parse_message(inner, pos, end)
+
+
+PREMATURE_EOF = "Incorrect declared batch size, premature EOF reached"
+RECORDS_REMAINING = "Incorrect declared batch size, records still remaining in file"
+INVALID_STRUCTURE = "Found invalid record structure"
+
+
+def _v2_structure_error(
+    plain: memoryview | bytes | bytearray, count: int, *, compressed: bool
+) -> str:
+    """Why the records of a magic 2 batch (`plain`: header and uncompressed records) do not
+    read, in the words of Kafka's record iterators, found by walking the records' length
+    prefixes: fewer records than `count` ("premature EOF"), a record longer than what is left
+    ("Invalid record size ..."), bytes after the last record ("records still remaining"), or
+    a record whose inside does not parse ("Found invalid record structure").
+
+    Only a rejection pays for this walk: the common path reads records with the C reader.
+    """
+    data = memoryview(plain)[V2_HEADER_SIZE:]
+    end = len(data)
+    pos = 0
+    for _ in range(count):
+        length, pos = _read_varint(data, pos)
+        if length is None:
+            return PREMATURE_EOF
+        if length < 0:
+            return INVALID_STRUCTURE
+        if end - pos < length:
+            if compressed:
+                return (
+                    f"Invalid record size: expected {length} bytes in record payload, but the "
+                    "record payload reached EOF."
+                )
+            return (
+                f"Invalid record size: expected {length} bytes in record payload, but instead "
+                f"the buffer has only {end - pos} remaining bytes."
+            )
+        pos += length
+    if pos != end:
+        return RECORDS_REMAINING
+    return INVALID_STRUCTURE
+
+
+def _read_varint(data: memoryview, pos: int) -> tuple[int | None, int]:
+    """A zigzag varint (at most 5 bytes) at `pos`, or None when the input ends inside it."""
+    raw = 0
+    for shift in range(0, 35, 7):
+        if pos >= len(data):
+            return None, pos
+        byte = data[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+    return -1, pos  # longer than an int's varint: Kafka refuses it as malformed
 
 
 class _Message(NamedTuple):

@@ -219,6 +219,8 @@ class BuiltinPolicy(abc.ABC):
     def __init__(self, context: PolicyContext | None = None) -> None:
         self.context = context or PolicyContext()
         self.options: dict[str, Any] = dict(self.OPTIONS)
+        self.explicit: frozenset[str] = frozenset()
+        """The options the configuration set (the others hold their defaults)."""
         self.setup()
 
     def __repr__(self) -> str:
@@ -238,6 +240,7 @@ class BuiltinPolicy(abc.ABC):
                 f"(known: {known})"
             )
         self.options = {**self.OPTIONS, **config}
+        self.explicit = frozenset(config)
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - a hook: most built-ins need no setup

@@ -10,28 +10,38 @@ embeds a Java `toString()` of a record, `java_record` reproduces it (exactly for
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
 from policies.api import (
     ACCEPT,
+    INVALID_RECORD_REJECTION,
     MISSING_KEY,
     ProducedRecords,
     RecordError,
     RecordErrorList,
+    RecordsPolicy,
     Verdict,
     record_errors_verdict,
 )
 from policies.builtin.base import BuiltinPolicy, short_repr
 from protocol import error_codes
+from protocol.budget import ResourceLimit
 from protocol.compression import Codec
 from protocol.records import Record, RecordBatch
 
 __all__ = [
+    "BROKER_CHECKS",
     "BatchIntegrityPolicy",
+    "BrokerChecks",
     "CompactedKeyPolicy",
     "CrcPolicy",
     "MessageFormatPolicy",
     "OffsetsPolicy",
+    "PolicyFailed",
     "TimestampsPolicy",
     "java_record",
+    "merge_record_errors",
     "record_offset",
 ]
 
@@ -114,11 +124,30 @@ def _invalid(message: str) -> Verdict:
 
 
 class BatchIntegrityPolicy(BuiltinPolicy):
-    """Structure of what a partition carries, in the broker's order of checks."""
+    """Structure of what a partition carries, in the broker's order of checks.
+
+    The stages run in Kafka's order: `check_request` (ProduceRequest.validateRecords, the base
+    offset and max.message.bytes of UnifiedLog.analyzeAndValidateRecords, which come before the
+    CRC), `check_batches` (LogValidator.validateBatch), `check_count` (the record iterators: the
+    records present against the header's count), `record_errors` (magic and compression of
+    legacy inner records) and `check_append` (segment.bytes). In a chain they run interleaved
+    with the other broker checks (`BrokerChecks`); alone, `validate` runs them in that order.
+    """
 
     name = "batch_integrity"
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        for stage in (self.check_request, self.check_batches, self.check_count):
+            verdict = stage(batch)
+            if verdict.code:
+                return verdict
+        errors = self.record_errors(batch)
+        if errors:
+            return record_errors_verdict(errors)
+        return self.check_append(batch)
+
+    def check_request(self, batch: ProducedRecords) -> Verdict:
+        """ProduceRequest.validateRecords, then UnifiedLog's base offset and batch size."""
         version = batch.produce_version
         batches = batch.batches
         # ProduceRequest.validateRecords (KafkaApis, before the log is touched)
@@ -145,25 +174,63 @@ class BatchIntegrityPolicy(BuiltinPolicy):
                     f"Produce requests with version {version} are only allowed to contain "
                     "exactly one record batch per partition"
                 )
-        if not batches:
-            return ACCEPT  # v0-v2: the log appends nothing and answers success
         # UnifiedLog.analyzeAndValidateRecords (a stored batch carries its assigned offsets)
+        max_bytes = batch.topic_config.max_message_bytes
         for b in batches:
             if not batch.stored and b.magic >= 2 and b.base_offset != 0:
                 return _invalid(
                     f"The baseOffset of the record batch in the append to "
                     f"{batch.topic_partition} should be 0, but it is {b.base_offset}"
                 )
+            if max_bytes is not None and b.size > max_bytes:
+                return Verdict(
+                    error_codes.MESSAGE_TOO_LARGE,
+                    f"The record batch size in the append to {batch.topic_partition} is "
+                    f"{b.size} bytes which exceeds the maximum configured value of {max_bytes}.",
+                )
+        return ACCEPT
+
+    def check_batches(self, batch: ProducedRecords) -> Verdict:
+        """LogValidator: one batch when compressed or magic 2, then `validateBatch` each."""
+        batches = batch.batches
+        if not batches:
+            return ACCEPT  # v0-v2: the log appends nothing and answers success
         # LogValidator.getFirstBatchAndMaybeValidateNoMoreBatches
         first = batches[0]
         if (first.magic >= 2 or batches[-1].codec is not Codec.NONE) and len(batches) > 1:
             return _invalid("Compressed outer record has more than one batch")
-        # LogValidator.validateBatch
         for b in batches:
             verdict = self._validate_batch(first, b, batch)
             if verdict.code:
                 return verdict
-        return self._validate_records(batch)
+        return ACCEPT
+
+    @staticmethod
+    def check_count(batch: ProducedRecords) -> Verdict:
+        """The records of each magic 2 batch read to the end, as many as its header counts.
+
+        Kafka's record iterators refuse a batch that holds fewer or more records than it declares
+        (INVALID_RECORD); a one-pass scan with the C reader (cached: the timestamps and key
+        checks read the same scan) finds it whatever other policy decodes records. A mismatch
+        raises `InvalidRecords`, which the chain answers with Kafka's words.
+        """
+        for b in batch.batches:
+            if b.magic == 2:
+                b.scan()
+        return ACCEPT
+
+    def check_append(self, batch: ProducedRecords) -> Verdict:
+        """UnifiedLog.append: the partition's records must fit in one segment (segment.bytes)."""
+        limit = batch.topic_config.segment_bytes
+        size = len(batch.raw)
+        if limit is not None and size > limit:
+            return Verdict(
+                error_codes.RECORD_LIST_TOO_LARGE,
+                f"Message batch size is {size} bytes in append to partition "
+                f"{batch.topic_partition}, which exceeds the maximum configured segment size "
+                f"of {limit}.",
+            )
+        return ACCEPT
 
     @staticmethod
     def _validate_batch(first: RecordBatch, b: RecordBatch, produced: ProducedRecords) -> Verdict:
@@ -181,7 +248,7 @@ class BatchIntegrityPolicy(BuiltinPolicy):
         tp = produced.topic_partition
         if b.magic != first.magic:
             return _invalid(
-                f"Batch magic {b.magic} is not the same as the first batch'es magic byte "
+                f"Batch magic {b.magic} is not the same as the first batch's magic byte "
                 f"{first.magic} in topic partition {tp}"
             )
         if b.magic >= 2:
@@ -214,12 +281,12 @@ class BatchIntegrityPolicy(BuiltinPolicy):
         return ACCEPT
 
     @staticmethod
-    def _validate_records(produced: ProducedRecords) -> Verdict:
+    def record_errors(produced: ProducedRecords) -> RecordErrorList | None:
         """Inner records: magic equal to the batch's; no compression bits inside a wrapper."""
         if all(b.magic == 2 for b in produced.batches):
-            return ACCEPT  # DefaultRecords carry neither their own magic nor attributes
+            return None  # DefaultRecords carry neither their own magic nor attributes
         tp = produced.topic_partition
-        errors: list[RecordError] = RecordErrorList()
+        errors = RecordErrorList()
         for b, record, offset in _iter_with_offsets(produced):
             if b.codec is not Codec.NONE and record.attributes & _CODEC_MASK:
                 errors.append(
@@ -237,7 +304,7 @@ class BatchIntegrityPolicy(BuiltinPolicy):
                         f"magic {b.magic} in topic partition {tp}",
                     )
                 )
-        return record_errors_verdict(errors) if errors else ACCEPT
+        return errors or None
 
 
 class CrcPolicy(BuiltinPolicy):
@@ -314,8 +381,13 @@ class TimestampsPolicy(BuiltinPolicy):
 
     As in Kafka: records without a timestamp (-1, magic 0) are not range-checked; on a
     CreateTime topic a LogAppendTime batch is range-checked like any other (its records read
-    the batch's time); on a LogAppendTime topic (`type: LogAppendTime`) no range applies but a
-    producer-set LogAppendTime batch is refused.
+    the batch's time); on a LogAppendTime topic no range applies but a producer-set
+    LogAppendTime batch is refused.
+
+    The topic's own settings (`ProducedRecords.topic_config`: message.timestamp.type,
+    message.timestamp.before.max.ms, message.timestamp.after.max.ms, learned from the cluster
+    or set in YAML) apply where this policy's options are not set explicitly; the options'
+    defaults are Kafka's.
 
     Every record is read (`RecordBatch.scan`): the batch header's max timestamp is the producer's
     claim, and a check that trusted it could be bypassed by a client that lies in it.
@@ -334,17 +406,39 @@ class TimestampsPolicy(BuiltinPolicy):
             )
         self.create_time = kind == _CREATE_TIME
 
-    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+    def settings(self, batch: ProducedRecords) -> tuple[bool, int, int]:
+        """(CreateTime?, before max ms, after max ms) in force for `batch`'s topic."""
+        config = batch.topic_config
+        explicit = self.explicit
         create_time = self.create_time
+        if "type" not in explicit and config.timestamp_type is not None:
+            create_time = config.timestamp_type != _LOG_APPEND_TIME
+        before = self.before_max_ms
+        if "before_max_ms" not in explicit and config.timestamp_before_max_ms is not None:
+            before = config.timestamp_before_max_ms
+        after = self.after_max_ms
+        if "after_max_ms" not in explicit and config.timestamp_after_max_ms is not None:
+            after = config.timestamp_after_max_ms
+        return create_time, before, after
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        errors = self.record_errors(batch)
+        if not errors:
+            return ACCEPT
+        return record_errors_verdict(errors, code=error_codes.INVALID_TIMESTAMP)
+
+    def record_errors(self, batch: ProducedRecords) -> RecordErrorList | None:
+        """The records with a timestamp the topic refuses (INVALID_TIMESTAMP); None if none."""
+        create_time, before_max_ms, after_max_ms = self.settings(batch)
         now = batch.now_ms
-        low = now - self.before_max_ms
-        high = now + self.after_max_ms
+        low = now - before_max_ms
+        high = now + after_max_ms
         # Fast path (the common, valid case): each batch's timestamp range from one scan of its
         # records; `Record`s are decoded only to word a rejection. A range that reaches outside
         # [low, high] may still be valid (-1 is not range-checked): the exact pass decides.
         if all(b.timestamp_type == 0 for b in batch.batches):
             if not create_time:
-                return ACCEPT  # LogAppendTime topic, no producer-set LogAppendTime
+                return None  # LogAppendTime topic, no producer-set LogAppendTime
             in_range = True
             for b in batch.batches:
                 scan = b.scan()
@@ -352,14 +446,14 @@ class TimestampsPolicy(BuiltinPolicy):
                     in_range = False
                     break
             if in_range:
-                return ACCEPT
-        errors: list[RecordError] = RecordErrorList()
+                return None
+        errors = RecordErrorList()
         if create_time and all(b.magic == 2 and b.timestamp_type == 0 for b in batch.batches):
             # the common rejection, worded without building a `Record` per record
             start = 0
             for b in batch.batches:
                 for index, (delta, ts) in enumerate(b.stamps()):
-                    if ts != -1 and (now - ts > self.before_max_ms or ts - now > self.after_max_ms):
+                    if ts != -1 and (now - ts > before_max_ms or ts - now > after_max_ms):
                         errors.append(
                             RecordError(
                                 start + index,
@@ -368,13 +462,11 @@ class TimestampsPolicy(BuiltinPolicy):
                             )
                         )
                 start += max(b.record_count, 0)
-            if not errors:
-                return ACCEPT
-            return record_errors_verdict(errors, code=error_codes.INVALID_TIMESTAMP)
+            return errors or None
         for b, record, offset in _iter_with_offsets(batch):
             ts = record.timestamp
             if create_time and ts != -1:
-                if now - ts > self.before_max_ms or ts - now > self.after_max_ms:
+                if now - ts > before_max_ms or ts - now > after_max_ms:
                     errors.append(
                         RecordError(
                             record.index,
@@ -390,9 +482,7 @@ class TimestampsPolicy(BuiltinPolicy):
                         "Producer should not set timestamp type to LogAppendTime.",
                     )
                 )
-        if not errors:
-            return ACCEPT
-        return record_errors_verdict(errors, code=error_codes.INVALID_TIMESTAMP)
+        return errors or None
 
 
 class CompactedKeyPolicy(BuiltinPolicy):
@@ -401,13 +491,22 @@ class CompactedKeyPolicy(BuiltinPolicy):
     name = "compacted_key"
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        errors = self.record_errors(batch)
+        if not errors:
+            return ACCEPT
+        return record_errors_verdict(errors, rejection=MISSING_KEY)
+
+    @staticmethod
+    def record_errors(batch: ProducedRecords) -> RecordErrorList | None:
+        """The records without a key, on a compacted topic; None if none."""
         if batch.compacted is not True:
-            return ACCEPT
+            return None
         if all(b.scan().null_keys == 0 for b in batch.batches):
-            return ACCEPT
+            return None
+        # no final period since Kafka 3.5 (KAFKA-14477)
         message = (
             "Compacted topic cannot accept message without key in topic partition "
-            f"{batch.topic_partition}."
+            f"{batch.topic_partition}"
         )
         errors = RecordErrorList()
         start = 0  # record indexes run across the partition's batches
@@ -415,7 +514,7 @@ class CompactedKeyPolicy(BuiltinPolicy):
             for index in b.null_key_indexes():
                 errors.append(RecordError(start + index, message))
             start += max(b.record_count, 0)
-        return record_errors_verdict(errors, rejection=MISSING_KEY)
+        return errors
 
 
 class MessageFormatPolicy(BuiltinPolicy):
@@ -453,3 +552,155 @@ class MessageFormatPolicy(BuiltinPolicy):
                     f"{self.min_magic} of topic partition {batch.topic_partition}"
                 )
         return ACCEPT
+
+
+BROKER_CHECKS = frozenset(
+    {"batch_integrity", "crc", "message_format", "compacted_key", "timestamps", "producer_state"}
+)
+"""The built-in policies a chain runs together, in Kafka's order (`BrokerChecks`)."""
+
+
+class PolicyFailed(Exception):
+    """A check inside `BrokerChecks` raised: the chain answers it as that policy's failure."""
+
+    def __init__(self, policy: str, error: Exception) -> None:
+        super().__init__(f"policy {policy} failed: {error!r}")
+        self.policy = policy
+        self.error = error
+
+
+_RecordCheck = tuple[str, int, str | None, Callable[[ProducedRecords], RecordErrorList | None]]
+
+
+class BrokerChecks:
+    """The broker's own checks of one partition, run in Kafka's order whatever order the
+    configuration lists them in, with the record errors of the record checks merged.
+
+    Kafka's order: the request's rules, the base offset and max.message.bytes
+    (`batch_integrity`), the CRC (`crc`, before any field of the batch is trusted), the batch
+    fields (`batch_integrity`), magic 2 for idempotent and transactional batches
+    (`message_format`), the records against the declared count (`batch_integrity`); then every
+    record, each with its first error in LogValidator's order (inner magic and compression,
+    key on a compacted topic, timestamp), all of them reported together: INVALID_TIMESTAMP
+    when any is a timestamp error, else INVALID_RECORD; then segment.bytes and the producer's
+    epoch and sequence (`producer_state`). The first failing stage is the verdict, named after
+    the policy whose check it is.
+    """
+
+    name = "broker_checks"
+
+    def __init__(self, policies: Mapping[str, RecordsPolicy]) -> None:
+        self.policies = dict(policies)
+        integrity = policies.get("batch_integrity")
+        steps: list[tuple[str, Callable[[ProducedRecords], Verdict]]] = []
+        records: list[_RecordCheck] = []
+        after: list[tuple[str, Callable[[ProducedRecords], Verdict]]] = []
+
+        def whole(policy: RecordsPolicy) -> Callable[[ProducedRecords], Verdict]:
+            return lambda produced: policy.validate(produced.topic, produced.partition, produced)
+
+        if isinstance(integrity, BatchIntegrityPolicy):
+            steps.append(("batch_integrity", integrity.check_request))
+        if "crc" in policies:
+            steps.append(("crc", whole(policies["crc"])))
+        if isinstance(integrity, BatchIntegrityPolicy):
+            steps.append(("batch_integrity", integrity.check_batches))
+        if "message_format" in policies:
+            steps.append(("message_format", whole(policies["message_format"])))
+        if isinstance(integrity, BatchIntegrityPolicy):
+            steps.append(("batch_integrity", integrity.check_count))
+            records.append(
+                (
+                    "batch_integrity",
+                    error_codes.INVALID_RECORD,
+                    INVALID_RECORD_REJECTION,
+                    integrity.record_errors,
+                )
+            )
+        key = policies.get("compacted_key")
+        if isinstance(key, CompactedKeyPolicy):
+            records.append(
+                ("compacted_key", error_codes.INVALID_RECORD, MISSING_KEY, key.record_errors)
+            )
+        timestamps = policies.get("timestamps")
+        if isinstance(timestamps, TimestampsPolicy):
+            records.append(
+                ("timestamps", error_codes.INVALID_TIMESTAMP, None, timestamps.record_errors)
+            )
+        if isinstance(integrity, BatchIntegrityPolicy):
+            after.append(("batch_integrity", integrity.check_append))
+        if "producer_state" in policies:
+            after.append(("producer_state", whole(policies["producer_state"])))
+        self._steps = tuple(steps)
+        self._records = tuple(records)
+        self._after = tuple(after)
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """The grouped policies were configured one by one."""
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        for name, step in self._steps:
+            verdict = _run(name, step, batch)
+            if verdict.code:
+                return verdict.with_policy(name)
+        found: list[tuple[str, int, str | None, RecordErrorList]] = []
+        for name, code, rejection, check in self._records:
+            errors = _run(name, check, batch)
+            if errors:
+                found.append((name, code, rejection, errors))
+        if found:
+            return merge_record_errors(found)
+        for name, step in self._after:
+            verdict = _run(name, step, batch)
+            if verdict.code:
+                return verdict.with_policy(name)
+        return ACCEPT
+
+    def close(self) -> None:
+        """The chain closes the grouped policies themselves."""
+
+
+_T = TypeVar("_T")
+
+
+def _run(name: str, step: Callable[[ProducedRecords], _T], batch: ProducedRecords) -> _T:
+    """One stage; its exception leaves as `PolicyFailed` naming the policy (limits as they are)."""
+    try:
+        return step(batch)
+    except ResourceLimit:
+        raise
+    except Exception as exc:
+        raise PolicyFailed(name, exc) from exc
+
+
+def merge_record_errors(found: Sequence[tuple[str, int, str | None, RecordErrorList]]) -> Verdict:
+    """One verdict from the record errors of several checks (given in Kafka's precedence).
+
+    Each record keeps its first error, as LogValidator.validateRecord stops at a record's first
+    failing check; the errors are listed by record index. Any timestamp error makes the code
+    INVALID_TIMESTAMP (LogValidator.processRecordErrors), else INVALID_RECORD. Past
+    MAX_RECORD_ERRORS kept errors per check, the total counted is the largest check's.
+    """
+    if len(found) == 1:
+        name, code, rejection, errors = found[0]
+        return record_errors_verdict(errors, code=code, rejection=rejection, policy=name)
+    first: dict[int, tuple[RecordError, str, int, str | None]] = {}
+    for name, code, rejection, errors in found:
+        for error in errors:
+            if error.index not in first:
+                first[error.index] = (error, name, code, rejection)
+    entries = [first[index] for index in sorted(first)]
+    merged = RecordErrorList()
+    for error, _, _, _ in entries:
+        merged.append(error)
+    merged.total = max(len(first), *(errors.total for _, _, _, errors in found))
+    timestamp = next((e for e in entries if e[2] == error_codes.INVALID_TIMESTAMP), None)
+    if timestamp is not None:
+        return record_errors_verdict(
+            merged, code=error_codes.INVALID_TIMESTAMP, rejection=None, policy=timestamp[1]
+        )
+    rejections = {entry[3] for entry in entries}
+    rejection = MISSING_KEY if rejections == {MISSING_KEY} else INVALID_RECORD_REJECTION
+    return record_errors_verdict(
+        merged, code=error_codes.INVALID_RECORD, rejection=rejection, policy=entries[0][1]
+    )

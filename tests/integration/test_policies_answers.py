@@ -108,7 +108,7 @@ def kafka_message(record_errors_list: list[tuple[int, str]]) -> str:
 
 def compacted_message(topic: str, partition: int) -> str:
     return (
-        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
+        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}"
     )
 
 

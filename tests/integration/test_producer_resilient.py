@@ -26,7 +26,7 @@ from protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
 from tests.harness.proxy import RunningProxy, run_proxy
 
-KEYLESS_MESSAGE = "Compacted topic cannot accept message without key in topic partition {}-0."
+KEYLESS_MESSAGE = "Compacted topic cannot accept message without key in topic partition {}-0"
 
 
 class NotEnoughReplicasFirst:

@@ -69,7 +69,7 @@ def test_testdata_with_compaction_forced(spark: Any, tmp_path: Path) -> None:
     assert air[0]["error_code"] == 87
     assert air[0]["error_name"] == "INVALID_RECORD"
     assert air[0]["message"] == (
-        "Compacted topic cannot accept message without key in topic partition air_quality_data-1."
+        "Compacted topic cannot accept message without key in topic partition air_quality_data-1"
     )
     assert air[0]["key_preview"] is None
     assert air[0]["source"].endswith("air_quality_data-1/00000000000000000000.log")

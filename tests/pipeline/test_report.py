@@ -110,7 +110,7 @@ def realistic_samples() -> list[dict[str, Any]]:
                 "error_code": 87,
                 "error_name": "INVALID_RECORD",
                 "message": "Compacted topic cannot accept message without key in topic partition "
-                "cities-0.",
+                "cities-0",
                 "source": "/data/kafka-logs/cities-0/00000000000000000000.log",
                 "position": 4096 + 80 * i,
             }

@@ -206,7 +206,7 @@ def test_batch_magic_consistent() -> None:
     assert_verdict(
         check("batch_integrity", raw, version=2),
         87,
-        "Batch magic 0 is not the same as the first batch'es magic byte 1 in topic partition t-0",
+        "Batch magic 0 is not the same as the first batch's magic byte 1 in topic partition t-0",
     )
 
 
@@ -382,7 +382,7 @@ def test_compacted_key_records_1_and_3_of_5() -> None:
     assert check("compacted_key", raw, compacted=False).ok
     assert check("compacted_key", raw, compacted=None).ok
     verdict = check("compacted_key", raw, compacted=True)
-    message = "Compacted topic cannot accept message without key in topic partition t-0."
+    message = "Compacted topic cannot accept message without key in topic partition t-0"
     assert verdict.code == 87 and verdict.rejection == "missing_key"
     assert [(e.index, e.message) for e in verdict.record_errors] == [(1, message), (3, message)]
     assert verdict.message == (
