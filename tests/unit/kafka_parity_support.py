@@ -43,6 +43,12 @@ COMPRESSED = [codec for codec in Codec if codec is not Codec.NONE]
 LEGACY_CODECS = [Codec.GZIP, Codec.SNAPPY, Codec.LZ4]
 """What magic 0/1 wrappers may use (zstd came with magic 2)."""
 
+
+def codec_name(value: object) -> str | None:
+    """pytest ids: codecs by name ("gzip"), everything else as pytest names it."""
+    return value.name.lower() if isinstance(value, Codec) else None
+
+
 # Magic 2 header positions (DefaultRecordBatch): what Kafka's tests overwrite.
 BASE_OFFSET = 0
 CRC = 17
