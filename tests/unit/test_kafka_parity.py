@@ -956,6 +956,7 @@ def test_checks_in_the_order_of_analyze_and_validate_records() -> None:
     )
 
 
+@pytest.mark.parametrize("via", ["topic config", "policy options"])
 @pytest.mark.parametrize(
     ("setting", "offset_ms"),
     [
@@ -964,12 +965,17 @@ def test_checks_in_the_order_of_analyze_and_validate_records() -> None:
         ("message.timestamp.after.max.ms", 5 * HOUR_MS),
     ],
 )
-def test_produce_with_invalid_timestamp(setting: str, offset_ms: int) -> None:
+def test_produce_with_invalid_timestamp(setting: str, offset_ms: int, via: str) -> None:
     """ProduceRequestTest.testProduceWithInvalidTimestamp: the topic allows 1000 ms on one side
-    (difference.max.ms is the older name of before.max.ms) and the gzip records are five hours
-    off on that side: INVALID_TIMESTAMP, a record error per record, Kafka's message."""
-    option = "after_max_ms" if setting.endswith("after.max.ms") else "before_max_ms"
-    engine = kafka_engine(broker_policies(**{option: 1000}))  # type: ignore[arg-type]
+    (difference.max.ms, the older setting, on the side left at its default) and the gzip
+    records are five hours off on that side: INVALID_TIMESTAMP, a record error per record,
+    Kafka's message. The setting is the topic's (`config:`), or the `timestamps` options."""
+    if via == "topic config":
+        topics = [{"match": "topic", "config": {setting: 1000}}]
+        engine = kafka_engine(broker_policies(), topics=topics)
+    else:
+        option = "after_max_ms" if setting.endswith("after.max.ms") else "before_max_ms"
+        engine = kafka_engine(broker_policies(**{option: 1000}))  # type: ignore[arg-type]
     answer = produce(engine, kafka_records(2, NOW + offset_ms, Codec.GZIP))
     assert not answer.forwarded
     assert answer.code == INVALID_TIMESTAMP
