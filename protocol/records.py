@@ -299,6 +299,17 @@ class RecordBatch:
             )
         return self._inner_crcs_valid
 
+    def bad_inner_crc(self) -> tuple[int, int] | None:
+        """(stored, computed) CRC of the first inner message of a compressed magic 0/1 wrapper
+        whose CRC does not match; None when all match (or there are no inner messages)."""
+        if self.inner_crcs_valid():
+            return None
+        for message in self._inner_messages():
+            computed = zlib.crc32(message.body)
+            if message.crc != computed:
+                return message.crc, computed
+        return None
+
     def records(self) -> Iterator[Record]:
         """Decode the records, decompressing first when needed; bad bytes raise CorruptRecords."""
         if self.magic == 2:
