@@ -2,7 +2,8 @@
 
 What it measures, all in one process on the same bytes, so every figure has its limit beside it:
 
-(a) batch-level checks (`batch_integrity`, `crc`: batch headers and the CRC only) on one magic-2
+(a) batch-level checks (`batch_integrity` with `check_count: false`, `crc`: batch headers and the
+    CRC only; (e) shows what reading the records for their count adds) on one magic-2
     batch of 16 KiB and of 1 MiB (uncompressed, 100-byte records), GB/s of batch bytes, as
     `parse_records` + the chain's `check` per batch; then the default chain (`batch_integrity`,
     `crc`, `timestamps`, `compacted_key`; topic not compacted) on the same batches.
@@ -14,6 +15,11 @@ What it measures, all in one process on the same bytes, so every figure has its 
     batch, default chain, topic not compacted: GB/s of frame bytes and requests/s.
 (d) the limits: CRC32C, memcpy, aiokafka's C record parser (counting only; reading each record's
     timestamp and key) and each decompressor (`protocol.compression.decompress`, GB/s of output).
+(e) the cost of checking each batch's records against its declared count (`batch_integrity`, as
+    Kafka's record iterators do): three chains, each timed with the check and with it switched
+    off, on the 16 KiB and 1 MiB batches: the default chain (whose `timestamps` scan the count
+    check shares), the default chain on a LogAppendTime topic (no other check reads records),
+    and `batch_integrity`, `crc` alone. Ratio = with / without (1.0: no cost).
 
 How to read it: every figure is the best of `--repeats` rounds (default 5) after a warm-up; a
 round times every task once, in a loop of at least `--seconds` (default 0.2 s; `--quick`: 0.02 s,
@@ -85,10 +91,31 @@ RECORD_LEVEL_TARGET_FRACTION = 0.4
 # ---- the calls under test, kept together: the fast path behind them is being reworked -------
 
 
-def make_chain(policies: Sequence[str]) -> PolicyChain:
+def make_chain(policies: Sequence[Any]) -> PolicyChain:
     """A chain built from config the way `kvproxy serve` builds the `defaults` one."""
     routing = build_routing({"mode": "enforce", "policies": list(policies)}, None, ROOT)
     return routing.chain_for(TOPIC)
+
+
+def without_count_check(policies: Sequence[Any]) -> list[Any]:
+    """The same policies with `batch_integrity`'s count check switched off."""
+    return [
+        {"batch_integrity": {"check_count": False}} if name == "batch_integrity" else name
+        for name in policies
+    ]
+
+
+COUNT_CHECK_CHAINS: dict[str, Sequence[Any]] = {
+    "default chain": DEFAULT_POLICIES,
+    "default chain, LogAppendTime": (
+        "batch_integrity",
+        "crc",
+        {"timestamps": {"type": "LogAppendTime"}},
+        "compacted_key",
+    ),
+    "batch_integrity, crc": BATCH_LEVEL_POLICIES,
+}
+"""(e): the chains timed with and without the count check."""
 
 
 def check(chain: PolicyChain, raw: bytes, *, compacted: bool) -> Verdict:
@@ -358,7 +385,7 @@ def decompress_count(codec: Codec, batch: bytes, plain: bytes, expected: int) ->
 
 def build_tasks(inputs: Inputs) -> dict[str, Callable[[], None]]:
     """Every timed callable, by the name the figures use."""
-    batch_chain = make_chain(BATCH_LEVEL_POLICIES)
+    batch_chain = make_chain(without_count_check(BATCH_LEVEL_POLICIES))
     default_chain = make_chain(DEFAULT_POLICIES)
     engine = make_engine()
     tasks: dict[str, Callable[[], None]] = {}
@@ -375,6 +402,16 @@ def build_tasks(inputs: Inputs) -> dict[str, Callable[[], None]]:
         )
         tasks[f"decode_request {label}"] = decode_only(frame)
         tasks[f"decode_request + decide {label}"] = engine_request(engine, frame)
+    for name, policies in COUNT_CHECK_CHAINS.items():
+        with_check = make_chain(policies)
+        without = make_chain(without_count_check(policies))
+        for label, batch in inputs.plain.items():
+            tasks[f"count check on: {name} {label}"] = engine_check(
+                with_check, batch, compacted=False
+            )
+            tasks[f"count check off: {name} {label}"] = engine_check(
+                without, batch, compacted=False
+            )
     size = RECORD_LEVEL_SIZE
     count = inputs.records_per[size]
     tasks[f"default chain, compacted, none {size}"] = engine_check(
@@ -585,8 +622,25 @@ def print_timings(timings: dict[str, Timing]) -> None:
         )
 
 
+def count_check_figures(
+    timings: dict[str, Timing], inputs: Inputs
+) -> list[tuple[str, str, float, float]]:
+    """(e): (chain, input, GB/s with the count check, GB/s without)."""
+    out = []
+    for name in COUNT_CHECK_CHAINS:
+        for label, batch in inputs.plain.items():
+            on = timings[f"count check on: {name} {label}"].best
+            off = timings[f"count check off: {name} {label}"].best
+            out.append((name, label, len(batch) / on / 1e9, len(batch) / off / 1e9))
+    return out
+
+
 def print_table(
-    rows: list[Row], limits: dict[str, float], inputs: Inputs, args: argparse.Namespace
+    rows: list[Row],
+    limits: dict[str, float],
+    inputs: Inputs,
+    args: argparse.Namespace,
+    timings: dict[str, Timing],
 ) -> None:
     print()
     print(
@@ -612,6 +666,11 @@ def print_table(
             )
             if row.extra:
                 print(f"{'':<41}({row.extra})")
+    print()
+    print("(e) the count check: the same chain with it and without it, GB/s of batch bytes")
+    print(f"{'chain':<33}{'input':<8}{'with':>12}{'without':>12}{'ratio':>9}")
+    for name, label, on, off in count_check_figures(timings, inputs):
+        print(f"{name:<33}{label:<8}{fmt(on, 'GB/s'):>12}{fmt(off, 'GB/s'):>12}{on / off:9.3f}")
     print()
     print("(d) limits, same run, same bytes")
     for name, value in limits.items():
@@ -667,7 +726,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     limits = limits_from(timings, inputs)
     rows = rows_from(timings, inputs, limits)
     print_timings(timings)
-    print_table(rows, limits, inputs, args)
+    print_table(rows, limits, inputs, args, timings)
     elapsed = time.perf_counter() - started
     print(f"\ntook {elapsed:.0f} s")
     figures = {
@@ -691,6 +750,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for label, batch in inputs.plain.items()
         },
         "rows": [row.as_dict() for row in rows],
+        "count_check": [
+            {"chain": name, "input": label, "gbps_with": on, "gbps_without": off}
+            for name, label, on, off in count_check_figures(timings, inputs)
+        ],
         "limits": limits,
         "targets": {
             "batch_level_gbps_16k": BATCH_LEVEL_TARGET_GBPS,

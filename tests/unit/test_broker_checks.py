@@ -281,3 +281,18 @@ def test_retry_of_an_older_acknowledged_batch_changes_nothing() -> None:
     assert tracker.get("t", 0, 1).last_sequence == 8  # type: ignore[union-attr]
     verdict = policy_chain.check(produced(batch(11)))
     assert verdict.code == error_codes.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_check_count_false_leaves_the_count_to_the_broker() -> None:
+    """`batch_integrity: {check_count: false}`: a LogAppendTime topic's batches go unread (the
+    broker refuses a wrong count itself); a check that reads records still finds it."""
+    raw = with_count(build_batch(recs(3)), 5)
+    log_append = TopicConfig(timestamp_type="LogAppendTime")
+    unread = chain([{"batch_integrity": {"check_count": False}}, "crc", "timestamps"])
+    assert unread.check(produced(raw, topic_config=log_append)).ok
+    verdict = unread.check(produced(raw))  # CreateTime: timestamps reads every record
+    assert (verdict.code, verdict.message, verdict.policy) == (
+        error_codes.INVALID_RECORD,
+        PREMATURE_EOF,
+        "timestamps",
+    )
