@@ -225,7 +225,7 @@ class _Task:
                 found = located.get(error.index)
                 if found is None:
                     rows.append(
-                        (topic, partition, -1, None, None, None, policy, code, name,
+                        (topic, partition, -1, None, None, None, error.policy or policy, code, name,
                          error.message, mode.value, source, position)
                     )  # fmt: skip
                     continue
@@ -238,7 +238,7 @@ class _Task:
                         record.timestamp if record.timestamp >= 0 else None,
                         key_preview(record.key),
                         None if record.value is None else len(record.value),
-                        policy,
+                        error.policy or policy,  # merged errors name their own check
                         code,
                         name,
                         error.message,

@@ -28,13 +28,13 @@ __all__ = [
     "INVALID_RECORD_REJECTION",
     "MAX_RECORD_ERRORS",
     "MISSING_KEY",
+    "UNKNOWN_TOPIC_CONFIG",
     "PolicyViolation",
     "ProducedRecords",
     "RecordError",
     "RecordErrorList",
     "RecordsPolicy",
     "TopicConfig",
-    "UNKNOWN_TOPIC_CONFIG",
     "Verdict",
     "parse_records",
     "record_errors_verdict",
@@ -53,6 +53,8 @@ class RecordError:
     index: int
     """0-based index of the record in the partition's records (Kafka's `batch_index`)."""
     message: str
+    policy: str | None = field(default=None, compare=False)
+    """The check that found it, when a verdict merges several checks' errors (not on the wire)."""
 
     def java_repr(self) -> str:
         """How Kafka's `ProduceResponse.RecordError.toString()` prints it."""

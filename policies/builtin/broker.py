@@ -695,7 +695,8 @@ def merge_record_errors(found: Sequence[tuple[str, int, str | None, RecordErrorL
     for name, code, rejection, errors in found:
         for error in errors:
             if error.index not in first:
-                first[error.index] = (error, name, code, rejection)
+                named = RecordError(error.index, error.message, name)
+                first[error.index] = (named, name, code, rejection)
     entries = [first[index] for index in sorted(first)]
     merged = RecordErrorList()
     for error, _, _, _ in entries:

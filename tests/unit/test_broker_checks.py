@@ -191,6 +191,12 @@ def test_key_and_timestamp_errors_are_reported_together_as_invalid_timestamp() -
     assert verdict.policy == "timestamps"
     assert verdict.message == "One or more records have been rejected due to invalid timestamp"
     assert [e.index for e in verdict.record_errors] == [0, 2, 3]
+    # each merged error names its own check (the audit's rows use it)
+    assert [e.policy for e in verdict.record_errors] == [
+        "compacted_key",
+        "compacted_key",
+        "timestamps",
+    ]
     assert verdict.record_errors[1].message.startswith("Compacted topic cannot accept message")
     assert verdict.record_errors[2].message.startswith(f"Timestamp {NOW + 10 * HOUR} of message")
 
