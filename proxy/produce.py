@@ -103,6 +103,9 @@ class ProduceDecision:
     correlation_id: int
     acks: int
     topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
+    engine: ProduceEngine
+    """The rules and settings the request was judged under: its answer is built with them even
+    when a reload has replaced them before the broker answers."""
     forward: Frame | None = None
     """What goes upstream: the original frame, a re-encoded one, or nothing."""
     outcomes: tuple[PartitionOutcome, ...] = field(init=False)
@@ -119,6 +122,14 @@ class ProduceDecision:
     @property
     def needs_merge(self) -> bool:
         return bool(self.rejected)
+
+    def answer(self, upstream: Frame | None) -> bytes:
+        """The client's answer (`ProduceEngine.answer`) under the rules it was judged by."""
+        return self.engine.answer(self, upstream)
+
+    def observe(self, upstream: Frame) -> None:
+        """Feed the broker's answer to the producer-state tracker (`ProduceEngine.observe`)."""
+        self.engine.observe(self, upstream)
 
 
 class ProduceEngine:
@@ -219,7 +230,7 @@ class ProduceEngine:
                         ),
                     )
                 )
-        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out))
+        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out), self)
         decision.forward = self._forward(frame, request, decision)
         return decision
 

@@ -370,7 +370,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if not unknown:
             decision = self._server.decide_inline(engine, payload, request)
             if decision is not None:
-                self._apply_produce(engine, request, decision, started)
+                self._apply_produce(request, decision, started)
                 return
         self._held = collections.deque()
         self.pause_reading("produce")
@@ -398,7 +398,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             return
         held, self._held = self._held, None
         try:
-            self._apply_produce(engine, request, decision, started)
+            self._apply_produce(request, decision, started)
             while held and self._held is None:
                 self._on_request(held.popleft())
         except ProtocolError as exc:
@@ -410,9 +410,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.resume_reading("produce")
             self.flush()
 
-    def _apply_produce(
-        self, engine: ProduceEngine, request: Request, decision: ProduceDecision, started: float
-    ) -> None:
+    def _apply_produce(self, request: Request, decision: ProduceDecision, started: float) -> None:
         header = request.header
         server = self._server
         server.report(decision, header.client_id, self.peer)
@@ -425,13 +423,11 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self.metrics.decode_budget_refusals.inc(refused)
         self.metrics.child(self.metrics.requests, "produce", outcome).inc()
         try:
-            self._route_produce(engine, decision, header.correlation_id, header.api_version)
+            self._route_produce(decision, header.correlation_id, header.api_version)
         finally:
             self.metrics.proxy_latency.observe(time.perf_counter() - started)
 
-    def _route_produce(
-        self, engine: ProduceEngine, decision: ProduceDecision, correlation_id: int, version: int
-    ) -> None:
+    def _route_produce(self, decision: ProduceDecision, correlation_id: int, version: int) -> None:
         if decision.acks == 0:
             if decision.forward is not None:
                 self._awaiting_upstream.append(_Slot(correlation_id, PRODUCE, version, silent=True))
@@ -447,7 +443,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         slot.decision = decision
         self._slots.append(slot)
         if decision.forward is None:
-            slot.payload = engine.answer(decision, None)
+            slot.payload = decision.answer(None)
             self.flush()
             return
         self._awaiting_upstream.append(slot)
@@ -520,15 +516,15 @@ class ClientConnection(asyncio.BufferedProtocol):
         # the caller flushes once the read is done
 
     def _merged(self, slot: _Slot, payload: Frame) -> Frame:
-        """The broker's answer, merged with the proxy's own errors when it rejected partitions."""
+        """The broker's answer, merged with the proxy's own errors when it rejected partitions,
+        under the rules the request was judged by (a reload meanwhile changes neither)."""
         decision = slot.decision
-        engine = self._server.produce_engine
-        if decision is None or engine is None:
+        if decision is None:
             return payload
-        engine.observe(decision, payload)
+        decision.observe(payload)
         if not decision.needs_merge:
             return payload
-        return engine.answer(decision, payload)
+        return decision.answer(payload)
 
     def _answers_silent(self, silent: _Slot, payload: Frame) -> bool | None:
         """Whether an answer carrying an acks=0 request's correlation id is that request's.
@@ -1101,7 +1097,8 @@ class ProxyServer:
     def replace_rules(self, config: ProxyConfig, routing: TopicRouting) -> TopicRouting:
         """Swap in new policy rules (a reload); returns the old routing for the caller to close.
 
-        Requests already decided keep their verdicts; the next request uses the new rules. The
+        Requests already decided keep their verdicts and are answered under the rules they were
+        judged by (`ProduceDecision.engine`); the next request uses the new rules. The
         listeners and upstream settings of `config` are not re-read: they need a restart.
         """
         old = self.routing

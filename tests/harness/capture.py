@@ -16,6 +16,11 @@ advertising the relay's port, and the relay forwards to Tansu's real listener po
 A request is recorded as soon as it has been read from the client, before it is forwarded, so
 requests the broker refuses (Tansu drops connections carrying magic 0/1 message sets) are still
 recorded.
+
+The relay can also stand for a slow broker: after ``relay.hold_answers(api_key)`` the answers to
+requests of that API sent from then on wait in the relay until ``relay.release_answers()``, so a
+test can change something between a request reaching the broker and its answer leaving it.
+Answers are forwarded frame by frame.
 """
 
 from __future__ import annotations
@@ -94,6 +99,11 @@ class RecordingRelay:
         self._threads: list[threading.Thread] = []
         self._conn_count = 0
         self._closed = threading.Event()
+        self._hold_api_key: int | None = None
+        self._held: set[tuple[int, int]] = set()
+        """(connection, correlation id) of the requests whose answers wait for the release."""
+        self._released = threading.Event()
+        self._released.set()
 
     @property
     def bootstrap(self) -> str:
@@ -106,8 +116,21 @@ class RecordingRelay:
         t.start()
         self._threads.append(t)
 
+    def hold_answers(self, api_key: int) -> None:
+        """Keep the answers to `api_key` requests sent from now on until `release_answers`."""
+        with self._lock:
+            self._hold_api_key = api_key
+            self._released.clear()
+
+    def release_answers(self) -> None:
+        with self._lock:
+            self._hold_api_key = None
+            self._held.clear()
+        self._released.set()
+
     def close(self) -> None:
         self._closed.set()
+        self._released.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         with contextlib.suppress(OSError):
@@ -188,11 +211,25 @@ class RecordingRelay:
                 data = src.recv(65536)
                 if not data:
                     break
-                frames = splitter.feed(data)
+                frames = [RecordedFrame(conn, direction, f) for f in splitter.feed(data)]
                 if frames:
                     with self._lock:
-                        self._frames.extend(RecordedFrame(conn, direction, f) for f in frames)
-                dst.sendall(data)
+                        self._frames.extend(frames)
+                        if direction == "request" and self._hold_api_key is not None:
+                            self._held.update(
+                                (conn, f.correlation_id)
+                                for f in frames
+                                if f.api_key == self._hold_api_key
+                            )
+                if direction == "request":
+                    dst.sendall(data)
+                    continue
+                for recorded in frames:  # answers go on whole, each once it may
+                    with self._lock:
+                        held = (conn, recorded.correlation_id) in self._held
+                    if held:
+                        self._released.wait()
+                    dst.sendall(struct.pack(">i", len(recorded.payload)) + recorded.payload)
         except OSError:
             pass
         finally:
