@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from protocol import error_codes
 from protocol.budget import Allowance
-from protocol.errors import DecodeError
-from protocol.records import Record, RecordBatch, read_batches
+from protocol.errors import BufferUnderflow, DecodeError
+from protocol.records import Record, RecordBatch, first_batch_incomplete, read_batches
 
 __all__ = [
     "ACCEPT",
@@ -318,6 +318,21 @@ def parse_records(
         raw = bytes(raw)
     try:
         batches = read_batches(raw, allowance)
+    except BufferUnderflow as exc:
+        if produce_version >= 3 and first_batch_incomplete(raw):
+            # Kafka's batch iterator stops quietly at an incomplete batch: with none complete
+            # before it, ProduceRequest.validateRecords finds no batch at all
+            return Verdict(
+                code=error_codes.INVALID_RECORD,
+                message=f"Produce requests with version {produce_version} must have at least "
+                "one record batch per partition",
+                policy="batch_integrity",
+            )
+        return Verdict(
+            code=error_codes.CORRUPT_MESSAGE,
+            message=f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}",
+            policy="batch_integrity",
+        )
     except DecodeError as exc:
         return Verdict(
             code=error_codes.CORRUPT_MESSAGE,

@@ -725,6 +725,15 @@ def read_batches(
     return tuple(batches)
 
 
+def first_batch_incomplete(buf: bytes | bytearray | memoryview) -> bool:
+    """Whether `buf` ends before its first batch does (Kafka's batch iterator then finds no
+    batch at all: `ByteBufferLogInputStream` stops quietly at an incomplete batch)."""
+    if len(buf) < LOG_OVERHEAD:
+        return True
+    length: int = _PREFIX.unpack_from(buf, 0)[1]
+    return LOG_OVERHEAD + length > len(buf)
+
+
 def iter_batches(
     buf: bytes | bytearray | memoryview, offset: int = 0, *, allow_partial_tail: bool = False
 ) -> Iterator[RecordBatch]:

@@ -21,7 +21,7 @@ from tests.integration.test_policies_answers import (
     stored,
 )
 
-CORRUPT_MESSAGE = 2
+INVALID_RECORD = 87
 INVALID_TIMESTAMP = 32
 
 
@@ -83,11 +83,12 @@ def test_idempotent_batch_below_magic_2_keeps_43_on_produce_v2(
 
 
 @pytest.mark.parametrize("mode", ["enforce", "warn", "off"])
-def test_truncated_batch_is_corrupt_message_in_every_mode(
+def test_truncated_batch_is_refused_in_every_mode(
     tansu: Broker, make_topic: Any, mode: str
 ) -> None:
-    """A batch that does not parse is answered CORRUPT_MESSAGE and never forwarded, whatever the
-    topic's mode (issue 4: "Nothing malformed is ever forwarded")."""
+    """A batch cut short is never forwarded, whatever the topic's mode. On Produce v3+ it is
+    answered as Kafka answers it: the broker's batch iterator stops quietly at an incomplete
+    batch, finds none, and ProduceRequest.validateRecords refuses the partition with 87."""
     topic = make_topic(2)
     truncated = batch(b"this batch is cut short")[:-6]
     topics = [{"match": topic, "mode": mode}]
@@ -105,8 +106,11 @@ def test_truncated_batch_is_corrupt_message_in_every_mode(
                 f"mode {mode}: no answer, the connection was closed ({exc}); {bug} "
                 "(Tansu drops the connection on it)"
             ) from exc
-    assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE, (
-        f"mode {mode}: expected CORRUPT_MESSAGE, got {answers[(topic, 0)]!r}; {bug}"
+    assert answers[(topic, 0)].error_code == INVALID_RECORD, (
+        f"mode {mode}: expected INVALID_RECORD, got {answers[(topic, 0)]!r}; {bug}"
+    )
+    assert answers[(topic, 0)].error_message == (
+        "Produce requests with version 9 must have at least one record batch per partition"
     )
     assert answers[(topic, 1)].error_code == 0
     assert stored(tansu, topic, 1) == [b"fine"]

@@ -302,3 +302,29 @@ def test_check_count_false_leaves_the_count_to_the_broker() -> None:
         PREMATURE_EOF,
         "timestamps",
     )
+
+
+def parsed(raw: bytes, version: int) -> Verdict | ProducedRecords:
+    return parse_records(
+        "t", 0, raw, produce_version=version, acks=-1, transactional_id=None, compacted=None,
+        now_ms=NOW,
+    )  # fmt: skip
+
+
+def test_a_batch_cut_short_is_no_batch_at_all_on_v3_plus() -> None:
+    """Kafka's batch iterator stops quietly at an incomplete batch; with none before it,
+    ProduceRequest.validateRecords answers 87. After a complete batch, Kafka would drop the
+    incomplete tail and write the rest: the proxy refuses it (CORRUPT_MESSAGE) rather than
+    forward bytes that are not a batch."""
+    whole = build_batch(recs(1))
+    cut = whole[:-6]
+    verdict = parsed(cut, 9)
+    assert isinstance(verdict, Verdict)
+    assert (verdict.code, verdict.message) == (
+        error_codes.INVALID_RECORD,
+        "Produce requests with version 9 must have at least one record batch per partition",
+    )
+    for raw, version in ((whole + cut, 9), (cut, 2), (whole[:5], 2)):
+        verdict = parsed(raw, version)
+        assert isinstance(verdict, Verdict)
+        assert verdict.code == error_codes.CORRUPT_MESSAGE
