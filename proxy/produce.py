@@ -34,6 +34,7 @@ from protocol.messages import (
     make_response,
 )
 from protocol.produce import partition_answer, produce_answer, produce_response_types
+from protocol.records import read_batch
 
 log = logging.getLogger("kvproxy.produce")
 
@@ -48,6 +49,17 @@ DECODE_BUDGET = "decode_budget"
 """`Verdict.policy` of a partition whose decoding would hold more memory than allowed."""
 _EVERY_VERSION_KNOWS = frozenset({RECORDS_LIMIT, DECODE_BUDGET})
 """Limits answered MESSAGE_TOO_LARGE on every Produce version, never the legacy code."""
+NO_TRANSACTIONAL_ID = "transactional_id"
+"""`Verdict.policy` of every partition of a request that carries transactional records without
+a transactional id: Kafka refuses the whole request before any other check."""
+_NO_TRANSACTIONAL_ID_VERDICT = Verdict(
+    code=error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    message="Transactional Id authorization failed.",
+    policy=NO_TRANSACTIONAL_ID,
+)
+_ANSWERED_WITHOUT_MESSAGE = frozenset({NO_TRANSACTIONAL_ID})
+"""Refusals whose answer has no `error_message`: the broker's exception says only what its code
+says, and Kafka's ApiError leaves such a message out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +204,8 @@ class ProduceEngine:
                 for data in topic_data.partition_data
             ]
             parsed.append((name, partitions))
+        if transactional_id is None and _has_transactional_records(body):
+            parsed = _refuse_every_partition(body, _NO_TRANSACTIONAL_ID_VERDICT)
         declared = _declared_records(parsed)
         if (
             allowance is not None
@@ -402,10 +416,12 @@ class ProduceEngine:
         return encode_response(PRODUCE, version, response)
 
     def _local(self, types: Any, outcome: PartitionOutcome, version: int) -> Any:
-        code = self.answer_code(outcome.verdict, version)
-        record_errors = tuple((e.index, e.message) for e in outcome.verdict.record_errors)
+        verdict = outcome.verdict
+        code = self.answer_code(verdict, version)
+        record_errors = tuple((e.index, e.message) for e in verdict.record_errors)
+        message = None if verdict.policy in _ANSWERED_WITHOUT_MESSAGE else verdict.message
         return partition_answer(
-            types, outcome.index, code, message=outcome.verdict.message, record_errors=record_errors
+            types, outcome.index, code, message=message, record_errors=record_errors
         )
 
     def answer_code(self, verdict: Verdict, version: int) -> int:
@@ -417,12 +433,53 @@ class ProduceEngine:
             code = rejection_code(ErrorProfile.KIP, Rejection(rejection))
         if (
             version < self.settings.legacy_below
-            and code
-            not in (error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT, error_codes.INVALID_REQUIRED_ACKS)
+            and code not in _ANSWERED_AS_THEY_ARE
             and verdict.policy not in _EVERY_VERSION_KNOWS  # MESSAGE_TOO_LARGE, not retried
         ):
             code = self.settings.legacy_code
         return code
+
+
+_ANSWERED_AS_THEY_ARE = frozenset(
+    {
+        error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+        error_codes.INVALID_REQUIRED_ACKS,
+        error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+"""Codes a broker sends to Produce v0-v2 clients too: never replaced by the legacy code."""
+
+
+def _has_transactional_records(body: Any) -> bool:
+    """Whether the first batch of some partition is transactional, the test of Kafka's
+    `RequestUtils.hasTransactionalRecords` (only batch headers are read)."""
+    for topic_data in body.topic_data:
+        for data in topic_data.partition_data:
+            if not data.records:
+                continue
+            try:
+                first, _ = read_batch(data.records)
+            except DecodeError:
+                continue  # no batch to read: the partition's own checks answer it
+            if first.is_transactional:
+                return True
+    return False
+
+
+def _refuse_every_partition(
+    body: Any, verdict: Verdict
+) -> list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]]:
+    """`verdict` for every partition of the request, with its records as sent (for the journal)."""
+    return [
+        (
+            str(topic_data.name),
+            [
+                (int(data.index), data.records if data.records is not None else b"", verdict)
+                for data in topic_data.partition_data
+            ],
+        )
+        for topic_data in body.topic_data
+    ]
 
 
 def _declared_records(

@@ -474,7 +474,9 @@ def test_message_format_idempotent_and_transactional_batches_need_magic_2(
         (topic, 2, batch(b"plain")),
     ]
     with run_proxy(tansu.bootstrap, defaults=policies) as proxy:
-        answers = produce(proxy.host, proxy.port, 9, parts)
+        # a transactional batch needs a transactional id (without one the request is refused
+        # as a whole: test_produce_refusals.py)
+        answers = produce(proxy.host, proxy.port, 9, parts, transactional_id="txn")
     idem, txn, ok = (answers[(topic, p)] for p in (0, 1, 2))
     assert idem.error_code == 43, idem
     assert idem.error_message in (None, "Idempotent records cannot be used with magic version 1")

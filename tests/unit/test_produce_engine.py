@@ -1,5 +1,6 @@
 """`proxy.produce.ProduceEngine` on whole Produce requests, without sockets: which rules a decision
-is answered under."""
+is answered under, and the request-level refusal of transactional batches without a
+transactional id."""
 
 from __future__ import annotations
 
@@ -76,3 +77,76 @@ def test_a_decision_is_answered_with_the_engine_that_judged_it(
     answers = answered(decision, broker_answer(9, [1]))
     assert (int(answers[0].error_code), int(answers[1].error_code)) == (code, 0)
     assert judge.answer(decision, broker_answer(9, [1])) == decision.answer(broker_answer(9, [1]))
+
+
+# ---- a transactional batch without a transactional id ----
+
+AUTHORIZATION_FAILED = error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def transactional(value: bytes) -> bytes:
+    return batch(value, producer_id=5, producer_epoch=0, base_sequence=0, is_transactional=True)
+
+
+@pytest.mark.parametrize("version", [2, 3, 8, 9, 12])
+def test_every_partition_is_refused_when_a_first_batch_is_transactional_without_an_id(
+    version: int,
+) -> None:
+    """KafkaApis.handleProduceRequest refuses the whole request, before any other check, with
+    ProduceRequest.getErrorResponse: every partition 53, no error message (the exception's
+    text is the code's own), no record errors, base offset -1; on every version (the code is the
+    broker's answer, not a record rejection the legacy code stands for)."""
+    chosen = engine(ErrorProfile.KAFKA)
+    parts = [
+        (TOPIC, 0, batch(b"not json")),
+        (TOPIC, 1, transactional(b"[1]")),
+        ("other", 0, b"\x00\x01not a batch"),
+    ]
+    decision = decide(chosen, version, parts)
+    sent = {(topic, partition): records for topic, partition, records in parts}
+    assert decision.forward is None
+    assert [(o.topic, o.index) for o in decision.rejected] == [(TOPIC, 0), (TOPIC, 1), ("other", 0)]
+    for outcome in decision.rejected:
+        assert outcome.verdict.code == AUTHORIZATION_FAILED
+        assert outcome.verdict.policy == "transactional_id"
+        assert outcome.verdict.message == "Transactional Id authorization failed."
+        assert bytes(outcome.raw) == sent[(outcome.topic, outcome.index)]
+    body = decode_response(decision.answer(None), PRODUCE, version).body
+    answers = [(str(t.name), p) for t in body.responses for p in t.partition_responses]
+    assert [(name, int(p.index)) for name, p in answers] == [(TOPIC, 0), (TOPIC, 1), ("other", 0)]
+    for _, partition in answers:
+        assert int(partition.error_code) == AUTHORIZATION_FAILED
+        assert int(partition.base_offset) == -1
+        assert getattr(partition, "error_message", None) is None
+        assert list(getattr(partition, "record_errors", ())) == []
+
+
+def test_the_refusal_comes_before_the_acks_check_and_the_record_limit() -> None:
+    chosen = engine(ErrorProfile.KIP, max_records_per_request=1)
+    parts = [(TOPIC, 0, transactional(b"[1]")), (TOPIC, 1, batch(b"[2]"))]
+    decision = decide(chosen, 9, parts, acks=5)
+    assert [o.verdict.code for o in decision.outcomes] == [AUTHORIZATION_FAILED] * 2
+
+
+def test_a_transactional_id_or_a_later_transactional_batch_is_not_refused_by_it() -> None:
+    """With a transactional id the request goes on to the checks (the broker's coordinator
+    checks the rest); Kafka looks at the first batch of each partition only, so a transactional
+    batch after a plain one is left to `batch_integrity` (one batch per partition on v3+)."""
+    chosen = engine(ErrorProfile.KAFKA)
+    decision = decide(chosen, 9, [(TOPIC, 0, transactional(b"[1]"))], transactional_id="tx")
+    assert decision.rejected == () and decision.forward is not None
+    decision = decide(chosen, 9, [(TOPIC, 0, transactional(b"[1]"))], transactional_id="")
+    assert decision.rejected == ()
+    second = batch(b"[1]") + transactional(b"[2]")
+    decision = decide(chosen, 9, [(TOPIC, 0, second)])
+    [outcome] = decision.rejected
+    assert (outcome.verdict.code, outcome.verdict.policy) == (
+        error_codes.INVALID_RECORD,
+        "batch_integrity",
+    )
+
+
+def test_no_batch_at_all_is_not_transactional() -> None:
+    chosen = engine(ErrorProfile.KAFKA)
+    decision = decide(chosen, 9, [(TOPIC, 0, None), (TOPIC, 1, b"")])
+    assert {o.verdict.policy for o in decision.rejected} == {"batch_integrity"}
