@@ -1,4 +1,4 @@
-"""`kvproxy`: the proxy's commands (serve, check, demo, dump, quarantine) and `audit`.
+"""`kvproxy`: the proxy's commands (serve, check, demo, dump, quarantine, topics) and `audit`.
 
 The layers never import each other; this is the one place that puts their commands together.
 """

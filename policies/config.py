@@ -5,6 +5,7 @@ defaults: {mode: enforce, policies: [batch_integrity, crc, timestamps, compacted
 topics:
   - match: orders                 # exact name, glob (orders.*) or /regex/ (fullmatch)
     compacted: true
+    config: {message.timestamp.type: LogAppendTime, max.message.bytes: 2097152}
     policies: [crc, {max_record_bytes: {limit: 1048576}}]
   - match: "logs.*"
     mode: warn                     # policies inherited from defaults
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.api import RecordsPolicy
+from policies import topic_settings
+from policies.api import UNKNOWN_TOPIC_CONFIG, RecordsPolicy, TopicConfig
 from policies.builtin import REGISTRY, PolicyConfigError, PolicyContext
 from policies.builtin.base import (
     MAX_PROBLEMS_SHOWN,
@@ -61,7 +63,7 @@ DEFAULT_POLICIES: tuple[str, ...] = ("batch_integrity", "crc", "timestamps", "co
 DEFAULT_DEFAULTS: Mapping[str, Any] = {"mode": "enforce", "policies": list(DEFAULT_POLICIES)}
 
 _DEFAULTS_KEYS = frozenset({"mode", "policies"})
-_TOPIC_KEYS = frozenset({"match", "mode", "compacted", "policies"})
+_TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies"})
 _CUSTOM_KEYS = frozenset({"class", "config"})
 _CACHE_LIMIT = 10_000
 """Topics whose rule `TopicRouting` remembers, the least recently used dropped first. A name that
@@ -76,8 +78,14 @@ class TopicRule:
     """The pattern as written; None for the defaults."""
     mode: Mode
     compacted: bool | None
+    """`compacted:`, or what `config: {cleanup.policy: ...}` says; None: the cluster's."""
     chain: PolicyChain
     matcher: Callable[[str], bool]
+    config: TopicConfig = UNKNOWN_TOPIC_CONFIG
+    """The topic settings the entry sets (`config:`, `compacted:`), over the cluster's."""
+    needs: frozenset[str] = frozenset()
+    """The `TopicConfig` fields its policies read and `config` leaves unknown: what the proxy
+    asks the cluster for (nothing when the mode is off)."""
 
     @property
     def policy_names(self) -> tuple[str, ...]:
@@ -124,6 +132,14 @@ class TopicRouting:
 
     def compacted_override(self, topic: str) -> bool | None:
         return self.rule_for(topic).compacted
+
+    def config_override(self, topic: str) -> TopicConfig:
+        """The settings the YAML gives `topic` (None where the cluster's are to be used)."""
+        return self.rule_for(topic).config
+
+    def settings_needed(self, topic: str) -> frozenset[str]:
+        """The `TopicConfig` fields `topic`'s checks read that the YAML does not give."""
+        return self.rule_for(topic).needs
 
     def all_rules(self) -> Iterator[TopicRule]:
         yield from self.rules
@@ -252,7 +268,8 @@ def _build_defaults(
     mode = _mode(where, defaults.get("mode", "enforce"), problems) or Mode.ENFORCE
     specs = defaults.get("policies", list(DEFAULT_POLICIES))
     policies = _build_policies(where, specs, context, problems)
-    rule = TopicRule(None, mode, None, PolicyChain(policies, mode), lambda _topic: True)
+    chain = PolicyChain(policies, mode)
+    rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=_needs(chain))
     return rule, specs
 
 
@@ -288,6 +305,18 @@ def _build_topic(
             f"compacted must be true, false or absent, not {short_repr(compacted)}",
             ("compacted",),
         )
+    config = _topic_config(where, entry.get("config"), problems)
+    if config.compacted is not None:
+        if compacted is not None:
+            problems.add(
+                where,
+                f"compacted and config.{topic_settings.CLEANUP_POLICY} both say whether the "
+                "topic is compacted: keep one",
+                ("compacted",),
+            )
+        compacted = config.compacted
+    elif isinstance(compacted, bool):
+        config = TopicConfig(compacted=compacted).over(config)
     if "policies" in entry:
         policies = _build_policies(where, entry["policies"], context, problems)
     else:  # the defaults' problems, if any, are reported where the defaults name them
@@ -296,7 +325,37 @@ def _build_topic(
         for policy in policies:
             policy.close()
         return None
-    return TopicRule(pattern, mode, compacted, PolicyChain(policies, mode), matcher)
+    chain = PolicyChain(policies, mode)
+    needs = _needs(chain, config)
+    return TopicRule(pattern, mode, compacted, chain, matcher, config=config, needs=needs)
+
+
+def _topic_config(where: KeyPath, section: Any, problems: _Problems) -> TopicConfig:
+    """A topic entry's `config:` (Kafka's topic setting names), each wrong value reported."""
+    if section is None:
+        return UNKNOWN_TOPIC_CONFIG
+    if not isinstance(section, Mapping):
+        problems.add(where, f"config must be a mapping, not {kind_of(section)}", ("config",))
+        return UNKNOWN_TOPIC_CONFIG
+    here: KeyPath = (*where, "config")
+
+    def report(key: object, message: str) -> None:
+        name = key if isinstance(key, str | int) else short_repr(key)
+        if message == "unknown setting":
+            hint = problems.hint(key, topic_settings.SETTING_NAMES)
+            problems.add((*here, name), f"unknown topic setting{hint}")
+        else:
+            problems.add(here, f"{name} {message}, not {short_repr(section[key])}", (name,))
+
+    return topic_settings.from_yaml(section, report)
+
+
+def _needs(chain: PolicyChain, config: TopicConfig = UNKNOWN_TOPIC_CONFIG) -> frozenset[str]:
+    """The `TopicConfig` fields the chain's policies read and `config` does not give."""
+    read: set[str] = set()
+    for policy in chain.policies:  # empty when the mode is off
+        read |= topic_settings.settings_read_by(policy)
+    return frozenset(name for name in read if getattr(config, name, None) is None)
 
 
 def _check_keys(

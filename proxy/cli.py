@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.errors import ProtocolError
-from proxy import demo, dump, quarantine_cli
+from proxy import demo, dump, quarantine_cli, topics_cli
 from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
 from proxy.signals import queue_sighup
 
@@ -236,6 +236,7 @@ def build_parser(extra_commands: Sequence[AddCommand] = ()) -> argparse.Argument
     demo.add_parser(subparsers)
     dump.add_parser(subparsers)
     quarantine_cli.add_parser(subparsers)
+    topics_cli.add_parser(subparsers)
     for add in extra_commands:
         add(subparsers)
     return parser

@@ -309,7 +309,7 @@ class ErrorsConfig(_Section):
 
 
 class TopicConfigsConfig(_Section):
-    """How long what DescribeConfigs said about a topic (its cleanup.policy) is trusted."""
+    """How long what DescribeConfigs said about a topic (`policies.topic_settings`) is trusted."""
 
     ttl_ms: int = Field(default=60_000, ge=0)
 

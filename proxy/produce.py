@@ -15,7 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.api import ACCEPT, ProducedRecords, Verdict, parse_records
+from policies.api import (
+    ACCEPT,
+    UNKNOWN_TOPIC_CONFIG,
+    ProducedRecords,
+    TopicConfig,
+    Verdict,
+    parse_records,
+)
 from policies.chain import PolicyChain
 from policies.config import TopicRouting
 from protocol import error_codes
@@ -77,11 +84,16 @@ class ProduceSettings:
 
 @dataclass(frozen=True, slots=True)
 class TopicView:
-    """A topic's chain and compaction, read on the event loop for a decision made elsewhere
+    """A topic's chain and settings, read on the event loop for a decision made elsewhere
     (the routing's caches belong to the loop's thread, and a reload may replace it meanwhile)."""
 
     chain: PolicyChain
-    compacted: bool | None
+    config: TopicConfig
+    """The YAML's settings over those learned from the cluster."""
+
+    @property
+    def compacted(self) -> bool | None:
+        return self.config.compacted
 
 
 @dataclass(slots=True, eq=False)
@@ -152,14 +164,30 @@ class ProduceEngine:
         routing: TopicRouting,
         settings: ProduceSettings,
         compacted: Callable[[str], bool | None],
+        learned: Callable[[str], TopicConfig] | None = None,
     ) -> None:
         self.routing = routing
         self.settings = settings
         self._compacted = compacted
+        self._learned = learned
+        """The cluster's settings of a topic; None: its compaction alone (`compacted`)."""
 
     def compaction_for(self, topic: str) -> bool | None:
-        override = self.routing.compacted_override(topic)
-        return override if override is not None else self._compacted(topic)
+        return self.config_for(topic).compacted
+
+    def config_for(self, topic: str) -> TopicConfig:
+        """The settings a topic's checks read: the YAML's over the cluster's."""
+        override = self.routing.config_override(topic)
+        if self._learned is not None:
+            learned = self._learned(topic)
+        else:
+            compacted = self._compacted(topic)
+            learned = UNKNOWN_TOPIC_CONFIG if compacted is None else TopicConfig(compacted)
+        if override is UNKNOWN_TOPIC_CONFIG:
+            return learned
+        if learned is UNKNOWN_TOPIC_CONFIG:
+            return override
+        return override.over(learned)
 
     def decide(
         self,
@@ -176,7 +204,7 @@ class ProduceEngine:
         need more than the allowance has is answered MESSAGE_TOO_LARGE; an inline allowance that
         runs out raises `InlineLimitReached` (nothing is decided: the caller decides again with
         a larger allowance, off the event loop). `topics` (from `topic_view`) replaces every
-        lookup of a topic's chain and compaction: a decision made off the loop needs it.
+        lookup of a topic's chain and settings: a decision made off the loop needs it.
         """
         header, body = request.header, request.body
         version = header.api_version
@@ -190,6 +218,7 @@ class ProduceEngine:
         parsed = []
         for topic_data in body.topic_data:
             name = str(topic_data.name)
+            config = self._view(name, topics).config
             partitions = [
                 self._parse(
                     name,
@@ -199,7 +228,7 @@ class ProduceEngine:
                     transactional_id=transactional_id,
                     now=now,
                     allowance=allowance,
-                    compacted=self._view(name, topics).compacted,
+                    config=config,
                 )
                 for data in topic_data.partition_data
             ]
@@ -258,7 +287,7 @@ class ProduceEngine:
         transactional_id: str | None,
         now: int,
         allowance: Allowance | None,
-        compacted: bool | None,
+        config: TopicConfig,
     ) -> tuple[int, bytes | memoryview, ProducedRecords | Verdict]:
         """One partition's batch views (headers only), or the verdict that needs none."""
         index = int(data.index)
@@ -277,23 +306,24 @@ class ProduceEngine:
             produce_version=version,
             acks=acks,
             transactional_id=transactional_id,
-            compacted=compacted,
+            compacted=config.compacted,
             now_ms=now,
             allowance=allowance,
+            topic_config=config,
         )
         return index, raw, parsed
 
     def topic_view(self, request: Request) -> dict[str, TopicView]:
-        """Each topic's chain and compaction now, for `decide(topics=...)`."""
+        """Each topic's chain and settings now, for `decide(topics=...)`."""
         return {
-            name: TopicView(self.routing.chain_for(name), self.compaction_for(name))
+            name: TopicView(self.routing.chain_for(name), self.config_for(name))
             for name in {str(topic.name) for topic in request.body.topic_data}
         }
 
     def _view(self, topic: str, topics: Mapping[str, TopicView] | None) -> TopicView:
         if topics is not None:
             return topics[topic]
-        return TopicView(self.routing.chain_for(topic), self.compaction_for(topic))
+        return TopicView(self.routing.chain_for(topic), self.config_for(topic))
 
     def _judge(
         self,

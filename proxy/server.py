@@ -916,17 +916,12 @@ class ProxyServer:
             self.metrics.loop_lag_max.set(recent[0][1])
 
     def topics_to_describe(self, request: Request) -> list[str]:
-        """Topics whose compaction a check needs and nobody has told the proxy yet."""
+        """Topics whose settings a check reads, that the YAML does not give and the proxy has
+        not learned yet (`TopicRouting.settings_needed`)."""
         wanted = []
         for topic_data in request.body.topic_data:
             topic = str(getattr(topic_data, "name", ""))
-            chain = self.routing.chain_for(topic)
-            if (
-                "compacted_key" in chain.names
-                and chain.mode.value != "off"
-                and self.routing.compacted_override(topic) is None
-                and not self.topic_configs.known(topic)
-            ):
+            if self.routing.settings_needed(topic) and not self.topic_configs.known(topic):
                 wanted.append(topic)
         return wanted
 
@@ -1127,6 +1122,7 @@ class ProxyServer:
                 max_records_per_request=self.config.limits.max_records_per_request,
             ),
             self.topic_configs.compacted,
+            self.topic_configs.config,
         )
 
     # ---- addresses ----

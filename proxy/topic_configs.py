@@ -1,10 +1,11 @@
-"""Which topics are compacted, learned from the cluster with DescribeConfigs and cached.
+"""Topic settings (compaction, timestamps, sizes) learned from the cluster with DescribeConfigs.
 
-The `compacted_key` check needs to know whether a topic is compacted; operators should not have
-to repeat in kvproxy what the cluster already says. Answers are cached for `ttl`; a topic the
-cluster cannot describe (unknown yet, or the request failed) is cached as unknown for a shorter
-time, and an unknown topic passes the check, as a broker would accept it into a new, delete-policy
-topic.
+The broker's checks depend on a topic's settings (`policies.topic_settings`): whether it is
+compacted, its timestamp type and bounds, its largest batch and segment. Operators should not
+have to repeat in kvproxy what the cluster already says. Answers are cached for `ttl`; a topic
+the cluster cannot describe (unknown yet, or the request failed) is cached as unknown for a
+shorter time, and an unknown setting is left to the check's own default (an unknown compaction
+passes `compacted_key`, as a broker would accept it into a new, delete-policy topic).
 
 Clients choose the names, so the cache is bounded: at most `MAX_TOPICS` names (the least recently
 used dropped first), and a name that cannot be a topic (`protocol.topics`) is never asked about
@@ -21,9 +22,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
+from policies.topic_settings import from_cluster
 from protocol.errors import ProtocolError
 from protocol.topics import is_legal_topic_name
-from proxy.upstream_client import describe_cleanup_policies
+from proxy.upstream_client import describe_topic_configs
 
 log = logging.getLogger("kvproxy")
 
@@ -46,7 +49,7 @@ class TopicConfigCache:
         self._ttl = ttl_s
         self._timeout = timeout_s
         self._max_topics = MAX_TOPICS if max_topics is None else max_topics
-        self._entries: OrderedDict[str, tuple[bool | None, float]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[TopicConfig | None, float]] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[None]] = {}
 
     def __len__(self) -> int:
@@ -61,18 +64,27 @@ class TopicConfigCache:
         return entry is not None and entry[1] > time.monotonic()
 
     def compacted(self, topic: str) -> bool | None:
-        """The cached answer (None when unknown or expired)."""
+        """The cached compaction (None when unknown or expired)."""
+        return self.config(topic).compacted
+
+    def config(self, topic: str) -> TopicConfig:
+        """The cached settings (`UNKNOWN_TOPIC_CONFIG` when unknown or expired)."""
         entry = self._entries.get(topic)
-        if entry is None or entry[1] <= time.monotonic():
-            return None
+        if entry is None or entry[1] <= time.monotonic() or entry[0] is None:
+            return UNKNOWN_TOPIC_CONFIG
         self._entries.move_to_end(topic)
         return entry[0]
 
-    def put(self, topic: str, compacted: bool | None, ttl_s: float | None = None) -> None:
+    def put(
+        self, topic: str, config: TopicConfig | bool | None, ttl_s: float | None = None
+    ) -> None:
+        """Keep what is known of `topic` (a bool: its compaction alone; None: unknown)."""
         if not is_legal_topic_name(topic):
             return
+        if isinstance(config, bool):
+            config = TopicConfig(compacted=config)
         ttl = self._ttl if ttl_s is None else ttl_s
-        self._entries[topic] = (compacted, time.monotonic() + ttl)
+        self._entries[topic] = (config, time.monotonic() + ttl)
         self._entries.move_to_end(topic)
         while len(self._entries) > self._max_topics:
             self._entries.popitem(last=False)
@@ -99,17 +111,17 @@ class TopicConfigCache:
     async def _describe(self, topics: list[str]) -> None:
         for host, port in self._bootstrap():
             try:
-                policies = await describe_cleanup_policies(
+                described = await describe_topic_configs(
                     host, port, self._ssl, self._timeout, topics
                 )
             except (OSError, TimeoutError, ProtocolError) as exc:
                 log.warning("DescribeConfigs to %s:%s failed: %s", host, port, exc)
                 continue
-            for topic, policy in policies.items():
-                if policy is None:
+            for topic, settings in described.items():
+                if settings is None:
                     self.put(topic, None, UNKNOWN_TTL_S)
                 else:
-                    self.put(topic, "compact" in (p.strip() for p in policy.split(",")))
+                    self.put(topic, from_cluster(settings).config)
             return
         for topic in topics:
             self.put(topic, None, UNKNOWN_TTL_S)

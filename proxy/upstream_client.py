@@ -1,12 +1,14 @@
-"""The proxy's own requests to the cluster: where brokers live, how topics are cleaned up."""
+"""The proxy's own requests to the cluster: where brokers live, what topics are set to."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import Any
 
 from kio.schema.metadata.v1.request import MetadataRequest
 
+from policies.topic_settings import ClusterSetting
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.messages import METADATA, decode_response, encode_request, make_request
@@ -46,6 +48,23 @@ async def fetch_broker_addresses(
     )
     answer = decode_response(payload, METADATA, _METADATA_VERSION).body
     return {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
+
+
+async def list_topics(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float
+) -> list[str]:
+    """The names of every topic the cluster has (Metadata v1 with no topic list: all)."""
+    payload = await _round_trip(
+        host,
+        port,
+        ssl_context,
+        timeout,
+        api_key=METADATA,
+        version=_METADATA_VERSION,
+        body=MetadataRequest(topics=None),
+    )
+    answer = decode_response(payload, METADATA, _METADATA_VERSION).body
+    return sorted(str(t.name) for t in answer.topics if int(t.error_code) in _EXISTS)
 
 
 async def answers_api_versions(
@@ -104,6 +123,24 @@ async def describe_cleanup_policies(
     host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, topics: list[str]
 ) -> dict[str, str | None]:
     """topic -> its cleanup.policy ("delete" when unset; None when the cluster cannot say)."""
+    described = await describe_topic_configs(host, port, ssl_context, timeout, topics)
+    policies: dict[str, str | None] = {}
+    for topic, settings in described.items():
+        if settings is None:
+            policies[topic] = None
+            continue
+        policies[topic] = "delete"  # Kafka's default when the topic sets none
+        for setting in settings:
+            if setting.name == CLEANUP_POLICY:
+                policies[topic] = setting.value
+    return policies
+
+
+async def describe_topic_configs(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, topics: list[str]
+) -> dict[str, tuple[ClusterSetting, ...] | None]:
+    """topic -> every setting the cluster reports for it, with its source (None when the
+    cluster cannot describe the topic: an error, or no result for it)."""
     from kio.schema.describe_configs.v1.request import (  # noqa: PLC0415
         DescribeConfigsRequest,
         DescribeConfigsResource,
@@ -133,15 +170,26 @@ async def describe_cleanup_policies(
         body=body,
     )
     answer = decode_response(payload, DESCRIBE_CONFIGS, _DESCRIBE_CONFIGS_VERSION).body
-    policies: dict[str, str | None] = {topic: None for topic in topics}
+    return described_topics(answer, topics)
+
+
+def described_topics(
+    answer: Any, topics: list[str]
+) -> dict[str, tuple[ClusterSetting, ...] | None]:
+    """A DescribeConfigs answer's settings of each of `topics` (None: not described); results
+    for other names or resource types are ignored."""
+    described: dict[str, tuple[ClusterSetting, ...] | None] = {topic: None for topic in topics}
     for result in answer.results:
-        if int(result.error_code) != 0:
+        if int(result.resource_type) != _TOPIC_RESOURCE:
             continue
-        policies[result.resource_name] = "delete"  # Kafka's default when the topic sets none
-        for entry in result.configs:
-            if entry.name == CLEANUP_POLICY:
-                policies[result.resource_name] = entry.value
-    return policies
+        name = str(result.resource_name)
+        if int(result.error_code) != 0 or name not in described:
+            continue
+        described[name] = tuple(
+            ClusterSetting(str(entry.name), entry.value, int(getattr(entry, "config_source", -1)))
+            for entry in result.configs
+        )
+    return described
 
 
 async def _round_trip(
