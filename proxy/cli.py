@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from policies.topic_settings import FIELD_NAMES
 from protocol.errors import ProtocolError
 from proxy import demo, dump, quarantine_cli, topics_cli
 from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
@@ -164,7 +165,16 @@ def _check(args: argparse.Namespace) -> int:
         pattern = rule.match if rule.match is not None else "(every other topic)"
         compacted = {None: "from the cluster", True: "yes", False: "no"}[rule.compacted]
         names = ", ".join(rule.policy_names) or "none"
-        print(f"    {pattern}: mode {rule.mode.value}, compacted {compacted}, policies: {names}")
+        settings = ", ".join(
+            f"{name} {value}"
+            for field_name, name in FIELD_NAMES.items()
+            if field_name != "compacted" and (value := getattr(rule.config, field_name)) is not None
+        )
+        print(
+            f"    {pattern}: mode {rule.mode.value}, compacted {compacted}"
+            + (f", settings: {settings}" if settings else "")
+            + f", policies: {names}"
+        )
     routing.close()
     if getattr(args, "connect", False):
         return _check_cluster(config)

@@ -27,6 +27,7 @@ from policies.topic_settings import (
 from protocol.messages import decode_request
 from protocol.records import build_batch
 from proxy import topic_configs
+from proxy.cli import main as kvproxy
 from proxy.config import ConfigError, load_config_and_rules
 from proxy.produce import ProduceEngine, ProduceSettings
 from proxy.topic_configs import TopicConfigCache
@@ -411,3 +412,19 @@ def test_a_timestamps_option_set_in_the_yaml_stands_for_the_topic_setting() -> N
     assert before.read_by == ()
     assert before.options == ("timestamps uses its option before_max_ms = 1000",)
     assert rows["message.timestamp.after.max.ms"].read_by == ("timestamps",)
+
+
+def test_check_lists_the_settings_an_entry_sets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "kvproxy.yaml"
+    path.write_text(
+        "upstream: {bootstrap_servers: ['127.0.0.1:9092']}\n"
+        "topics:\n"
+        "  - {match: orders, config: {max.message.bytes: 4096, cleanup.policy: compact}}\n"
+    )
+    assert kvproxy(["check", "-c", str(path)]) == 0
+    assert (
+        "    orders: mode enforce, compacted yes, settings: max.message.bytes 4096, policies: "
+        in capsys.readouterr().out
+    )
