@@ -475,6 +475,8 @@ _ANSWERED_AS_THEY_ARE = frozenset(
         error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
         error_codes.INVALID_REQUIRED_ACKS,
         error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        error_codes.MESSAGE_TOO_LARGE,  # max.message.bytes: not retried by any client
+        error_codes.RECORD_LIST_TOO_LARGE,  # segment.bytes
     }
 )
 """Codes a broker sends to Produce v0-v2 clients too: never replaced by the legacy code."""

@@ -328,3 +328,16 @@ def test_a_batch_cut_short_is_no_batch_at_all_on_v3_plus() -> None:
         verdict = parsed(raw, version)
         assert isinstance(verdict, Verdict)
         assert verdict.code == error_codes.CORRUPT_MESSAGE
+
+
+@pytest.mark.parametrize("code", [error_codes.MESSAGE_TOO_LARGE, error_codes.RECORD_LIST_TOO_LARGE])
+def test_size_refusals_keep_their_code_on_legacy_produce_versions(code: int) -> None:
+    """A broker answers max.message.bytes and segment.bytes with their own codes on Produce
+    v0-v2 too: the legacy code (CORRUPT_MESSAGE, retried) would have the client resend forever."""
+    from proxy.produce import ProduceEngine, ProduceSettings
+
+    engine = ProduceEngine(build_routing(None, None, Path(".")), ProduceSettings(), lambda _: None)
+    verdict = Verdict(code, "too large", policy="batch_integrity")
+    assert [engine.answer_code(verdict, version) for version in (0, 2, 9)] == [code] * 3
+    other = Verdict(error_codes.INVALID_RECORD, "x", policy="batch_integrity")
+    assert engine.answer_code(other, 2) == error_codes.CORRUPT_MESSAGE
