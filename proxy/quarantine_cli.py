@@ -20,15 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from policies.api import Verdict, parse_records
+from policies.api import TopicConfig, Verdict, parse_records
 from policies.config import TopicRouting
+from policies.topic_settings import from_cluster
 from protocol.error_codes import error_name
 from protocol.errors import ProtocolError
 from protocol.records import iter_batches
 from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.dump import preview
 from proxy.quarantine import JournalReader, QuarantineEntry
-from proxy.upstream_client import describe_cleanup_policies, partition_leader, produce_batch
+from proxy.upstream_client import describe_topic_configs, partition_leader, produce_batch
 
 REPLAYED_FILE = "replayed.ids"
 _REPLAY_PRODUCE_VERSION = 7
@@ -235,20 +236,21 @@ async def _replay_async(
     timeout = config.upstream.connect_timeout_ms / 1000
     done = replayed_ids(directory)
     pending = [e for e in _entries(args, directory) if e.kind == "rejected" and e.id not in done]
-    compacted = routing.compacted_override(args.topic)
-    if compacted is None and pending:
-        policies = await describe_cleanup_policies(
+    settings = routing.config_override(args.topic)  # the YAML's, over the cluster's
+    if routing.settings_needed(args.topic) and pending:
+        described = await describe_topic_configs(
             bootstrap[0][0], bootstrap[0][1], ssl_context, timeout, [args.topic]
         )
-        cleanup = policies.get(args.topic)
-        compacted = cleanup is not None and "compact" in cleanup
+        learned = described.get(args.topic)
+        if learned is not None:
+            settings = settings.over(from_cluster(learned).config)
     passed = failed = 0
     # (topic, partition, leader "host:port") -> entries produced there
     written: collections.Counter[tuple[str, int, str]] = collections.Counter()
     marks_path = (directory / REPLAYED_FILE).resolve()
     with open(marks_path, "a", encoding="utf-8") as marks:
         for entry in pending:
-            verdict = _check(routing, entry, compacted)
+            verdict = _check(routing, entry, settings)
             if not verdict.ok:
                 failed += 1
                 print(
@@ -287,7 +289,7 @@ def _plural(count: int, word: str) -> str:
     return word if count == 1 else word.removesuffix("y") + "ies"
 
 
-def _check(routing: TopicRouting, entry: QuarantineEntry, compacted: bool | None) -> Verdict:
+def _check(routing: TopicRouting, entry: QuarantineEntry, settings: TopicConfig) -> Verdict:
     parsed = parse_records(
         entry.topic,
         entry.partition,
@@ -295,8 +297,9 @@ def _check(routing: TopicRouting, entry: QuarantineEntry, compacted: bool | None
         produce_version=_REPLAY_PRODUCE_VERSION,
         acks=-1,
         transactional_id=None,
-        compacted=compacted,
+        compacted=settings.compacted,
         now_ms=int(time.time() * 1000),
+        topic_config=settings,
     )
     if isinstance(parsed, Verdict):
         return parsed

@@ -116,24 +116,6 @@ async def topics_exist(
 
 _DESCRIBE_CONFIGS_VERSION = 1  # every broker since 1.1 answers it; Tansu serves 0-4
 _TOPIC_RESOURCE = 2
-CLEANUP_POLICY = "cleanup.policy"
-
-
-async def describe_cleanup_policies(
-    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, topics: list[str]
-) -> dict[str, str | None]:
-    """topic -> its cleanup.policy ("delete" when unset; None when the cluster cannot say)."""
-    described = await describe_topic_configs(host, port, ssl_context, timeout, topics)
-    policies: dict[str, str | None] = {}
-    for topic, settings in described.items():
-        if settings is None:
-            policies[topic] = None
-            continue
-        policies[topic] = "delete"  # Kafka's default when the topic sets none
-        for setting in settings:
-            if setting.name == CLEANUP_POLICY:
-                policies[topic] = setting.value
-    return policies
 
 
 async def describe_topic_configs(

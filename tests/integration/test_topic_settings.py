@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 
 from policies.api import TopicConfig
+from protocol.journal import encode_entry
+from protocol.records import build_batch
 from proxy.cli import main as kvproxy
+from proxy.quarantine import QuarantineEntry, segment_name
 from tests.harness import Broker, free_port
 from tests.harness.proxy import RunningProxy, run_proxy
 
@@ -241,3 +244,43 @@ def test_a_future_timestamp_within_the_learned_after_bound_is_accepted(
         assert send(proxy.bootstrap, lenient, b"v", timestamp_ms=ahead) is None
         refused = send(proxy.bootstrap, strict, b"v", timestamp_ms=ahead)
         assert refused is not None and refused.code() == KafkaError.INVALID_TIMESTAMP, refused
+
+
+def test_replay_checks_a_journaled_batch_against_the_learned_settings(
+    tansu: Broker,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`kvproxy quarantine replay` re-checks with the settings the proxy would use: a batch over
+    the topic's max.message.bytes (learned from the cluster) still fails, a small one passes."""
+    topic = make_topic(config={"max.message.bytes": "2048"})
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    large, small = (
+        QuarantineEntry.create(
+            "rejected",
+            topic,
+            0,
+            policy="x",
+            code=87,
+            records=build_batch([(b"k", value, None, None)]),
+        )
+        for value in (b"x" * 5000, b"x" * 10)
+    )
+    (journal / segment_name(0)).write_bytes(
+        b"".join(encode_entry(e.to_metadata(), e.records) for e in (large, small))
+    )
+    config = tmp_path / "kvproxy.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "upstream": {"bootstrap_servers": [tansu.bootstrap]},
+                "quarantine": {"dir": str(journal)},
+            }
+        )
+    )
+    assert kvproxy(["quarantine", "replay", "-c", str(config), "--topic", topic]) == 1
+    out = capsys.readouterr().out
+    assert f"{large.id} {topic}-0: still fails: policy batch_integrity, code 10 " in out, out
+    assert f"{small.id} {topic}-0: passes now" in out, out
