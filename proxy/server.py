@@ -1107,6 +1107,7 @@ class ProxyServer:
                 "topic_configs": config.topic_configs,
             }
         )
+        self.topic_configs.ttl_s = config.topic_configs.ttl_ms / 1000  # answers from now on
         self.produce_engine = self._make_engine()
         return old
 

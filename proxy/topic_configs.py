@@ -46,7 +46,8 @@ class TopicConfigCache:
     ) -> None:
         self._bootstrap = bootstrap
         self._ssl = ssl_context
-        self._ttl = ttl_s
+        self.ttl_s = ttl_s
+        """How long an answer is trusted (`topic_configs.ttl_ms`; a reload may change it)."""
         self._timeout = timeout_s
         self._max_topics = MAX_TOPICS if max_topics is None else max_topics
         self._entries: OrderedDict[str, tuple[TopicConfig | None, float]] = OrderedDict()
@@ -83,7 +84,7 @@ class TopicConfigCache:
             return
         if isinstance(config, bool):
             config = TopicConfig(compacted=config)
-        ttl = self._ttl if ttl_s is None else ttl_s
+        ttl = self.ttl_s if ttl_s is None else ttl_s
         self._entries[topic] = (config, time.monotonic() + ttl)
         self._entries.move_to_end(topic)
         while len(self._entries) > self._max_topics:

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from policies.api import TopicConfig
+from policies.config import build_routing
 from protocol.journal import encode_entry
 from protocol.records import build_batch
 from proxy.cli import main as kvproxy
+from proxy.config import TopicConfigsConfig
 from proxy.quarantine import QuarantineEntry, segment_name
 from tests.harness import Broker, free_port
 from tests.harness.proxy import RunningProxy, run_proxy
@@ -284,3 +286,26 @@ def test_replay_checks_a_journaled_batch_against_the_learned_settings(
     out = capsys.readouterr().out
     assert f"{large.id} {topic}-0: still fails: policy batch_integrity, code 10 " in out, out
     assert f"{small.id} {topic}-0: passes now" in out, out
+
+
+def test_a_reload_changes_how_long_the_cluster_answer_is_trusted(
+    tansu: Broker, make_topic: Callable[..., str]
+) -> None:
+    """`topic_configs` is reloaded with the policy sections: after a reload to ttl_ms 0 an
+    answer is kept no time, so the next request for the topic asks again."""
+    before, after = make_topic(), make_topic()
+    with run_proxy(tansu.bootstrap) as proxy:
+        server = proxy.server
+
+        async def known(topic: str) -> bool:
+            return server.topic_configs.known(topic)
+
+        async def reload() -> None:
+            config = proxy.config.model_copy(update={"topic_configs": TopicConfigsConfig(ttl_ms=0)})
+            server.replace_rules(config, build_routing(None, None, Path("."))).close()
+
+        assert send(proxy.bootstrap, before, b"v") is None
+        assert proxy.call(known(before))
+        proxy.call(reload())
+        assert send(proxy.bootstrap, after, b"v") is None
+        assert not proxy.call(known(after))
