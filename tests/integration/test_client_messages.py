@@ -412,7 +412,7 @@ def test_kafka_python(stage: Stage, caplog: pytest.LogCaptureFixture) -> None:
     assert type(null_key) is InvalidRecordError
     assert str(null_key) == (
         "[Error 87] InvalidRecordError: Compacted topic cannot accept message without key in "
-        f"topic partition {stage.topics['customers']}-0."
+        f"topic partition {stage.topics['customers']}-0"
     )
     first, bad, third = batch
     assert type(bad) is InvalidRecordError
