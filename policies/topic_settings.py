@@ -116,6 +116,11 @@ CONFIG_SOURCES: Final[Mapping[int, str]] = {
 }
 """DescribeConfigs `config_source` -> where `kvproxy topics` says a value comes from."""
 _DEFAULT_CONFIG: Final = 5
+_EARLIER_DEFAULTS: Final[Mapping[str, frozenset[object]]] = {
+    "timestamp_after_max_ms": frozenset({_LONG_MAX}),  # before Kafka 4.0
+    "max_message_bytes": frozenset({1_000_012}),  # before Kafka 2.0
+}
+"""Defaults of earlier Kafka versions, which their brokers report as built-in defaults."""
 
 
 def settings_read_by(policy: object) -> frozenset[str]:
@@ -256,7 +261,7 @@ def from_cluster(settings: Iterable[ClusterSetting]) -> ClusterTopic:
 
     A topic's own value reported as the broker's built-in default (Tansu reports every topic
     setting with source 5) is said to come from the cluster when it differs from Kafka's
-    default."""
+    default (this version's or an earlier one's)."""
     values: dict[str, Any] = {}
     written: dict[str, tuple[str, int]] = {}
     for setting in settings:
@@ -283,7 +288,8 @@ def from_cluster(settings: Iterable[ClusterSetting]) -> ClusterTopic:
             continue
         text, source = written[name]
         where = CONFIG_SOURCES.get(source, "cluster")
-        if source == _DEFAULT_CONFIG and value != getattr(KAFKA_DEFAULTS, field_name):
-            where = "cluster"
+        defaults = {getattr(KAFKA_DEFAULTS, field_name), *_EARLIER_DEFAULTS.get(field_name, ())}
+        if source == _DEFAULT_CONFIG and value not in defaults:
+            where = "cluster"  # Tansu's way of reporting the topic's own value
         origins[field_name] = (name, text, where)
     return ClusterTopic(config, origins)

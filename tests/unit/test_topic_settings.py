@@ -90,6 +90,12 @@ def test_a_kafka_answer_gives_every_setting_and_where_it_comes_from() -> None:
         "cluster default",
     )
     assert learned.origins["segment_bytes"][2] == "cluster default"
+    unset = from_cluster(kafka_answer()).origins  # a Kafka 3 broker: after.max.ms Long.MAX_VALUE
+    assert unset["timestamp_after_max_ms"] == (
+        "message.timestamp.after.max.ms",
+        str(LONG_MAX),
+        "cluster default",
+    )
 
 
 def test_the_older_difference_setting_stands_for_a_bound_left_at_its_default() -> None:
