@@ -560,9 +560,10 @@ def _with_record_count(batch: bytes, count: int) -> bytes:
 def test_negative_record_count_is_answered_not_a_transport_error() -> None:
     """Found by the fuzzer (seed 20261122, e.g. index 21: a batch_field mutation): a magic-2
     batch whose record count is negative (CRC valid) must be answered (Kafka: INVALID_RECORD,
-    "Invalid reported count for record batch: -1 ..."), never closed on. The proxy counts the batch's records in a Prometheus counter, which raises
-    ValueError on a negative increment inside the protocol callback: the event loop reports a
-    fatal transport error and the client sees a close instead of an answer."""
+    "Invalid reported count for record batch: -1 ..."), never closed on. The proxy counts the
+    batch's records in a Prometheus counter, which raises ValueError on a negative increment
+    inside the protocol callback: the event loop reports a fatal transport error and the client
+    sees a close instead of an answer."""
     batch = _with_record_count(build_batch([(b"k", b"v", None, fuzz.TIMESTAMP_MS)]), -1)
     request = fuzz.produce_request(9, 5, [(fuzz.TOPIC, 0, batch)])
     with (
