@@ -354,6 +354,7 @@ def _scan_log(
     rule = task.routing.rule_for(topic)
     chain: PolicyChain = rule.chain
     compacted = task.compacted(topic)
+    topic_config = task.routing.config_override(topic)  # the YAML's `config:`, as `serve` uses
     stats = task.stats_for(topic, partition)
     for position, view in frames:
         if task.exhausted:
@@ -390,6 +391,7 @@ def _scan_log(
             compacted=compacted,
             now_ms=task.settings.now_ms,
             stored=True,
+            topic_config=topic_config,
         )
         counted = _count_records(produced, batch, window, stats)
         if task.budget is not None:
@@ -474,6 +476,7 @@ def _check_entry(
         transactional_id=None,
         compacted=task.compacted(topic),
         now_ms=task.settings.now_ms,
+        topic_config=task.routing.config_override(topic),
     )
     if isinstance(parsed, Verdict):  # the entry's records do not even parse
         verdict, produced = parsed, None

@@ -316,3 +316,22 @@ def test_local_inputs_are_made_absolute_for_executors(
     assert absolute("/data/logs") == "/data/logs"
     assert absolute("file:///data/logs") == "file:///data/logs"
     assert absolute("hdfs://nn/kafka") == "hdfs://nn/kafka"
+
+
+def test_a_topic_config_in_the_yaml_applies_to_the_audit(tmp_path: Path) -> None:
+    """`config:` in a topics entry is what the backtest checks against, as `serve` would: here
+    the topic's message.timestamp.before.max.ms, which refuses the batch two hours old."""
+    hour = 3_600_000
+    parts = assign_offsets(
+        [build_batch([(b"k", b"v", None, ts)]) for ts in (NOW, NOW - 2 * hour, NOW)]
+    )
+    path = write_segment(tmp_path, "t", 0, parts)
+    settings = AuditSettings(
+        defaults=None,
+        topics=[{"match": "t", "config": {"message.timestamp.before.max.ms": hour}}],
+        base_dir=str(tmp_path),
+        now_ms=NOW,
+    )
+    (unit,) = plan_segment(SegmentFile(str(path), "t", 0))
+    rows, _ = check_unit(unit, settings)
+    assert [(r[2], r[6], r[7]) for r in rows] == [(1, "timestamps", 32)]
