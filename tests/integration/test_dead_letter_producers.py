@@ -1,0 +1,230 @@
+"""Dead-letter copies of batches refused from idempotent and transactional producers.
+
+Real clients (confluent-kafka idempotent and transactional, kafka-python idempotent) produce
+through kvproxy to Tansu, a `json` policy refuses some of their batches, and the dead-letter topic
+is read back straight from Tansu: every refused batch's records are there exactly once, with their
+keys, values, headers and timestamps, in batches written as a plain producer's (producer id,
+epoch and sequence -1, not transactional), which no broker fences, drops as a duplicate or hides
+as aborted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol.messages import FETCH, decode_response
+from protocol.records import RecordBatch, iter_batches
+from tests.harness import Broker, create_topic
+from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.raw_client import RawKafkaClient
+from tests.integration.test_metrics import scrape, value
+from tests.integration.test_proxy_ordering import fetch_request, topic_id_of
+
+BASE_TIME = 1_700_000_000_000
+Row = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
+
+
+def stored_batches(tansu: Broker, topic: str, partition: int = 0) -> list[RecordBatch]:
+    """The batches in the broker's log for topic-partition, read straight from Tansu."""
+    with RawKafkaClient(tansu.host, tansu.port) as client:
+        topic_id = topic_id_of(client, topic)
+        answer = client.request(
+            fetch_request(16, 8, topic_id, partition=partition, max_wait_ms=100, min_bytes=0)
+        )
+    body = decode_response(answer, FETCH, 16).body
+    found: list[RecordBatch] = []
+    for fetched_topic in body.responses:
+        for fetched in fetched_topic.partitions:
+            assert fetched.error_code == 0, fetched
+            found += iter_batches(fetched.records or b"", allow_partial_tail=True)
+    return found
+
+
+def original_rows(batches: list[RecordBatch]) -> list[Row]:
+    """Key, value, the record's own headers (the kvproxy.* ones left out) and timestamp."""
+    return [
+        (
+            r.key,
+            r.value,
+            tuple((k, v) for k, v in r.headers if not k.startswith("kvproxy.")),
+            r.timestamp,
+        )
+        for b in batches
+        for r in b.records()
+    ]
+
+
+def dead_letters_written(proxy: RunningProxy) -> float:
+    return value(scrape(proxy), "kvproxy_dead_letters_total", result="written")
+
+
+def wait_for_dead_letters(proxy: RunningProxy, count: int) -> None:
+    deadline = time.monotonic() + 15
+    while dead_letters_written(proxy) < count:
+        failed = value(scrape(proxy), "kvproxy_dead_letters_total", result="failed")
+        assert failed == 0, f"{failed} dead letters not written"
+        assert time.monotonic() < deadline, "timed out waiting for the dead letters"
+        time.sleep(0.05)
+
+
+def rounds_of(prefix: str) -> list[list[Row]]:
+    """Three rounds of records: the middle one holds a value that is not JSON."""
+    rounds: list[list[Row]] = []
+    for r in range(3):
+        rows: list[Row] = []
+        for i in range(3):
+            n = r * 3 + i
+            text = b"{not json" if (r, i) == (1, 1) else b'{"n": %d}' % n
+            rows.append((f"{prefix}-{n}".encode(), text, (("trace", b"t%d" % n),), BASE_TIME + n))
+        rounds.append(rows)
+    return rounds
+
+
+def assert_dead_letters_are(
+    tansu: Broker, topic: str, refused: list[Row], kept: list[Row], proxy: RunningProxy
+) -> None:
+    batches = stored_batches(tansu, topic + ".dlq")
+    assert original_rows(batches) == refused, "each refused record exactly once, as sent"
+    assert [
+        (b.producer_id, b.producer_epoch, b.base_sequence, b.is_transactional) for b in batches
+    ] == [(-1, -1, -1, False)] * len(batches), (
+        "written as a plain producer's, outside any transaction"
+    )
+    stored = original_rows([b for b in stored_batches(tansu, topic) if not b.is_control])
+    assert [row for row in stored if row in refused] == [], "refused records never stored"
+    assert [row for row in stored if row in kept] == kept
+
+
+def test_idempotent_confluent_kafka_batches_all_reach_the_dead_letter_topic(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = make_topic(1)
+    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    rounds = rounds_of("ck")
+    failed: list[bytes | None] = []
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is not None:
+            failed.append(message.key())
+
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, "policies": ["json"]}],
+        quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
+    ) as proxy:
+        for rows in rounds:
+            # a producer per round: after a refusal librdkafka bumps its epoch (KIP-360), which
+            # Tansu answers with PRODUCER_FENCED to the next batch
+            producer = Producer(
+                {
+                    "bootstrap.servers": proxy.bootstrap,
+                    "enable.idempotence": True,
+                    "linger.ms": 100,
+                    "message.timeout.ms": 10000,
+                }
+            )
+            for key, text, headers, timestamp in rows:
+                producer.produce(
+                    topic,
+                    value=text,
+                    key=key,
+                    headers=list(headers),
+                    timestamp=timestamp,
+                    partition=0,
+                    on_delivery=delivered,
+                )
+            assert producer.flush(15) == 0
+        wait_for_dead_letters(proxy, 1)
+    assert failed == [key for key, *_ in rounds[1]]
+    assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2], proxy)
+
+
+def test_idempotent_kafka_python_batches_all_reach_the_dead_letter_topic(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from kafka import KafkaProducer
+
+    topic = make_topic(1)
+    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    rounds = rounds_of("kp")
+    failed: list[bytes | None] = []
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, "policies": ["json"]}],
+        quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
+    ) as proxy:
+        for rows in rounds:
+            producer = KafkaProducer(
+                bootstrap_servers=proxy.bootstrap, enable_idempotence=True, linger_ms=100
+            )
+            try:
+                futures = [
+                    producer.send(
+                        topic,
+                        value=text,
+                        key=key,
+                        headers=list(headers),
+                        timestamp_ms=timestamp,
+                        partition=0,
+                    )
+                    for key, text, headers, timestamp in rows
+                ]
+                producer.flush(15)
+                failed += [row[0] for row, f in zip(rows, futures, strict=True) if f.failed()]
+            finally:
+                producer.close(5)
+        wait_for_dead_letters(proxy, 1)
+    assert failed == [key for key, *_ in rounds[1]]
+    assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2], proxy)
+
+
+def test_transactional_batches_reach_the_dead_letter_topic_outside_the_transaction(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The refused batch's transaction is aborted; its dead-letter copy is written outside any
+    transaction, so it is neither aborted with it nor waiting for a commit."""
+    from confluent_kafka import KafkaException, Producer
+
+    topic = make_topic(1)
+    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    rounds = rounds_of("tx")
+    outcomes: list[str] = []
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, "policies": ["json"]}],
+        quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
+    ) as proxy:
+        for number, rows in enumerate(rounds):
+            producer = Producer(
+                {
+                    "bootstrap.servers": proxy.bootstrap,
+                    "transactional.id": f"{topic}-{number}",
+                    "linger.ms": 100,
+                    "message.timeout.ms": 10000,
+                }
+            )
+            producer.init_transactions(15)
+            producer.begin_transaction()
+            for key, text, headers, timestamp in rows:
+                producer.produce(
+                    topic,
+                    value=text,
+                    key=key,
+                    headers=list(headers),
+                    timestamp=timestamp,
+                    partition=0,
+                )
+            try:
+                producer.commit_transaction(15)
+                outcomes.append("committed")
+            except KafkaException:
+                producer.abort_transaction(15)
+                outcomes.append("aborted")
+        wait_for_dead_letters(proxy, 1)
+    assert outcomes == ["committed", "aborted", "committed"]
+    assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2], proxy)
