@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from policies.api import TopicConfig, Verdict, parse_records
 from policies.config import TopicRouting
 from policies.topic_settings import from_cluster
 from protocol.error_codes import error_name
-from protocol.errors import ProtocolError
-from protocol.records import iter_batches
+from protocol.errors import DecodeError, ProtocolError
+from protocol.records import as_own_producer, iter_batches, read_batches
 from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.dump import preview
 from proxy.quarantine import JournalReader, QuarantineEntry
@@ -51,6 +52,13 @@ def add_parser(subparsers: Any) -> None:
         sub.add_argument("--until", help="before this time (ISO 8601 or epoch ms)")
         if name == "show":
             sub.add_argument("--limit", type=int, default=50, help="at most this many entries")
+        if name == "replay":
+            sub.add_argument(
+                "--all-records",
+                action="store_true",
+                help="also the records of a batch that were not refused (by default only the "
+                "refused ones: a client may have sent the others again itself)",
+            )
         sub.set_defaults(func=func)
 
 
@@ -244,40 +252,64 @@ async def _replay_async(
         learned = described.get(args.topic)
         if learned is not None:
             settings = settings.over(from_cluster(learned).config)
-    passed = failed = 0
-    # (topic, partition, leader "host:port") -> entries produced there
-    written: collections.Counter[tuple[str, int, str]] = collections.Counter()
+    passed = failed = records_written = 0
+    # (topic, partition, leader "host:port") -> [entries, records] produced there
+    written: dict[tuple[str, int, str], list[int]] = collections.defaultdict(lambda: [0, 0])
     marks_path = (directory / REPLAYED_FILE).resolve()
     with open(marks_path, "a", encoding="utf-8") as marks:
         for entry in pending:
-            verdict = _check(routing, entry, settings)
+            where = f"{entry.id} {entry.topic}-{entry.partition}"
+            chosen = replay_records(entry, all_records=args.all_records)
+            if isinstance(chosen, str):
+                failed += 1
+                print(f"{where}: still fails: {chosen}")
+                continue
+            verdict = _check(routing, entry, chosen.records, settings)
             if not verdict.ok:
                 failed += 1
                 print(
-                    f"{entry.id} {entry.topic}-{entry.partition}: still fails: policy "
-                    f"{verdict.policy}, code {verdict.code} {error_name(verdict.code)}: "
-                    f"{verdict.message}"
+                    f"{where}: still fails: policy {verdict.policy}, code {verdict.code} "
+                    f"{error_name(verdict.code)}: {verdict.message}"
                 )
                 continue
-            leader, error = await _produce(bootstrap, ssl_context, timeout, entry)
+            leader, error = await _produce(bootstrap, ssl_context, timeout, entry, chosen.records)
             if error:
                 failed += 1
-                print(f"{entry.id} {entry.topic}-{entry.partition}: not written: {error}")
+                print(f"{where}: not written: {error}; the entry stays for a later replay")
                 continue
             marks.write(entry.id + "\n")
             marks.flush()
             os.fsync(marks.fileno())
             passed += 1
-            written[(entry.topic, entry.partition, leader)] += 1
-            print(f"{entry.id} {entry.topic}-{entry.partition}: passes now, replayed to {leader}")
+            records_written += chosen.count
+            counts = written[(entry.topic, entry.partition, leader)]
+            counts[0] += 1
+            counts[1] += chosen.count
+            left_out = (
+                f" (the {chosen.left_out} not refused left out; --all-records writes them too)"
+                if chosen.left_out
+                else ""
+            )
+            print(
+                f"{where}: passes now, {chosen.count} {_plural(chosen.count, 'record')} "
+                f"replayed to {leader}{left_out}"
+            )
+            if chosen.transactional:
+                print(
+                    f"{where}: written outside any transaction (the producer's transaction "
+                    "was aborted)"
+                )
     routing.close()
+    earlier = len(done & {e.id for e in JournalReader(directory).entries(topic=args.topic)})
     print(
-        f"{passed} replayed, {failed} still failing, "
-        f"{len(done & {e.id for e in JournalReader(directory).entries(topic=args.topic)})} "
-        "replayed earlier"
+        f"{passed} replayed ({records_written} {_plural(records_written, 'record')}), "
+        f"{failed} still failing, {earlier} replayed earlier"
     )
-    for (topic, partition, leader), count in sorted(written.items()):
-        print(f"produced to {topic}-{partition} at {leader}: {count} {_plural(count, 'entry')}")
+    for (topic, partition, leader), (entries, records) in sorted(written.items()):
+        print(
+            f"produced to {topic}-{partition} at {leader}: {entries} {_plural(entries, 'entry')}, "
+            f"{records} {_plural(records, 'record')}"
+        )
     if not written:
         print("produced nothing")
     print(f"replay marks: {marks_path} ({passed} added)")
@@ -286,14 +318,69 @@ async def _replay_async(
 
 
 def _plural(count: int, word: str) -> str:
-    return word if count == 1 else word.removesuffix("y") + "ies"
+    if count == 1:
+        return word
+    return word.removesuffix("y") + "ies" if word.endswith("y") else word + "s"
 
 
-def _check(routing: TopicRouting, entry: QuarantineEntry, settings: TopicConfig) -> Verdict:
+@dataclass(frozen=True)
+class ReplayRecords:
+    """What replay produces for one entry: its records rewritten as kvproxy's own producer's."""
+
+    records: bytes
+    count: int
+    left_out: int
+    """Records of the entry not written: those the client was told were not refused."""
+    transactional: bool
+    """The entry's batches belonged to a transaction (which its producer aborted)."""
+
+
+def replay_records(entry: QuarantineEntry, *, all_records: bool = False) -> ReplayRecords | str:
+    """The records to replay for `entry`, or why none can be.
+
+    Only the refused records (`record_indexes`) unless `all_records`: a client that knows
+    which records of a batch were refused (KIP-467) sends the others again itself. A refusal
+    without record indexes, or with some left out of the journal, replays the whole batch. The
+    batches are written as a plain producer's: the original producer id, epoch and sequences
+    belong to the client's session and a broker refuses them from anyone else or drops them
+    as duplicates. Stored bytes whose CRC does not match are never replayed: rewriting them
+    would give corrupt data a valid CRC."""
+    try:
+        batches = read_batches(entry.records)
+    except DecodeError as exc:
+        return f"the stored records do not decode ({exc}); see `kvproxy quarantine show`"
+    if not batches:
+        return "the entry holds no records"
+    for batch in batches:
+        if not (batch.crc_valid() and batch.inner_crcs_valid()):
+            return (
+                f"the stored batch is corrupt (CRC {batch.crc:#010x}, computed "
+                f"{batch.computed_crc():#010x}), as the client sent it; it is never replayed"
+            )
+    total = sum(max(batch.record_count, 0) for batch in batches)
+    keep: set[int] | None = None
+    if not all_records and entry.record_indexes and not entry.record_indexes_omitted:
+        keep = {index for index in entry.record_indexes if 0 <= index < total} or None
+    try:
+        records = as_own_producer(entry.records, keep)
+    except DecodeError as exc:
+        return f"the stored records do not decode ({exc}); see `kvproxy quarantine show`"
+    count = total if keep is None else len(keep)
+    return ReplayRecords(
+        records=records,
+        count=count,
+        left_out=total - count,
+        transactional=any(batch.is_transactional for batch in batches),
+    )
+
+
+def _check(
+    routing: TopicRouting, entry: QuarantineEntry, records: bytes, settings: TopicConfig
+) -> Verdict:
     parsed = parse_records(
         entry.topic,
         entry.partition,
-        entry.records,
+        records,
         produce_version=_REPLAY_PRODUCE_VERSION,
         acks=-1,
         transactional_id=None,
@@ -309,18 +396,49 @@ def _check(routing: TopicRouting, entry: QuarantineEntry, settings: TopicConfig)
     return chain.check(parsed)
 
 
+_NEXT_STEPS = {
+    3: "create the topic (or the partition), then replay again",
+    10: "raise max.message.bytes of the topic (or the broker's message.max.bytes), then replay "
+    "again",
+    18: "raise max.message.bytes of the topic (or the broker's message.max.bytes), then replay "
+    "again",
+    29: "allow the replay's user (upstream sasl:) to write to the topic, then replay again",
+    32: "widen the topic's message.timestamp.before.max.ms / after.max.ms (or set "
+    "message.timestamp.type=LogAppendTime), then replay again",
+    87: "the broker's own checks refuse the records (a compacted topic needs keys, for one); "
+    "see `kvproxy quarantine show`",
+}
+_RETRIABLE = {6, 7, 8, 13, 14, 15, 19, 20, 56}
+
+
+def next_step(code: int) -> str:
+    """What an operator does about the broker answering `code` to a replayed entry."""
+    if code in _NEXT_STEPS:
+        return _NEXT_STEPS[code]
+    if code in _RETRIABLE:
+        return "the cluster is not ready (a retriable error): replay again later"
+    return f"look up {code} {error_name(code)} in the broker's log and replay again once fixed"
+
+
 async def _produce(
-    bootstrap: list[tuple[str, int]], ssl_context: Any, timeout: float, entry: QuarantineEntry
+    bootstrap: list[tuple[str, int]],
+    ssl_context: Any,
+    timeout: float,
+    entry: QuarantineEntry,
+    records: bytes,
 ) -> tuple[str, str | None]:
     """The leader ("host:port", empty when unknown) the records went to, and the error if they
-    were not written."""
+    were not written (with what to do about it)."""
     address = ""
     try:
         leader = await partition_leader(
             bootstrap, ssl_context, timeout, entry.topic, entry.partition
         )
         if leader is None:
-            return address, f"no leader for {entry.topic}-{entry.partition}"
+            return address, (
+                f"no leader for {entry.topic}-{entry.partition} (create the topic or the "
+                "partition, or wait for a leader, then replay again)"
+            )
         address = f"{leader[0]}:{leader[1]}"
         code = await produce_batch(
             leader,
@@ -328,10 +446,15 @@ async def _produce(
             timeout,
             topic=entry.topic,
             partition=entry.partition,
-            records=entry.records,
+            records=records,
         )
     except (OSError, TimeoutError, ProtocolError) as exc:
-        return address, f"{address or 'the cluster'}: {exc}"
+        return address, (
+            f"{address or 'the cluster'}: {exc} (check that the cluster is reachable; a "
+            "timeout may have written the records anyway)"
+        )
     if code != 0:
-        return address, f"the broker at {address} answered {code} {error_name(code)}"
+        return address, (
+            f"the broker at {address} answered {code} {error_name(code)}: {next_step(code)}"
+        )
     return address, None

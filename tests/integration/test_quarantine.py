@@ -208,12 +208,12 @@ def test_rejected_records_are_listed_shown_and_replayed_exactly_once(
     config.write_text(yaml.safe_dump({**base, "topics": []}))
     first_run = kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic).stdout
     for entry in entries:
-        assert f"{entry.id} {topic}-0: passes now, replayed" in first_run, first_run
-    assert "2 replayed, 0 still failing, 0 replayed earlier" in first_run, first_run
+        assert f"{entry.id} {topic}-0: passes now, 1 record replayed" in first_run, first_run
+    assert "2 replayed (2 records), 0 still failing, 0 replayed earlier" in first_run, first_run
     assert (journal_dir / "replayed.ids").read_text().split() == [e.id for e in entries]
 
     second_run = kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic).stdout
-    assert "0 replayed, 0 still failing, 2 replayed earlier" in second_run, second_run
+    assert "0 replayed (0 records), 0 still failing, 2 replayed earlier" in second_run, second_run
     assert "passes now" not in second_run, second_run
 
     messages = consume(tansu.bootstrap, topic, 0, 3)
@@ -258,19 +258,24 @@ def test_replay_exits_1_while_entries_still_fail_and_says_where_it_wrote(
     passes, refused, missing = entries
 
     run = kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, expect=1).stdout
-    assert f"{passes.id} {topic}-0: passes now, replayed to {tansu.bootstrap}\n" in run, run
+    passed_line = f"{passes.id} {topic}-0: passes now, 1 record replayed to {tansu.bootstrap}\n"
+    assert passed_line in run, run
     assert f"{refused.id} {topic}-0: still fails: policy json, code 87 INVALID_RECORD" in run, run
-    assert f"{missing.id} {topic}-5: not written: no leader for {topic}-5\n" in run, run
+    assert (
+        f"{missing.id} {topic}-5: not written: no leader for {topic}-5 (create the topic or the "
+        "partition, or wait for a leader, then replay again); the entry stays for a later "
+        "replay\n"
+    ) in run, run
     assert run.endswith(
-        f"1 replayed, 2 still failing, 0 replayed earlier\n"
-        f"produced to {topic}-0 at {tansu.bootstrap}: 1 entry\n"
+        f"1 replayed (1 record), 2 still failing, 0 replayed earlier\n"
+        f"produced to {topic}-0 at {tansu.bootstrap}: 1 entry, 1 record\n"
         f"replay marks: {marks} (1 added)\n"
     ), run
     assert marks.read_text().split() == [passes.id]
 
     again = kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, expect=1).stdout
     assert again.endswith(
-        f"0 replayed, 2 still failing, 1 replayed earlier\n"
+        f"0 replayed (0 records), 2 still failing, 1 replayed earlier\n"
         "produced nothing\n"
         f"replay marks: {marks} (0 added)\n"
     ), again

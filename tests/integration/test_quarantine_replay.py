@@ -1,0 +1,308 @@
+"""`kvproxy quarantine replay` with the producers people run: idempotent (confluent-kafka,
+kafka-python), KIP-467 (`ResilientProducer`) and transactional, in front of kvproxy and Tansu.
+
+Each test has the `json` policy refuse some values, relaxes the policy (a new config file), runs
+replay twice and reads the topic straight from Tansu: every refused record once, nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from protocol.journal import encode_entry
+from protocol.messages import FETCH, decode_response
+from protocol.records import build_batch, iter_batches
+from proxy.quarantine import QuarantineEntry, read_entries, segment_name
+from tests.harness import Broker
+from tests.harness.proxy import run_proxy
+from tests.harness.raw_client import RawKafkaClient
+from tests.integration.test_policies_answers import JSON_ONLY, stored
+from tests.integration.test_proxy_ordering import fetch_request, topic_id_of
+from tests.integration.test_quarantine import journal_settings, kvproxy
+
+GOOD = [b'{"n": 0}', b'{"n": 2}', b'{"n": 4}']
+BAD = [b"bad 1", b"bad 3", b"bad 5"]
+# The good ones first: after a refused batch an idempotent producer bumps its epoch, and Tansu
+# answers the next batches PRODUCER_FENCED (a broker quirk this file does not test).
+SENT = GOOD + BAD
+
+
+def relaxed_config(tmp_path: Path, tansu: Broker, journal_dir: Path) -> Path:
+    """The config after the cause is fixed: the topic no longer requires JSON."""
+    config = tmp_path / "relaxed.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "upstream": {"bootstrap_servers": [tansu.bootstrap]},
+                "quarantine": {"dir": str(journal_dir)},
+                "topics": [],
+            }
+        )
+    )
+    return config
+
+
+def replay(config: Path, topic: str, *extra: str) -> str:
+    return kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, *extra).stdout
+
+
+def replay_twice(config: Path, topic: str, entries: int, records: int) -> tuple[str, str]:
+    first = replay(config, topic)
+    label = "1 record" if records == 1 else f"{records} records"
+    assert f"{entries} replayed ({label}), 0 still failing, 0 replayed earlier" in first, first
+    second = replay(config, topic)
+    assert f"0 replayed (0 records), 0 still failing, {entries} replayed earlier" in second, second
+    return first, second
+
+
+def send_confluent_idempotent(bootstrap: str, topic: str) -> list[int | None]:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 0,
+            "message.timeout.ms": 10_000,
+        }
+    )
+    outcomes: list[int | None] = []
+    for value in SENT:
+        producer.produce(
+            topic,
+            value,
+            key=b"k",
+            partition=0,
+            on_delivery=lambda error, _m: outcomes.append(None if error is None else error.code()),
+        )
+        assert producer.flush(15) == 0
+    return outcomes
+
+
+def send_kafka_python_idempotent(bootstrap: str, topic: str) -> list[int | None]:
+    """kafka-python fails every later send after a refused batch (an abortable error for an
+    idempotent producer), so each refusal is followed by a new producer, as an application
+    would do."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    def new_producer() -> Any:
+        return KafkaProducer(
+            bootstrap_servers=bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=0,
+            request_timeout_ms=10_000,
+        )
+
+    outcomes: list[int | None] = []
+    producer = new_producer()
+    try:
+        for value in SENT:
+            future = producer.send(topic, value, key=b"k", partition=0)
+            try:
+                future.get(timeout=15)
+                outcomes.append(None)
+            except KafkaError as exc:
+                outcomes.append(getattr(exc, "errno", -1))
+                producer.close(timeout=5)
+                producer = new_producer()
+    finally:
+        producer.close(timeout=5)
+    return outcomes
+
+
+def stored_batches(tansu: Broker, topic: str) -> list[tuple[int, bool, list[bytes | None]]]:
+    """Each batch in partition 0 as Tansu keeps it: producer id, transactional, values."""
+    with RawKafkaClient(tansu.host, tansu.port) as client:
+        answer = client.request(
+            fetch_request(16, 8, topic_id_of(client, topic), max_wait_ms=100, min_bytes=0)
+        )
+    body = decode_response(answer, FETCH, 16).body
+    return [
+        (batch.producer_id, batch.is_transactional, [r.value for r in batch.records()])
+        for t in body.responses
+        for p in t.partitions
+        for batch in iter_batches(p.records or b"", allow_partial_tail=True)
+        if not batch.is_control
+    ]
+
+
+@pytest.mark.parametrize(
+    "send", [send_confluent_idempotent, send_kafka_python_idempotent], ids=["confluent", "kpy"]
+)
+def test_an_idempotent_producers_refused_records_are_replayed_once(
+    send: Callable[[str, str], list[int | None]],
+    tansu: Broker,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The refused batches carry the producer's id, epoch and sequences; a broker refuses them
+    from anyone else (or drops them as duplicates): replay writes them as its own producer."""
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, **JSON_ONLY}],
+        quarantine=journal_settings(journal_dir),
+    ) as proxy:
+        outcomes = send(proxy.bootstrap, topic)
+        assert proxy.server.journal is not None and proxy.server.journal.flush(10)
+    assert [o is None for o in outcomes] == [True] * 3 + [False] * 3, outcomes
+    assert stored(tansu, topic) == GOOD
+    entries = list(read_entries(journal_dir))
+    assert len(entries) == 3, entries
+
+    first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 3, 3)
+    for entry in entries:
+        assert f"{entry.id} {topic}-0: passes now, 1 record replayed to" in first, first
+    assert stored(tansu, topic) == GOOD + BAD
+    replayed = [b for b in stored_batches(tansu, topic) if b[2][0] in BAD]
+    assert replayed == [(-1, False, [value]) for value in BAD], "written as kvproxy's own"
+
+
+async def test_a_kip_467_producers_innocent_records_are_not_replayed(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """`ResilientProducer` resends the records of a refused batch that were not refused itself;
+    replay writes only the refused ones, so each record is stored once."""
+    from producer import ProduceFailedError
+    from producer.resilient import ResilientProducer
+
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    values = [
+        f'{{"n": {i}}}'.encode() if i not in (2, 7) else f"bad {i}".encode() for i in range(10)
+    ]
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, **JSON_ONLY}],
+        quarantine=journal_settings(journal_dir),
+    ) as proxy:
+        async with ResilientProducer(bootstrap_servers=proxy.bootstrap, linger_ms=200) as producer:
+            futures = [await producer.send(topic, value, b"k", partition=0) for value in values]
+            outcomes = await _gather(futures)
+        assert proxy.server.journal is not None and proxy.server.journal.flush(10)
+    refused = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, ProduceFailedError)]
+    assert refused == [2, 7], outcomes
+    innocent = [v for i, v in enumerate(values) if i not in (2, 7)]
+    assert stored(tansu, topic) == innocent
+    (entry,) = read_entries(journal_dir)
+    assert entry.record_indexes == (2, 7)
+
+    first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 1, 2)
+    assert f"{entry.id} {topic}-0: passes now, 2 records replayed to" in first, first
+    assert stored(tansu, topic) == [*innocent, values[2], values[7]]
+
+
+async def _gather(futures: list[Any]) -> list[Any]:
+    import asyncio
+
+    return list(await asyncio.gather(*futures, return_exceptions=True))
+
+
+def test_all_records_replays_the_innocent_ones_too(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """By default only the named records; `--all-records` the whole batch; an entry refused as a
+    whole (no record indexes) or with indexes left out is replayed whole either way."""
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir()
+    rows = [(b"k", f"v{i}".encode(), None, None) for i in range(3)]
+    named = QuarantineEntry.create(
+        "rejected", topic, 0, policy="x", code=87, records=build_batch(rows), record_indexes=(1,)
+    )
+    whole = QuarantineEntry.create(
+        "rejected", topic, 0, policy="x", code=2, records=build_batch(rows)
+    )
+    cut = QuarantineEntry.create(
+        "rejected",
+        topic,
+        0,
+        policy="x",
+        code=87,
+        records=build_batch(rows),
+        record_indexes=(0,),
+        record_indexes_omitted=1,
+    )
+    (journal_dir / segment_name(0)).write_bytes(
+        b"".join(encode_entry(e.to_metadata(), e.records) for e in (named, whole, cut))
+    )
+    config = relaxed_config(tmp_path, tansu, journal_dir)
+    first = replay(config, topic)
+    assert f"{named.id} {topic}-0: passes now, 1 record replayed to" in first, first
+    assert f"{whole.id} {topic}-0: passes now, 3 records replayed to" in first, first
+    assert f"{cut.id} {topic}-0: passes now, 3 records replayed to" in first, first
+    assert stored(tansu, topic) == [b"v1"] + [b"v0", b"v1", b"v2"] * 2
+
+    again = make_topic(1)
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    moved = QuarantineEntry.create(
+        "rejected", again, 0, policy="x", code=87, records=build_batch(rows), record_indexes=(1,)
+    )
+    (other_dir / segment_name(0)).write_bytes(encode_entry(moved.to_metadata(), moved.records))
+    out = kvproxy(
+        "quarantine",
+        "replay",
+        "-c",
+        str(config),
+        "--dir",
+        str(other_dir),
+        "--topic",
+        again,
+        "--all-records",
+    ).stdout
+    assert f"{moved.id} {again}-0: passes now, 3 records replayed to" in out, out
+    assert stored(tansu, again) == [b"v0", b"v1", b"v2"]
+
+
+def test_a_transactional_batch_is_replayed_outside_any_transaction(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The transaction that carried a refused batch was aborted by its producer (a refused
+    batch is an abortable error); replay writes the refused records as plain records and says
+    so for each such entry."""
+    from confluent_kafka import KafkaException, Producer
+
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, **JSON_ONLY}],
+        quarantine=journal_settings(journal_dir),
+    ) as proxy:
+        producer = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "transactional.id": f"replay-{topic}",
+                "linger.ms": 100,
+                "message.timeout.ms": 10_000,
+            }
+        )
+        producer.init_transactions(15)
+        producer.begin_transaction()
+        producer.produce(topic, b'{"n": 0}', key=b"k", partition=0)
+        producer.produce(topic, b"bad 1", key=b"k", partition=0)
+        with pytest.raises(KafkaException) as raised:
+            producer.commit_transaction(15)
+        assert raised.value.args[0].txn_requires_abort(), raised.value
+        producer.abort_transaction(15)
+        assert proxy.server.journal is not None and proxy.server.journal.flush(10)
+    assert stored(tansu, topic) == []
+    (entry,) = read_entries(journal_dir)
+    assert entry.record_indexes == (1,)
+
+    first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 1, 1)
+    assert (
+        f"{entry.id} {topic}-0: written outside any transaction (the producer's transaction "
+        "was aborted)" in first
+    ), first
+    assert stored(tansu, topic) == [b"bad 1"]
+    assert stored_batches(tansu, topic) == [(-1, False, [b"bad 1"])]

@@ -1,0 +1,80 @@
+"""What `kvproxy quarantine replay` writes for an entry, and what it says when refused."""
+
+from __future__ import annotations
+
+from protocol.records import build_batch, read_batches
+from proxy.quarantine import QuarantineEntry
+from proxy.quarantine_cli import ReplayRecords, next_step, replay_records
+
+ROWS = [(b"k", f"v{i}".encode(), [("h", b"x")], 1_700_000_000_000 + i) for i in range(4)]
+
+
+def entry(records: bytes, **fields: object) -> QuarantineEntry:
+    return QuarantineEntry.create(
+        "rejected", "t", 0, policy="json", code=87, records=records, **fields
+    )
+
+
+def values(chosen: ReplayRecords) -> list[bytes | None]:
+    return [r.value for b in read_batches(chosen.records) for r in b.records()]
+
+
+def test_only_the_refused_records_by_default_all_when_asked() -> None:
+    idempotent = build_batch(ROWS, producer_id=9, producer_epoch=2, base_sequence=40)
+    refused = entry(idempotent, record_indexes=(1, 3))
+    chosen = replay_records(refused)
+    assert isinstance(chosen, ReplayRecords)
+    assert (values(chosen), chosen.count, chosen.left_out) == ([b"v1", b"v3"], 2, 2)
+    (batch,) = read_batches(chosen.records)
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (-1, -1, -1)
+    assert [(tuple(r.headers), r.timestamp) for r in batch.records()] == [
+        ((("h", b"x"),), ROWS[1][3]),
+        ((("h", b"x"),), ROWS[3][3]),
+    ]
+    everything = replay_records(refused, all_records=True)
+    assert isinstance(everything, ReplayRecords)
+    assert (values(everything), everything.count, everything.left_out) == (
+        [b"v0", b"v1", b"v2", b"v3"],
+        4,
+        0,
+    )
+
+
+def test_a_whole_batch_when_the_indexes_are_missing_cut_or_out_of_range() -> None:
+    records = build_batch(ROWS)
+    for fields in (
+        {},
+        {"record_indexes": (0,), "record_indexes_omitted": 3},
+        {"record_indexes": (7,)},
+    ):
+        chosen = replay_records(entry(records, **fields))
+        assert isinstance(chosen, ReplayRecords), fields
+        assert (chosen.count, chosen.left_out) == (4, 0), fields
+
+
+def test_a_transactional_batch_is_written_as_plain_records() -> None:
+    records = build_batch(
+        ROWS, producer_id=5, producer_epoch=0, base_sequence=0, is_transactional=True
+    )
+    chosen = replay_records(entry(records, record_indexes=(2,)))
+    assert isinstance(chosen, ReplayRecords) and chosen.transactional
+    (batch,) = read_batches(chosen.records)
+    assert not batch.is_transactional and batch.producer_id == -1
+
+
+def test_corrupt_or_undecodable_bytes_are_never_replayed() -> None:
+    records = bytearray(build_batch(ROWS))
+    records[-1] ^= 0xFF  # a record byte: the stored CRC no longer matches
+    why = replay_records(entry(bytes(records)))
+    assert isinstance(why, str) and "corrupt" in why and "never replayed" in why
+    why = replay_records(entry(b"\x00" * 5))
+    assert isinstance(why, str) and "do not decode" in why
+
+
+def test_each_broker_refusal_names_what_to_do_next() -> None:
+    assert next_step(10).startswith("raise max.message.bytes of the topic")
+    assert next_step(3).startswith("create the topic")
+    assert "replay again later" in next_step(6)
+    assert next_step(45) == (
+        "look up 45 OUT_OF_ORDER_SEQUENCE_NUMBER in the broker's log and replay again once fixed"
+    )
