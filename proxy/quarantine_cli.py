@@ -2,7 +2,8 @@
 
 The commands read the journal while a proxy may be writing it (they never truncate or delete).
 `replay` re-checks entries with the current policies and produces what now passes straight to
-the cluster; each replayed entry's id is appended to `replayed.ids` in the journal folder (one
+the cluster, as kvproxy's own plain producer and by default only the records that were refused
+(docs/quarantine.md says why); each replayed entry's id is appended to `replayed.ids` in the journal folder (one
 line each, a file of its own so the proxy's writer is never raced), and is never replayed again.
 It exits 1 while some entries still fail, so that a script can tell a partial replay from a whole.
 """
