@@ -3,8 +3,9 @@
 The commands read the journal while a proxy may be writing it (they never truncate or delete).
 `replay` re-checks entries with the current policies and produces what now passes straight to
 the cluster, as kvproxy's own plain producer and by default only the records that were refused
-(docs/quarantine.md says why); each replayed entry's id is appended to `replayed.ids` in the journal folder (one
-line each, a file of its own so the proxy's writer is never raced), and is never replayed again.
+(docs/quarantine.md says why); each replayed entry's id is appended to `replayed.ids` in the
+journal folder (one line each, a file of its own so the proxy's writer is never raced), and is
+never replayed again.
 It exits 1 while some entries still fail, so that a script can tell a partial replay from a whole.
 """
 
@@ -31,9 +32,19 @@ from protocol.records import as_own_producer, iter_batches, read_batches
 from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.dump import preview
 from proxy.quarantine import JournalReader, QuarantineEntry
-from proxy.upstream_client import describe_topic_configs, partition_leader, produce_batch
+from proxy.upstream_client import (
+    UpstreamError,
+    describe_topic_configs,
+    partition_leader,
+    produce_batch,
+    read_partition_since,
+)
 
 REPLAYED_FILE = "replayed.ids"
+SKIP_STORED_BEFORE_MS = 60_000
+"""--skip-stored reads from this long before the entry (the proxy's and the broker's clocks)."""
+SKIP_STORED_MAX_BYTES = 64 * 1024 * 1024
+"""--skip-stored reads at most this much of a partition for one entry."""
 _REPLAY_PRODUCE_VERSION = 7
 
 
@@ -59,6 +70,12 @@ def add_parser(subparsers: Any) -> None:
                 action="store_true",
                 help="also the records of a batch that were not refused (by default only the "
                 "refused ones: a client may have sent the others again itself)",
+            )
+            sub.add_argument(
+                "--skip-stored",
+                action="store_true",
+                help="read the partition back from shortly before each entry and leave out "
+                "records already there (same key, value, headers and timestamp)",
             )
         sub.set_defaults(func=func)
 
@@ -273,7 +290,20 @@ async def _replay_async(
                     f"{error_name(verdict.code)}: {verdict.message}"
                 )
                 continue
-            leader, error = await _produce(bootstrap, ssl_context, timeout, entry, chosen.records)
+            leader, error = await _leader(bootstrap, ssl_context, timeout, entry)
+            if not error and args.skip_stored:
+                kept = await _without_stored(leader, ssl_context, timeout, entry, chosen)
+                if isinstance(kept, str):
+                    error = kept
+                else:
+                    if kept.count < chosen.count:
+                        print(
+                            f"{where}: {chosen.count - kept.count} of {chosen.count} "
+                            f"{_plural(chosen.count, 'record')} already stored, left out"
+                        )
+                    chosen = kept
+            if not error and chosen.count:
+                error = await _produce(leader, ssl_context, timeout, entry, chosen.records)
             if error:
                 failed += 1
                 print(f"{where}: not written: {error}; the entry stays for a later replay")
@@ -282,8 +312,12 @@ async def _replay_async(
             marks.flush()
             os.fsync(marks.fileno())
             passed += 1
+            address = f"{leader[0]}:{leader[1]}"
+            if not chosen.count:
+                print(f"{where}: every record already stored, nothing written; marked replayed")
+                continue
             records_written += chosen.count
-            counts = written[(entry.topic, entry.partition, leader)]
+            counts = written[(entry.topic, entry.partition, address)]
             counts[0] += 1
             counts[1] += chosen.count
             left_out = (
@@ -293,7 +327,7 @@ async def _replay_async(
             )
             print(
                 f"{where}: passes now, {chosen.count} {_plural(chosen.count, 'record')} "
-                f"replayed to {leader}{left_out}"
+                f"replayed to {address}{left_out}"
             )
             if chosen.transactional:
                 print(
@@ -306,9 +340,9 @@ async def _replay_async(
         f"{passed} replayed ({records_written} {_plural(records_written, 'record')}), "
         f"{failed} still failing, {earlier} replayed earlier"
     )
-    for (topic, partition, leader), (entries, records) in sorted(written.items()):
+    for (topic, partition, address), (entries, records) in sorted(written.items()):
         print(
-            f"produced to {topic}-{partition} at {leader}: {entries} {_plural(entries, 'entry')}, "
+            f"produced to {topic}-{partition} at {address}: {entries} {_plural(entries, 'entry')}, "
             f"{records} {_plural(records, 'record')}"
         )
     if not written:
@@ -334,6 +368,8 @@ class ReplayRecords:
     """Records of the entry not written: those the client was told were not refused."""
     transactional: bool
     """The entry's batches belonged to a transaction (which its producer aborted)."""
+    indexes: tuple[int, ...] | None = None
+    """The 0-based indexes of the records written, None for every one."""
 
 
 def replay_records(entry: QuarantineEntry, *, all_records: bool = False) -> ReplayRecords | str:
@@ -372,7 +408,97 @@ def replay_records(entry: QuarantineEntry, *, all_records: bool = False) -> Repl
         count=count,
         left_out=total - count,
         transactional=any(batch.is_transactional for batch in batches),
+        indexes=None if keep is None else tuple(sorted(keep)),
     )
+
+
+def _identity(record: Any, timestamp: bool) -> tuple[Any, ...]:
+    return (
+        record.key,
+        record.value,
+        tuple(record.headers),
+        record.timestamp if timestamp else None,
+    )
+
+
+def without_stored(
+    entry: QuarantineEntry, chosen: ReplayRecords, stored: bytes
+) -> ReplayRecords | str:
+    """`chosen` less the records `stored` already holds: the same key, value, headers and
+    timestamp (a LogAppendTime batch's timestamps are the broker's, so there only the rest),
+    each stored record standing for one replayed record."""
+    found: collections.Counter[tuple[Any, ...]] = collections.Counter()
+    for batch in iter_batches(stored, allow_partial_tail=True):
+        if batch.is_control:
+            continue
+        create_time = batch.timestamp_type == 0
+        for record in batch.records():
+            found[_identity(record, create_time)] += 1
+    wanted = None if chosen.indexes is None else set(chosen.indexes)
+    keep: list[int] = []
+    index = 0
+    for batch in read_batches(entry.records):
+        for record in batch.records():
+            if wanted is None or index in wanted:
+                for key in (_identity(record, True), _identity(record, False)):
+                    if found[key] > 0:
+                        found[key] -= 1
+                        break
+                else:
+                    keep.append(index)
+            index += 1
+    if len(keep) == chosen.count:
+        return chosen
+    records = as_own_producer(entry.records, set(keep)) if keep else b""
+    return ReplayRecords(
+        records=records,
+        count=len(keep),
+        left_out=chosen.left_out,
+        transactional=chosen.transactional,
+        indexes=tuple(keep),
+    )
+
+
+def _since_ms(entry: QuarantineEntry) -> int:
+    """Shortly before the entry's time or its earliest record's, whichever is first: a copy
+    has the record's own timestamp (CreateTime) or a broker time near the entry's."""
+    times = [
+        record.timestamp
+        for batch in read_batches(entry.records)
+        for record in batch.records()
+        if record.timestamp >= 0
+    ]
+    return max(0, min([entry.time_ms - SKIP_STORED_BEFORE_MS, *times]))
+
+
+async def _without_stored(
+    leader: tuple[str, int],
+    ssl_context: Any,
+    timeout: float,
+    entry: QuarantineEntry,
+    chosen: ReplayRecords,
+) -> ReplayRecords | str:
+    """`chosen` less what the partition holds already, or why that could not be read."""
+    try:
+        first, stored, complete = await read_partition_since(
+            leader,
+            ssl_context,
+            timeout,
+            topic=entry.topic,
+            partition=entry.partition,
+            since_ms=_since_ms(entry),
+            max_bytes=SKIP_STORED_MAX_BYTES,
+        )
+    except UpstreamError as exc:
+        return f"--skip-stored could not read the partition back ({exc}): {next_step(exc.code)}"
+    except (OSError, TimeoutError, ProtocolError) as exc:
+        return f"--skip-stored could not read the partition back: {exc}"
+    if not complete:
+        return (
+            f"--skip-stored read {SKIP_STORED_MAX_BYTES // 2**20} MiB from offset {first} "
+            "without reaching the partition's end; replay without --skip-stored to write it"
+        )
+    return without_stored(entry, chosen, stored)
 
 
 def _check(
@@ -421,26 +547,34 @@ def next_step(code: int) -> str:
     return f"look up {code} {error_name(code)} in the broker's log and replay again once fixed"
 
 
-async def _produce(
-    bootstrap: list[tuple[str, int]],
-    ssl_context: Any,
-    timeout: float,
-    entry: QuarantineEntry,
-    records: bytes,
-) -> tuple[str, str | None]:
-    """The leader ("host:port", empty when unknown) the records went to, and the error if they
-    were not written (with what to do about it)."""
-    address = ""
+async def _leader(
+    bootstrap: list[tuple[str, int]], ssl_context: Any, timeout: float, entry: QuarantineEntry
+) -> tuple[tuple[str, int], str | None]:
+    """The leader of the entry's partition, or why there is none (with what to do)."""
     try:
         leader = await partition_leader(
             bootstrap, ssl_context, timeout, entry.topic, entry.partition
         )
-        if leader is None:
-            return address, (
-                f"no leader for {entry.topic}-{entry.partition} (create the topic or the "
-                "partition, or wait for a leader, then replay again)"
-            )
-        address = f"{leader[0]}:{leader[1]}"
+    except (OSError, TimeoutError, ProtocolError) as exc:
+        return ("", 0), f"the cluster: {exc} (check that it is reachable)"
+    if leader is None:
+        return ("", 0), (
+            f"no leader for {entry.topic}-{entry.partition} (create the topic or the "
+            "partition, or wait for a leader, then replay again)"
+        )
+    return leader, None
+
+
+async def _produce(
+    leader: tuple[str, int],
+    ssl_context: Any,
+    timeout: float,
+    entry: QuarantineEntry,
+    records: bytes,
+) -> str | None:
+    """The error if the records were not written (with what to do about it)."""
+    address = f"{leader[0]}:{leader[1]}"
+    try:
         code = await produce_batch(
             leader,
             ssl_context,
@@ -450,12 +584,10 @@ async def _produce(
             records=records,
         )
     except (OSError, TimeoutError, ProtocolError) as exc:
-        return address, (
-            f"{address or 'the cluster'}: {exc} (check that the cluster is reachable; a "
-            "timeout may have written the records anyway)"
+        return (
+            f"{address}: {exc} (check that the cluster is reachable; a timeout may have "
+            "written the records anyway)"
         )
     if code != 0:
-        return address, (
-            f"the broker at {address} answered {code} {error_name(code)}: {next_step(code)}"
-        )
-    return address, None
+        return f"the broker at {address} answered {code} {error_name(code)}: {next_step(code)}"
+    return None

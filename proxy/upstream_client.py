@@ -288,3 +288,129 @@ async def produce_batch(
     )
     answer = decode_response(payload, PRODUCE, _PRODUCE_VERSION).body
     return int(answer.responses[0].partition_responses[0].error_code)
+
+
+class UpstreamError(Exception):
+    """The broker answered a request of the proxy's own with an error code."""
+
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what}: error {code}")
+        self.code = code
+
+
+_LIST_OFFSETS_VERSION = 1  # offsets by timestamp: every broker since 0.10.1
+_FETCH_VERSION = 4  # magic-2 records by topic name: every broker since 0.11
+
+
+async def read_partition_since(
+    leader: tuple[str, int],
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    *,
+    topic: str,
+    partition: int,
+    since_ms: int,
+    max_bytes: int,
+) -> tuple[int, bytes, bool]:
+    """The records of `topic`-`partition` from the first whose batch's timestamp is at least
+    `since_ms` up to the high watermark: (first offset, the records as fetched, whether the
+    high watermark was reached within `max_bytes`). The first offset is -1 when no record is
+    that recent. Raises `UpstreamError` on an error code."""
+    import datetime  # noqa: PLC0415
+
+    from kio.schema.fetch.v4.request import (  # noqa: PLC0415
+        FetchPartition,
+        FetchRequest,
+        FetchTopic,
+    )
+    from kio.schema.list_offsets.v1.request import (  # noqa: PLC0415
+        ListOffsetsPartition,
+        ListOffsetsRequest,
+        ListOffsetsTopic,
+    )
+    from kio.schema.types import BrokerId, TopicName  # noqa: PLC0415
+    from kio.static.primitive import i8, i32, i32Timedelta, i64  # noqa: PLC0415
+
+    from protocol.messages import FETCH, LIST_OFFSETS  # noqa: PLC0415
+    from protocol.records import iter_batches  # noqa: PLC0415
+
+    name = TopicName(topic)
+    asked = ListOffsetsRequest(
+        replica_id=BrokerId(-1),
+        topics=(
+            ListOffsetsTopic(
+                name=name,
+                partitions=(
+                    ListOffsetsPartition(partition_index=i32(partition), timestamp=i64(since_ms)),
+                ),
+            ),
+        ),
+    )
+    payload = await _round_trip(
+        leader[0],
+        leader[1],
+        ssl_context,
+        timeout,
+        api_key=LIST_OFFSETS,
+        version=_LIST_OFFSETS_VERSION,
+        body=asked,
+    )
+    listed = decode_response(payload, LIST_OFFSETS, _LIST_OFFSETS_VERSION).body
+    found = listed.topics[0].partitions[0]
+    if int(found.error_code) != 0:
+        raise UpstreamError(f"ListOffsets {topic}-{partition}", int(found.error_code))
+    first = int(found.offset)
+    if first < 0:
+        return -1, b"", True
+    out = bytearray()
+    offset = first
+    high_watermark: int | None = None
+    while high_watermark is None or offset < high_watermark:
+        if len(out) >= max_bytes:
+            return first, bytes(out), False
+        body = FetchRequest(
+            # not 0: Tansu answers a Fetch that may not wait with no partition at all
+            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
+            min_bytes=i32(0),
+            max_bytes=i32(max_bytes - len(out)),
+            isolation_level=i8(0),
+            topics=(
+                FetchTopic(
+                    topic=name,
+                    partitions=(
+                        FetchPartition(
+                            partition=i32(partition),
+                            fetch_offset=i64(offset),
+                            partition_max_bytes=i32(max_bytes - len(out)),
+                        ),
+                    ),
+                ),
+            ),
+        )
+        payload = await _round_trip(
+            leader[0],
+            leader[1],
+            ssl_context,
+            timeout,
+            api_key=FETCH,
+            version=_FETCH_VERSION,
+            body=body,
+        )
+        answered = decode_response(payload, FETCH, _FETCH_VERSION).body.responses
+        if not answered or not answered[0].partitions:
+            raise ConnectionError(f"Fetch {topic}-{partition}: the broker answered no partition")
+        fetched = answered[0].partitions[0]
+        if int(fetched.error_code) != 0:
+            raise UpstreamError(f"Fetch {topic}-{partition}", int(fetched.error_code))
+        if high_watermark is None:
+            high_watermark = int(fetched.high_watermark)
+        records = bytes(fetched.records or b"")
+        next_offset = offset
+        for batch in iter_batches(records, allow_partial_tail=True):
+            next_offset = max(next_offset, batch.base_offset + batch.last_offset_delta + 1)
+            out += batch.buffer
+        if next_offset == offset:
+            # nothing whole came back: the next batch is larger than what is left to read
+            return first, bytes(out), offset >= high_watermark
+        offset = next_offset
+    return first, bytes(out), True

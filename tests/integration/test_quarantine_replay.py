@@ -7,6 +7,7 @@ replay twice and reads the topic straight from Tansu: every refused record once,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -306,3 +307,56 @@ def test_a_transactional_batch_is_replayed_outside_any_transaction(
     ), first
     assert stored(tansu, topic) == [b"bad 1"]
     assert stored_batches(tansu, topic) == [(-1, False, [b"bad 1"])]
+
+
+def test_skip_stored_leaves_out_records_already_in_the_partition(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A replay stopped between the broker's acknowledgement and the mark writes the entry again
+    on the next run; with --skip-stored that run finds the records in the partition (same key,
+    value, headers and timestamp) and writes only what is missing."""
+    from confluent_kafka import Producer
+
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir()
+    now = int(time.time() * 1000)
+    rows = [(b"k", f"v{i}".encode(), [("h", b"x")], now - 1000 + i) for i in range(4)]
+    written_before = QuarantineEntry.create(
+        "rejected", topic, 0, policy="x", code=87, records=build_batch(rows[:2])
+    )
+    (journal_dir / segment_name(0)).write_bytes(
+        encode_entry(written_before.to_metadata(), written_before.records)
+    )
+    config = relaxed_config(tmp_path, tansu, journal_dir)
+    replay(config, topic)
+    (journal_dir / "replayed.ids").unlink()  # as if the run had stopped before marking it
+
+    # The client sent v2 again itself (the same record, timestamp included); v3 it did not.
+    partly = QuarantineEntry.create(
+        "rejected", topic, 0, policy="x", code=87, records=build_batch(rows[2:])
+    )
+    with (journal_dir / segment_name(0)).open("ab") as segment:
+        segment.write(encode_entry(partly.to_metadata(), partly.records))
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer.produce(
+        topic, b"v2", key=b"k", partition=0, headers=[("h", b"x")], timestamp=now - 998
+    )
+    assert producer.flush(10) == 0
+    # Same key and value, another timestamp: a different record, not left out.
+    producer.produce(topic, b"v3", key=b"k", partition=0, headers=[("h", b"x")], timestamp=now)
+    assert producer.flush(10) == 0
+    assert stored(tansu, topic) == [b"v0", b"v1", b"v2", b"v3"]
+
+    out = replay(config, topic, "--skip-stored")
+    assert (
+        f"{written_before.id} {topic}-0: every record already stored, nothing written; "
+        "marked replayed\n"
+    ) in out, out
+    assert f"{partly.id} {topic}-0: 1 of 2 records already stored, left out\n" in out, out
+    assert f"{partly.id} {topic}-0: passes now, 1 record replayed to" in out, out
+    assert "2 replayed (1 record), 0 still failing, 0 replayed earlier" in out, out
+    assert stored(tansu, topic) == [b"v0", b"v1", b"v2", b"v3", b"v3"]
+    assert sorted((journal_dir / "replayed.ids").read_text().split()) == sorted(
+        [written_before.id, partly.id]
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol.records import build_batch, read_batches
 from proxy.quarantine import QuarantineEntry
-from proxy.quarantine_cli import ReplayRecords, next_step, replay_records
+from proxy.quarantine_cli import ReplayRecords, next_step, replay_records, without_stored
 
 ROWS = [(b"k", f"v{i}".encode(), [("h", b"x")], 1_700_000_000_000 + i) for i in range(4)]
 
@@ -78,3 +78,21 @@ def test_each_broker_refusal_names_what_to_do_next() -> None:
     assert next_step(45) == (
         "look up 45 OUT_OF_ORDER_SEQUENCE_NUMBER in the broker's log and replay again once fixed"
     )
+
+
+def test_without_stored_leaves_out_each_stored_copy_once() -> None:
+    """One stored copy stands for one replayed record: the same record refused twice and stored
+    once is written once more. A LogAppendTime batch's timestamps are the broker's, so there
+    key, value and headers decide; a CreateTime record with another timestamp is another one."""
+    twice = [ROWS[0], ROWS[0], ROWS[1], ROWS[2]]
+    refused = entry(build_batch(twice), record_indexes=(0, 1, 2, 3))
+    chosen = replay_records(refused)
+    assert isinstance(chosen, ReplayRecords)
+    moved = (ROWS[2][0], ROWS[2][1], ROWS[2][2], ROWS[2][3] + 1)
+    stored = build_batch([ROWS[0], moved]) + build_batch([ROWS[1]], timestamp_type=1)
+    left = without_stored(refused, chosen, stored)
+    assert isinstance(left, ReplayRecords)
+    assert (values(left), left.count, left.indexes) == ([b"v0", b"v2"], 2, (1, 3))
+    (batch,) = read_batches(left.records)
+    assert batch.producer_id == -1
+    assert without_stored(refused, chosen, b"") is chosen
