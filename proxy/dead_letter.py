@@ -14,6 +14,7 @@ from typing import Final
 
 from policies.api import RECORD_OBJECT_BYTES
 from protocol.budget import Allowance
+from protocol.compression import Codec
 from protocol.errors import ProtocolError
 from protocol.records import build_batch, read_batches
 from proxy.upstream_client import partition_leader, produce_batch
@@ -55,11 +56,19 @@ def dead_letter_records(
     client_id: str | None,
     allowance: Allowance | None = None,
 ) -> bytes:
-    """One magic-2 batch holding the refused records, each with the kvproxy.* headers added.
+    """One magic-2 batch holding the refused records, each with the kvproxy.* headers added,
+    written as kvproxy's own plain producer's and compressed with the client's codec.
+
+    The client's producer id, epoch, sequence and transaction belong to its own session: a
+    broker would fence such a copy, refuse its sequence, drop it as a duplicate or abort it with
+    the transaction, so the copy is always a new batch with producer id, epoch and sequence -1,
+    outside any transaction. The codec is kept so that the copy is about as large as what the
+    client sent, not its decompressed size (which the dead-letter topic's `max.message.bytes`
+    may not allow).
 
     Records that cannot be decoded, or whose decoding would need more memory than `allowance`
     has, travel as one record whose value is the raw bytes as the client sent them (header
-    `kvproxy.unreadable`).
+    `kvproxy.unreadable`), uncompressed.
     """
     why: list[tuple[str, bytes | None]] = [
         (HEADER_POLICY, policy.encode()),
@@ -68,9 +77,12 @@ def dead_letter_records(
         (HEADER_PARTITION, str(partition).encode()),
         (HEADER_CLIENT, client_id.encode() if client_id is not None else None),
     ]
+    codec = Codec.NONE
     try:
         rows = []
         for batch in read_batches(records, allowance):
+            if codec is Codec.NONE:
+                codec = batch.codec
             if allowance is not None:
                 count = max(batch.record_count, 0)
                 cost = count * RECORD_OBJECT_BYTES + batch.plain_size()
@@ -81,9 +93,10 @@ def dead_letter_records(
             ]
     except ProtocolError:  # a ResourceLimit too
         rows = [(None, bytes(records), (*why, (HEADER_UNREADABLE, b"1")), None)]
+        codec = Codec.NONE
     if not rows:
         rows = [(None, b"", tuple(why), None)]
-    return build_batch(rows)
+    return build_batch(rows, codec=codec)
 
 
 async def send_dead_letter(
