@@ -17,7 +17,14 @@ from typing import ClassVar
 from protocol import error_codes
 from protocol.errors import ProtocolError
 
-__all__ = ["Allowance", "BudgetExhausted", "InlineLimitReached", "MemoryBudget", "ResourceLimit"]
+__all__ = [
+    "Allowance",
+    "BudgetExhausted",
+    "InlineLimitReached",
+    "MemoryBudget",
+    "OutOfMemory",
+    "ResourceLimit",
+]
 
 
 class ResourceLimit(ProtocolError):
@@ -29,6 +36,15 @@ class ResourceLimit(ProtocolError):
 
 class BudgetExhausted(ResourceLimit):
     """Decoding a partition would hold more memory than a budget allows."""
+
+
+class OutOfMemory(BudgetExhausted):
+    """A decompressor could not allocate the memory it needed: the proxy's own failure, not the
+    data's, so never answered as corrupt. Answered NOT_ENOUGH_REPLICAS, a code every producer
+    retries without a metadata refresh and that says nothing was written (Kafka has no "out of
+    memory" code); the client sends the same batch again, so nothing of it is kept."""
+
+    error_code: ClassVar[int] = error_codes.NOT_ENOUGH_REPLICAS
 
 
 class InlineLimitReached(ResourceLimit):

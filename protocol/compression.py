@@ -9,19 +9,20 @@ framing lives here so that `records` only sees plain bytes in and out:
   frame descriptor checksum over the magic number too (KAFKA-3160); `legacy_lz4_checksum=True`
   writes and reads that variant.
 
-Any failure while decompressing becomes `CorruptRecords`; codec ids 5-7 are
-`UnsupportedCompression`.
+Any failure while decompressing becomes `CorruptRecords`, except a failed allocation, which is
+the proxy's own failure (`OutOfMemory`); codec ids 5-7 are `UnsupportedCompression`.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from enum import IntEnum
 from typing import Any, TypeAlias
 
 import cramjam
 
-from protocol.budget import Allowance, ResourceLimit
+from protocol.budget import Allowance, OutOfMemory, ResourceLimit
 from protocol.errors import CorruptRecords, UnsupportedCompression
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -100,7 +101,8 @@ def decompress(
     headroom: int = 0,
     what: str = "compressed records",
 ) -> bytearray:
-    """Decompress a Kafka-framed payload; anything that does not decode is `CorruptRecords`.
+    """Decompress a Kafka-framed payload; anything that does not decode is `CorruptRecords`,
+    a decompressor that cannot allocate its memory `OutOfMemory`.
 
     The result starts with `headroom` bytes for the caller to fill (a batch header, so that the
     plain batch is one buffer, never a copy of the payload). Without an allowance a payload that
@@ -127,7 +129,21 @@ def decompress(
     except (CorruptRecords, ResourceLimit):
         raise
     except Exception as exc:  # cramjam raises its own DecompressionError, ValueError, ...
+        if isinstance(exc, MemoryError) or _ALLOCATION_FAILED.search(str(exc)):
+            raise OutOfMemory(
+                f"{output.what} could not be decompressed: the proxy ran out of memory "
+                f"({exc or type(exc).__name__}); retry later"
+            ) from exc
         raise CorruptRecords(f"{codec.name.lower()} payload does not decompress: {exc}") from exc
+
+
+_ALLOCATION_FAILED = re.compile(
+    r"allocation error|allocation_failed|memory allocation|out of memory|not enough memory",
+    re.IGNORECASE,
+)
+"""How cramjam's codecs say an allocation failed (zstd: "Allocation error : not enough memory",
+lz4: "ERROR_allocation_failed"); a frame that asks for more than any decoder allows ("Frame
+requires too much memory for decoding") is the data's fault and stays corrupt."""
 
 
 class _Output:

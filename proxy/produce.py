@@ -340,9 +340,9 @@ class ProduceEngine:
             return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
         try:
             verdict = chain.check(parsed)
-        except BudgetExhausted as exc:
+        except BudgetExhausted as exc:  # MESSAGE_TOO_LARGE; OutOfMemory: NOT_ENOUGH_REPLICAS
             verdict = Verdict(
-                code=error_codes.MESSAGE_TOO_LARGE,
+                code=exc.error_code,
                 message=f"Records in topic partition {parsed.topic_partition} not checked: {exc}",
                 policy=DECODE_BUDGET,
             )

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from policies.config import PolicyConfigError, TopicRouting, build_routing
-from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
+from protocol.budget import Allowance, InlineLimitReached, MemoryBudget, OutOfMemory
 from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError, UnsupportedVersion
 from protocol.framing import BufferPool, Frame, FrameDecoder, size_prefix
@@ -983,8 +983,13 @@ class ProxyServer:
         self, outcome: PartitionOutcome, version: int, client_id: str | None, peer: str
     ) -> None:
         """Keep what was refused (or, in warn mode, would have been) and copy it to the
-        dead-letter topic when configured. Neither ever changes the client's answer."""
+        dead-letter topic when configured. Neither ever changes the client's answer.
+
+        A batch the proxy had no memory to decompress is neither: its client is told to send it
+        again (`OutOfMemory`), and a kept copy would be a second one once it does."""
         verdict = outcome.verdict
+        if verdict.policy == DECODE_BUDGET and verdict.code == OutOfMemory.error_code:
+            return
         if self.journal is not None:
             self.journal.append(
                 QuarantineEntry(
@@ -1035,7 +1040,12 @@ class ProxyServer:
             finally:
                 allowance.release()
 
-        batch = await self._off_loop(build)
+        try:
+            batch = await self._off_loop(build)
+        except Exception as exc:  # e.g. no memory to compress the copy: counted, never raised
+            self.metrics.dead_letters.labels("failed").inc()
+            log.warning("dead letter for %s-%d not built: %r", topic, partition, exc)
+            return
         try:
             await send_dead_letter(
                 list(self._bootstrap),

@@ -228,3 +228,97 @@ def test_transactional_batches_reach_the_dead_letter_topic_outside_the_transacti
         wait_for_dead_letters(proxy, 1)
     assert outcomes == ["committed", "aborted", "committed"]
     assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2], proxy)
+
+
+def padded(n: int) -> bytes:
+    """A JSON value that compresses well (librdkafka sends a batch that does not uncompressed)."""
+    return b'{"n": %d, "pad": "%s"}' % (n, b"x" * 1000)
+
+
+class ZstdFailingOnce:
+    """cramjam.zstd whose first decompression fails to allocate, as cramjam reports it."""
+
+    def __init__(self) -> None:
+        import cramjam
+
+        self.real = cramjam.zstd
+        self.failures = 0
+
+    def decompress_into(self, data: Any, out: Any) -> int:
+        import cramjam
+
+        if self.failures == 0:
+            self.failures += 1
+            raise cramjam.DecompressionError("Allocation error : not enough memory")
+        return int(self.real.decompress_into(data, out))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_once(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Answered NOT_ENOUGH_REPLICAS (retriable), not CORRUPT_MESSAGE: the client sends the
+    batch again and it is stored once; nothing is journaled or dead-lettered for it."""
+    import cramjam
+    from confluent_kafka import Producer
+
+    from protocol.messages import PRODUCE
+    from proxy.quarantine import read_entries
+
+    topic = make_topic(1)
+    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    failing = ZstdFailingOnce()
+    monkeypatch.setattr(cramjam, "zstd", failing)
+    failed: list[Any] = []
+    with run_proxy(
+        tansu.bootstrap,
+        topics=[{"match": topic, "policies": ["json"]}],
+        quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
+    ) as proxy:
+        producer = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "enable.idempotence": True,
+                "compression.type": "zstd",
+                "linger.ms": 50,
+                "retry.backoff.ms": 50,
+                "message.timeout.ms": 10000,
+            }
+        )
+        for n in range(3):
+            producer.produce(
+                topic,
+                value=padded(n),
+                key=b"k%d" % n,
+                partition=0,
+                on_delivery=lambda error, message: failed.append(error) if error else None,
+            )
+        assert producer.flush(15) == 0
+        assert proxy.server.journal is not None and proxy.server.journal.flush(10)
+        samples = scrape(proxy)
+        answers = [
+            [
+                (int(p.error_code), p.error_message)
+                for t in body.responses
+                for p in t.partition_responses
+            ]
+            for body in (
+                decode_response(frame, PRODUCE, version).body
+                for api_key, version, frame in list(proxy.responses)
+                if api_key == PRODUCE
+            )
+        ]
+    assert failing.failures == 1 and failed == []
+    assert answers[0][0][0] == 19, answers  # NOT_ENOUGH_REPLICAS
+    assert "ran out of memory" in (answers[0][0][1] or ""), answers
+    assert [code for ((code, _),) in answers[1:]] == [0] * (len(answers) - 1), answers
+    rows = original_rows(stored_batches(tansu, topic))
+    assert [(key, text) for key, text, _, _ in rows] == [
+        (b"k%d" % n, padded(n)) for n in range(3)
+    ], "each record stored once"
+    assert stored_batches(tansu, topic + ".dlq") == []
+    assert list(read_entries(tmp_path / "journal")) == []
+    assert value(samples, "kvproxy_dead_letters_total", result="written") == 0
+    assert value(samples, "kvproxy_dead_letters_total", result="failed") == 0
