@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import collections
 import datetime
+import hashlib
 import os
 import sys
 import time
@@ -262,6 +263,12 @@ async def _replay_async(
     timeout = config.upstream.connect_timeout_ms / 1000
     done = replayed_ids(directory)
     pending = [e for e in _entries(args, directory) if e.kind == "rejected" and e.id not in done]
+    # A client that retries a refused batch sends the same bytes again, and each refusal is an
+    # entry (a retriable answer, or a retry after a lost connection): they are written once.
+    written_as: dict[bytes, str] = {}
+    for earlier_entry in JournalReader(directory).entries(topic=args.topic):
+        if earlier_entry.kind == "rejected" and earlier_entry.id in done:
+            written_as.setdefault(same_records(earlier_entry), earlier_entry.id)
     settings = routing.config_override(args.topic)  # the YAML's, over the cluster's
     if routing.settings_needed(args.topic) and pending:
         described = await describe_topic_configs(
@@ -270,13 +277,24 @@ async def _replay_async(
         learned = described.get(args.topic)
         if learned is not None:
             settings = settings.over(from_cluster(learned).config)
-    passed = failed = records_written = 0
+    passed = failed = records_written = duplicates = 0
     # (topic, partition, leader "host:port") -> [entries, records] produced there
     written: dict[tuple[str, int, str], list[int]] = collections.defaultdict(lambda: [0, 0])
     marks_path = (directory / REPLAYED_FILE).resolve()
     with open(marks_path, "a", encoding="utf-8") as marks:
         for entry in pending:
             where = f"{entry.id} {entry.topic}-{entry.partition}"
+            twin = written_as.get(same_records(entry))
+            if twin is not None:
+                marks.write(entry.id + "\n")
+                marks.flush()
+                os.fsync(marks.fileno())
+                duplicates += 1
+                print(
+                    f"{where}: the same records as entry {twin}, replayed already (a retry of "
+                    "the same batch): nothing written; marked replayed"
+                )
+                continue
             chosen = replay_records(entry, all_records=args.all_records)
             if isinstance(chosen, str):
                 failed += 1
@@ -311,6 +329,7 @@ async def _replay_async(
             marks.write(entry.id + "\n")
             marks.flush()
             os.fsync(marks.fileno())
+            written_as[same_records(entry)] = entry.id
             passed += 1
             address = f"{leader[0]}:{leader[1]}"
             if not chosen.count:
@@ -339,6 +358,7 @@ async def _replay_async(
     print(
         f"{passed} replayed ({records_written} {_plural(records_written, 'record')}), "
         f"{failed} still failing, {earlier} replayed earlier"
+        + (f", {duplicates} the same as one replayed" if duplicates else "")
     )
     for (topic, partition, address), (entries, records) in sorted(written.items()):
         print(
@@ -347,9 +367,19 @@ async def _replay_async(
         )
     if not written:
         print("produced nothing")
-    print(f"replay marks: {marks_path} ({passed} added)")
+    print(f"replay marks: {marks_path} ({passed + duplicates} added)")
     # Non-zero while anything is left to replay, so that scripts and operators notice.
     return 1 if failed else 0
+
+
+def same_records(entry: QuarantineEntry) -> bytes:
+    """What makes two entries one for replay: the partition, the records bytes as sent and the
+    records refused (a retried batch carries the same timestamps, producer fields and CRC)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{entry.topic}\0{entry.partition}\0".encode())
+    digest.update(repr((entry.record_indexes, entry.record_indexes_omitted)).encode())
+    digest.update(entry.records)
+    return digest.digest()
 
 
 def _plural(count: int, word: str) -> str:

@@ -360,3 +360,52 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     assert sorted((journal_dir / "replayed.ids").read_text().split()) == sorted(
         [written_before.id, partly.id]
     )
+
+
+def test_a_batch_journaled_again_by_a_client_retry_is_written_once(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A client that retries a refused batch (a retriable answer: the legacy code of Produce
+    v0-v2, or a connection lost before the answer) sends the same bytes, and each refusal is an
+    entry. Replay writes them once, in this run and in a later one."""
+    topic = make_topic(1)
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir()
+    records = build_batch([(b"k", b"bad", None, 1_700_000_000_000)])
+    first, retry = (
+        QuarantineEntry.create(
+            "rejected", topic, 0, policy="json", code=2, records=records, record_indexes=(0,)
+        )
+        for _ in range(2)
+    )
+    other = QuarantineEntry.create(
+        "rejected",
+        topic,
+        0,
+        policy="json",
+        code=2,
+        records=build_batch([(b"k", b"bad", None, 1_700_000_000_001)]),
+        record_indexes=(0,),
+    )
+    segment = journal_dir / segment_name(0)
+    segment.write_bytes(
+        b"".join(encode_entry(e.to_metadata(), e.records) for e in (first, retry, other))
+    )
+    config = relaxed_config(tmp_path, tansu, journal_dir)
+    out = replay(config, topic)
+    assert f"{first.id} {topic}-0: passes now, 1 record replayed to" in out, out
+    assert f"{retry.id} {topic}-0: the same records as entry {first.id}, replayed already" in out, (
+        out
+    )
+    assert "2 replayed (2 records), 0 still failing, 0 replayed earlier, 1 the same" in out, out
+    assert stored(tansu, topic) == [b"bad", b"bad"]  # `first` and `other`: two sends
+
+    # the same batch refused once more, journaled after the replay: still written once
+    late = QuarantineEntry.create(
+        "rejected", topic, 0, policy="json", code=2, records=records, record_indexes=(0,)
+    )
+    with segment.open("ab") as out_file:
+        out_file.write(encode_entry(late.to_metadata(), late.records))
+    again = replay(config, topic)
+    assert f"{late.id} {topic}-0: the same records as entry {first.id}" in again, again
+    assert stored(tansu, topic) == [b"bad", b"bad"]
