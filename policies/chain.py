@@ -88,8 +88,6 @@ class PolicyChain:
 
     def _failed(self, name: str, exc: Exception, produced: ProducedRecords) -> Verdict:
         """The verdict when policy `name` raised `exc` instead of answering."""
-        if isinstance(exc, ResourceLimit):
-            raise exc
         if isinstance(exc, PolicyViolation):
             return Verdict(error_codes.POLICY_VIOLATION, str(exc), policy=name)
         if isinstance(exc, InvalidRecords):  # Kafka's record iterators' words, INVALID_RECORD

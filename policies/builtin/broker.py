@@ -11,7 +11,7 @@ embeds a Java `toString()` of a record, `java_record` reproduces it (exactly for
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from policies.api import (
     ACCEPT,
@@ -646,38 +646,31 @@ class BrokerChecks:
         """The grouped policies were configured one by one."""
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
-        for name, step in self._steps:
-            verdict = _run(name, step, batch)
-            if verdict.code:
-                return verdict.with_policy(name)
-        found: list[tuple[str, int, str | None, RecordErrorList]] = []
-        for name, code, rejection, check in self._records:
-            errors = _run(name, check, batch)
-            if errors:
-                found.append((name, code, rejection, errors))
-        if found:
-            return merge_record_errors(found)
-        for name, step in self._after:
-            verdict = _run(name, step, batch)
-            if verdict.code:
-                return verdict.with_policy(name)
+        name = ""  # the stage running: an exception leaves as `PolicyFailed` naming its policy
+        try:
+            for name, step in self._steps:
+                verdict = step(batch)
+                if verdict.code:
+                    return verdict.with_policy(name)
+            found: list[tuple[str, int, str | None, RecordErrorList]] = []
+            for name, code, rejection, check in self._records:
+                errors = check(batch)
+                if errors:
+                    found.append((name, code, rejection, errors))
+            if found:
+                return merge_record_errors(found)
+            for name, step in self._after:
+                verdict = step(batch)
+                if verdict.code:
+                    return verdict.with_policy(name)
+        except ResourceLimit:
+            raise  # not the policy's failure: the chain's caller answers it
+        except Exception as exc:
+            raise PolicyFailed(name, exc) from exc
         return ACCEPT
 
     def close(self) -> None:
         """The chain closes the grouped policies themselves."""
-
-
-_T = TypeVar("_T")
-
-
-def _run(name: str, step: Callable[[ProducedRecords], _T], batch: ProducedRecords) -> _T:
-    """One stage; its exception leaves as `PolicyFailed` naming the policy (limits as they are)."""
-    try:
-        return step(batch)
-    except ResourceLimit:
-        raise
-    except Exception as exc:
-        raise PolicyFailed(name, exc) from exc
 
 
 def merge_record_errors(found: Sequence[tuple[str, int, str | None, RecordErrorList]]) -> Verdict:

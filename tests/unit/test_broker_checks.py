@@ -22,8 +22,8 @@ from policies.producer_state import ProducerStateTracker
 from protocol import error_codes
 from protocol.compression import Codec
 from protocol.records import build_batch
+from tests.unit.test_policies_broker import NOW, produced
 
-NOW = 1_700_000_000_000
 HOUR = 3_600_000
 PREMATURE_EOF = "Incorrect declared batch size, premature EOF reached"
 REMAINING = "Incorrect declared batch size, records still remaining in file"
@@ -34,22 +34,6 @@ def chain(policies: list[Any] | None = None, **topic: Any) -> PolicyChain:
     defaults = {"policies": policies} if policies is not None else None
     routing = build_routing(defaults, [{"match": "t", **topic}] if topic else [], Path("."))
     return routing.chain_for("t")
-
-
-def produced(raw: bytes, *, version: int = 9, **kw: Any) -> ProducedRecords:
-    result = parse_records(
-        "t",
-        0,
-        raw,
-        produce_version=version,
-        acks=-1,
-        transactional_id=None,
-        compacted=kw.pop("compacted", None),
-        now_ms=NOW,
-        topic_config=kw.pop("topic_config", None),
-    )
-    assert isinstance(result, ProducedRecords), result
-    return result
 
 
 def recs(n: int, key: bytes | None = b"k", ts: int = NOW) -> list[Any]:
@@ -341,3 +325,21 @@ def test_size_refusals_keep_their_code_on_legacy_produce_versions(code: int) -> 
     assert [engine.answer_code(verdict, version) for version in (0, 2, 9)] == [code] * 3
     other = Verdict(error_codes.INVALID_RECORD, "x", policy="batch_integrity")
     assert engine.answer_code(other, 2) == error_codes.CORRUPT_MESSAGE
+
+
+def test_a_grouped_check_that_crashes_fails_closed_under_its_own_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker check that raises inside `BrokerChecks` is that policy's failure: INVALID_RECORD,
+    counted and named as such, as any policy that crashes."""
+    from policies.builtin.broker import CompactedKeyPolicy
+
+    def broken(_batch: ProducedRecords) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(CompactedKeyPolicy, "record_errors", staticmethod(broken))
+    policy_chain = chain()
+    verdict = policy_chain.check(produced(build_batch(recs(1)), compacted=True))
+    assert (verdict.code, verdict.policy) == (error_codes.INVALID_RECORD, "compacted_key")
+    assert verdict.message == "policy compacted_key failed: RuntimeError('boom')"
+    assert policy_chain.crash_counts == {"compacted_key": 1}

@@ -31,6 +31,7 @@ def produced(raw: bytes | None, *, version: int = 9, **kw: Any) -> ProducedRecor
         transactional_id=None,
         compacted=kw.pop("compacted", None),
         now_ms=NOW,
+        topic_config=kw.pop("topic_config", None),
     )
     assert isinstance(result, ProducedRecords), result
     return result
