@@ -72,7 +72,8 @@ from policies.chain import PolicyChain
 from policies.config import DEFAULT_POLICIES, build_routing
 from protocol.compression import Codec, decompress
 from protocol.messages import PRODUCE, decode_request, encode_request, make_request
-from protocol.records import V2_HEADER_SIZE, build_batch
+from protocol.records import build_batch
+from protocol.records.layout import V2_HEADER_SIZE
 from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 
 TOPIC = "bench-engine"

@@ -41,7 +41,8 @@ from protocol.messages import (
     make_request,
     supported_versions,
 )
-from protocol.records import LOG_OVERHEAD, RecordBatch, iter_batches
+from protocol.records import RecordBatch, iter_batches
+from protocol.records.layout import LOG_OVERHEAD
 
 __all__ = [
     "LiveRange",

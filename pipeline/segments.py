@@ -21,7 +21,7 @@ from typing import IO
 import crc32c
 
 from pipeline import files
-from protocol.records import (
+from protocol.records.layout import (
     LOG_OVERHEAD,
     MIN_LENGTH,
     MIN_LENGTH_BY_MAGIC,

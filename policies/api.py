@@ -21,7 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 from protocol import error_codes
 from protocol.budget import Allowance
 from protocol.errors import BufferUnderflow, DecodeError
-from protocol.records import Record, RecordBatch, first_batch_incomplete, read_batches
+from protocol.records import Record, RecordBatch, read_batches
+from protocol.records.readers import first_batch_incomplete
 
 __all__ = [
     "ACCEPT",

@@ -29,7 +29,8 @@ from policies.config import TopicRouting
 from policies.topic_settings import from_cluster
 from protocol.error_codes import error_name
 from protocol.errors import DecodeError, ProtocolError
-from protocol.records import as_own_producer, iter_batches, read_batches
+from protocol.records import iter_batches, read_batches
+from protocol.records.own_producer import as_own_producer
 from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.dump import preview
 from proxy.quarantine import JournalReader, QuarantineEntry

@@ -14,11 +14,11 @@ from protocol.errors import BufferUnderflow, CorruptRecords, EncodeError, Unsupp
 from protocol.records import (
     Record,
     RecordBatch,
-    _encode_message,
     build_batch,
     iter_batches,
     read_batch,
 )
+from protocol.records.writer import _encode_message
 from tests.unit.records_testdata import (
     MAGIC_CODECS,
     SEGMENTS,
