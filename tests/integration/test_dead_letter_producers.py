@@ -264,7 +264,7 @@ def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_onc
     from confluent_kafka import Producer
 
     from protocol.messages import PRODUCE
-    from proxy.quarantine import read_entries
+    from proxy.quarantine import JournalReader
 
     topic = make_topic(1)
     create_topic(tansu.bootstrap, topic + ".dlq", 1)
@@ -318,6 +318,6 @@ def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_onc
         (b"k%d" % n, padded(n)) for n in range(3)
     ], "each record stored once"
     assert stored_batches(tansu, topic + ".dlq") == []
-    assert list(read_entries(tmp_path / "journal")) == []
+    assert list(JournalReader(tmp_path / "journal").entries()) == []
     assert value(samples, "kvproxy_dead_letters_total", result="written") == 0
     assert value(samples, "kvproxy_dead_letters_total", result="failed") == 0

@@ -21,7 +21,7 @@ import pytest
 from protocol.compression import Codec
 from protocol.messages import PRODUCE, decode_response
 from protocol.records import build_batch
-from proxy.quarantine import read_entries
+from proxy.quarantine import JournalReader
 from tests.harness import Broker, create_topic
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawKafkaClient
@@ -114,7 +114,7 @@ def test_a_legacy_wrapper_that_does_not_decompress_is_corrupt_message_and_the_co
         wait_until(lambda: dead_letter_counts(proxy) == (4, 0), "the dead letters to be written")
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
         assert value(scrape(proxy), "kvproxy_connections_closed_total", reason="malformed") == 0
-    entries = list(read_entries(journal_dir))
+    entries = list(JournalReader(journal_dir).entries())
     assert [(e.partition, e.code, e.produce_version, e.records) for e in entries] == [
         (0, CORRUPT_MESSAGE, version, parts[0][2]),
         (1, CORRUPT_MESSAGE, version, parts[1][2]),
@@ -192,7 +192,7 @@ def test_a_transactional_batch_without_a_transactional_id_is_refused_for_every_p
         samples = scrape(proxy)
         assert value(samples, "kvproxy_requests_total", api="produce", outcome="rejected") == 1
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
-    entries = list(read_entries(journal_dir))
+    entries = list(JournalReader(journal_dir).entries())
     assert [(e.topic, e.partition, e.policy, e.code, e.kind) for e in entries] == [
         (topic, 0, "transactional_id", 53, "rejected"),
         (topic, 1, "transactional_id", 53, "rejected"),

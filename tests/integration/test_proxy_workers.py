@@ -26,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.quarantine import read_entries
+from proxy.quarantine import JournalReader
 from tests.harness import Broker
 from tests.harness.clients import consume_through
 from tests.harness.proxy import free_port_range
@@ -341,7 +341,9 @@ def test_rejected_records_are_journaled_per_worker_and_listed(
 
     def journaled() -> dict[int, int] | None:
         counts = {
-            index: sum(1 for e in read_entries(journal / f"worker-{index}") if e.topic == topic)
+            index: sum(
+                1 for e in JournalReader(journal / f"worker-{index}").entries() if e.topic == topic
+            )
             for index in range(WORKERS)
         }
         return counts if sum(counts.values()) == CONNECTIONS else None

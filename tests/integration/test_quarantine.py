@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 import yaml
 
-import proxy.quarantine as quarantine_module
+import proxy.quarantine.journal as journal_module
 from protocol.journal import encode_entry
 from protocol.messages import PRODUCE, decode_response
 from protocol.records import build_batch, iter_batches
-from proxy.quarantine import Journal, QuarantineEntry, read_entries, segment_name
+from proxy.quarantine import Journal, JournalReader, QuarantineEntry, segment_name
 from tests.harness import Broker, create_topic
 from tests.harness.proxy import RunningProxy, free_port_range, run_proxy
+from tests.harness.quarantine import new_entry
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.tansu import free_port
 from tests.integration.test_metrics import get, scrape, value
@@ -159,7 +160,7 @@ def test_rejected_records_are_listed_shown_and_replayed_exactly_once(
         assert proxy.server.journal.flush(10), "the journal did not flush"
     assert stored(tansu, topic) == [b'{"ok": 1}']
 
-    entries = list(read_entries(journal_dir))
+    entries = list(JournalReader(journal_dir).entries())
     assert [values_of(e.records) for e in entries] == [[b"not json at all"], [BINARY]]
     for entry in entries:
         assert (entry.kind, entry.topic, entry.partition) == ("rejected", topic, 0)
@@ -237,9 +238,9 @@ def test_replay_exits_1_while_entries_still_fail_and_says_where_it_wrote(
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
     entries = [
-        QuarantineEntry.create("rejected", topic, 0, policy="x", code=87, records=batch(b"{}")),
-        QuarantineEntry.create("rejected", topic, 0, policy="x", code=87, records=batch(b"no")),
-        QuarantineEntry.create("rejected", topic, 5, policy="x", code=87, records=batch(b"{}")),
+        new_entry("rejected", topic, 0, policy="x", code=87, records=batch(b"{}")),
+        new_entry("rejected", topic, 0, policy="x", code=87, records=batch(b"no")),
+        new_entry("rejected", topic, 5, policy="x", code=87, records=batch(b"{}")),
     ]
     (journal_dir / segment_name(0)).write_bytes(
         b"".join(encode_entry(e.to_metadata(), e.records) for e in entries)
@@ -384,7 +385,7 @@ def test_kill_9_mid_loop_keeps_every_entry_before_the_torn_tail(
     journal = Journal(journal_dir, segment_bytes=4096)
     report = journal.open()
     try:
-        entries = list(journal.entries(kinds=None))
+        entries = list(JournalReader(journal.directory).entries(kinds=None))
     finally:
         journal.close()
     assert report.corrupt_segments == ()
@@ -440,7 +441,7 @@ def test_kill_9_mid_loop_keeps_every_entry_before_the_torn_tail(
             proc.wait(10)
     restart_log = log.read_text(errors="replace").splitlines()[lines_before:]
     assert any(f"{len(entries)} entries in" in line for line in restart_log), restart_log
-    after = list(read_entries(journal_dir))
+    after = list(JournalReader(journal_dir).entries())
     assert [values_of(e.records) for e in after] == [
         *([b"bad-%d" % n] for n in range(len(entries))),
         [b"after the restart"],
@@ -459,7 +460,7 @@ def test_failing_journal_writes_keep_client_answers_and_report_degraded(
 ) -> None:
     topic = make_topic(2)
     journal_dir = tmp_path / "journal"
-    real_write_all = quarantine_module._write_all
+    real_write_all = journal_module._write_all
     disk_full = True
 
     def write_all(fd: int, data: bytes) -> None:
@@ -468,7 +469,7 @@ def test_failing_journal_writes_keep_client_answers_and_report_degraded(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write_all(fd, data)
 
-    monkeypatch.setattr(quarantine_module, "_write_all", write_all)
+    monkeypatch.setattr(journal_module, "_write_all", write_all)
     with run_proxy(
         tansu.bootstrap,
         topics=[{"match": topic, **JSON_ONLY}],
@@ -513,7 +514,7 @@ def test_failing_journal_writes_keep_client_answers_and_report_degraded(
         assert value(samples, "kvproxy_quarantine_entries_total", result="failed") == 1
     assert stored(tansu, topic, 0) == []
     assert stored(tansu, topic, 1) == [b'{"n": 1}']
-    reader = quarantine_module.JournalReader(journal_dir)
+    reader = JournalReader(journal_dir)
     kept = list(reader.entries())
     assert [values_of(e.records) for e in kept] == [[b"kept again"]], (
         "the half-written entry must have been cut back, leaving a readable journal"
@@ -638,7 +639,7 @@ def test_warn_mode_stores_the_record_and_journals_it_as_warned(
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
         samples = scrape(proxy)
     assert stored(tansu, topic) == [b"not json", b"{}"]
-    entries = list(read_entries(journal_dir))
+    entries = list(JournalReader(journal_dir).entries())
     assert len(entries) == 1, entries
     entry = entries[0]
     assert (entry.kind, entry.topic, entry.partition, entry.policy, entry.code) == (
@@ -654,7 +655,7 @@ def test_warn_mode_stores_the_record_and_journals_it_as_warned(
     assert value(samples, "kvproxy_dead_letters_total", result="written") == 0
     assert value(samples, "kvproxy_dead_letters_total", result="failed") == 0
     # and replay only takes rejected entries: nothing to do for a warned one
-    assert list(read_entries(journal_dir, kinds=("rejected",))) == []
+    assert list(JournalReader(journal_dir).entries(kinds=("rejected",))) == []
 
 
 def test_a_batch_past_the_decoding_budget_goes_to_the_dead_letter_topic_as_sent(

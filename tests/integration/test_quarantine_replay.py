@@ -18,9 +18,10 @@ import yaml
 from protocol.journal import encode_entry
 from protocol.messages import FETCH, decode_response
 from protocol.records import build_batch, iter_batches
-from proxy.quarantine import QuarantineEntry, read_entries, segment_name
+from proxy.quarantine import JournalReader, segment_name
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
+from tests.harness.quarantine import new_entry
 from tests.harness.raw_client import RawKafkaClient
 from tests.integration.test_policies_answers import JSON_ONLY, stored
 from tests.integration.test_proxy_ordering import fetch_request, topic_id_of
@@ -156,7 +157,7 @@ def test_an_idempotent_producers_refused_records_are_replayed_once(
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
     assert [o is None for o in outcomes] == [True] * 3 + [False] * 3, outcomes
     assert stored(tansu, topic) == GOOD
-    entries = list(read_entries(journal_dir))
+    entries = list(JournalReader(journal_dir).entries())
     assert len(entries) == 3, entries
 
     first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 3, 3)
@@ -193,7 +194,7 @@ async def test_a_kip_467_producers_innocent_records_are_not_replayed(
     assert refused == [2, 7], outcomes
     innocent = [v for i, v in enumerate(values) if i not in (2, 7)]
     assert stored(tansu, topic) == innocent
-    (entry,) = read_entries(journal_dir)
+    (entry,) = JournalReader(journal_dir).entries()
     assert entry.record_indexes == (2, 7)
 
     first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 1, 2)
@@ -216,13 +217,11 @@ def test_all_records_replays_the_innocent_ones_too(
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
     rows = [(b"k", f"v{i}".encode(), None, None) for i in range(3)]
-    named = QuarantineEntry.create(
+    named = new_entry(
         "rejected", topic, 0, policy="x", code=87, records=build_batch(rows), record_indexes=(1,)
     )
-    whole = QuarantineEntry.create(
-        "rejected", topic, 0, policy="x", code=2, records=build_batch(rows)
-    )
-    cut = QuarantineEntry.create(
+    whole = new_entry("rejected", topic, 0, policy="x", code=2, records=build_batch(rows))
+    cut = new_entry(
         "rejected",
         topic,
         0,
@@ -245,7 +244,7 @@ def test_all_records_replays_the_innocent_ones_too(
     again = make_topic(1)
     other_dir = tmp_path / "other"
     other_dir.mkdir()
-    moved = QuarantineEntry.create(
+    moved = new_entry(
         "rejected", again, 0, policy="x", code=87, records=build_batch(rows), record_indexes=(1,)
     )
     (other_dir / segment_name(0)).write_bytes(encode_entry(moved.to_metadata(), moved.records))
@@ -297,7 +296,7 @@ def test_a_transactional_batch_is_replayed_outside_any_transaction(
         producer.abort_transaction(15)
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
     assert stored(tansu, topic) == []
-    (entry,) = read_entries(journal_dir)
+    (entry,) = JournalReader(journal_dir).entries()
     assert entry.record_indexes == (1,)
 
     first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 1, 1)
@@ -322,7 +321,7 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     journal_dir.mkdir()
     now = int(time.time() * 1000)
     rows = [(b"k", f"v{i}".encode(), [("h", b"x")], now - 1000 + i) for i in range(4)]
-    written_before = QuarantineEntry.create(
+    written_before = new_entry(
         "rejected", topic, 0, policy="x", code=87, records=build_batch(rows[:2])
     )
     (journal_dir / segment_name(0)).write_bytes(
@@ -333,9 +332,7 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     (journal_dir / "replayed.ids").unlink()  # as if the run had stopped before marking it
 
     # The client sent v2 again itself (the same record, timestamp included); v3 it did not.
-    partly = QuarantineEntry.create(
-        "rejected", topic, 0, policy="x", code=87, records=build_batch(rows[2:])
-    )
+    partly = new_entry("rejected", topic, 0, policy="x", code=87, records=build_batch(rows[2:]))
     with (journal_dir / segment_name(0)).open("ab") as segment:
         segment.write(encode_entry(partly.to_metadata(), partly.records))
     producer = Producer({"bootstrap.servers": tansu.bootstrap})
@@ -373,12 +370,10 @@ def test_a_batch_journaled_again_by_a_client_retry_is_written_once(
     journal_dir.mkdir()
     records = build_batch([(b"k", b"bad", None, 1_700_000_000_000)])
     first, retry = (
-        QuarantineEntry.create(
-            "rejected", topic, 0, policy="json", code=2, records=records, record_indexes=(0,)
-        )
+        new_entry("rejected", topic, 0, policy="json", code=2, records=records, record_indexes=(0,))
         for _ in range(2)
     )
-    other = QuarantineEntry.create(
+    other = new_entry(
         "rejected",
         topic,
         0,
@@ -401,7 +396,7 @@ def test_a_batch_journaled_again_by_a_client_retry_is_written_once(
     assert stored(tansu, topic) == [b"bad", b"bad"]  # `first` and `other`: two sends
 
     # the same batch refused once more, journaled after the replay: still written once
-    late = QuarantineEntry.create(
+    late = new_entry(
         "rejected", topic, 0, policy="json", code=2, records=records, record_indexes=(0,)
     )
     with segment.open("ab") as out_file:

@@ -22,9 +22,10 @@ from protocol.journal import encode_entry
 from protocol.records import build_batch
 from proxy.cli import main as kvproxy
 from proxy.config import TopicConfigsConfig
-from proxy.quarantine import QuarantineEntry, segment_name
+from proxy.quarantine import segment_name
 from tests.harness import Broker, free_port
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.quarantine import new_entry
 
 LONG_MAX = 2**63 - 1
 HOUR_MS = 3_600_000
@@ -260,7 +261,7 @@ def test_replay_checks_a_journaled_batch_against_the_learned_settings(
     journal = tmp_path / "journal"
     journal.mkdir()
     large, small = (
-        QuarantineEntry.create(
+        new_entry(
             "rejected",
             topic,
             0,

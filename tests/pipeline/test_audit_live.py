@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from pipeline.job import AuditRequest, run_audit
 from protocol.records import iter_batches
-from proxy.quarantine import read_entries
+from proxy.quarantine import JournalReader
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
 
@@ -64,7 +64,7 @@ def _read_back(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
 def _warned(journal: Path) -> set[tuple[str, int, int]]:
     """(policy, code, value size) of every record the proxy's journal says it warned about."""
     found = set()
-    for entry in read_entries(journal):
+    for entry in JournalReader(journal).entries():
         assert entry.kind == "warned"
         records = [r for b in iter_batches(entry.records) for r in b.records()]
         for index in entry.record_indexes:

@@ -16,6 +16,7 @@ from protocol.topics import is_legal_topic_name
 from proxy import topic_configs
 from proxy.quarantine import QuarantineEntry
 from proxy.topic_configs import TopicConfigCache
+from tests.harness.quarantine import new_entry
 
 INVENTED = [f"invented-{n}" for n in range(25_000)]
 
@@ -89,7 +90,7 @@ def test_producer_state_keeps_no_name_longer_than_a_topic() -> None:
 
 
 def test_quarantine_metadata_is_bounded_whatever_the_client_sent() -> None:
-    entry = QuarantineEntry.create(
+    entry = new_entry(
         "rejected",
         "t" * 32_000,
         0,
@@ -113,7 +114,7 @@ def test_quarantine_metadata_is_bounded_whatever_the_client_sent() -> None:
 
 
 def test_quarantine_metadata_of_an_ordinary_entry_is_unchanged() -> None:
-    entry = QuarantineEntry.create(
+    entry = new_entry(
         "rejected", "orders", 1, client_id="app", message="bad", record_indexes=(0, 2)
     )
     metadata = entry.to_metadata()

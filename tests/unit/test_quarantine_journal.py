@@ -1,4 +1,4 @@
-"""proxy/quarantine.py: the journal on disk (segments, roll, retention, recovery, write errors)."""
+"""proxy/quarantine/: the journal on disk (segments, roll, retention, recovery, write errors)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,9 @@ import pytest
 
 from protocol.journal import encode_entry
 from protocol.records import build_batch
-from proxy import quarantine
-from proxy.quarantine import (
-    Journal,
-    JournalReader,
-    QuarantineEntry,
-    open_journal_for_reading,
-    read_entries,
-    segment_name,
-)
+from proxy.quarantine import Journal, JournalReader, QuarantineEntry, segment_name
+from proxy.quarantine import journal as journal_module
+from tests.harness.quarantine import new_entry, replay_mark
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = build_batch([(b"k1", b"bad value", [("h", b"v")], 1000), (None, b"\xff", None, 1001)])
@@ -85,6 +79,11 @@ def segment_sizes(directory: Path) -> list[int]:
     return [path.stat().st_size for path in sorted(directory.glob("*.kvq"))]
 
 
+def read(journal: Journal) -> JournalReader:
+    """What is on disk in `journal`'s directory (call `flush()` first to see every append)."""
+    return JournalReader(journal.directory)
+
+
 # -- round trip --------------------------------------------------------------------------------
 
 
@@ -97,17 +96,17 @@ def test_append_flush_entries_round_trip(journal_factory: Callable[..., Journal]
     for item in written:
         journal.append(item)
     assert journal.flush(timeout=10)
-    assert list(journal.entries()) == written
+    assert list(read(journal).entries()) == written
     assert journal.written == 21
     assert (journal.failed_writes, journal.dropped, journal.degraded) == (0, 0, None)
-    assert list(journal.entries(topic="logs")) == [written[-1]]
-    assert list(journal.entries(kinds=("warned",))) == [written[-1]]
+    assert list(read(journal).entries(topic="logs")) == [written[-1]]
+    assert list(read(journal).entries(kinds=("warned",))) == [written[-1]]
     base = 1_800_000_000_000
-    assert [e.id for e in journal.entries(since_ms=base + 5, until_ms=base + 8)] == [
+    assert [e.id for e in read(journal).entries(since_ms=base + 5, until_ms=base + 8)] == [
         f"{n:032x}" for n in (5, 6, 7)
     ]
     journal.close()
-    assert list(read_entries(journal.directory)) == written  # and again after close
+    assert list(read(journal).entries()) == written  # and again after close
 
 
 def test_metadata_is_plain_json_with_the_documented_keys() -> None:
@@ -145,24 +144,24 @@ def test_create_and_replay_marks(journal_factory: Callable[..., Journal]) -> Non
     clock = Clock()
     journal = journal_factory(clock=clock)
     journal.open()
-    first = QuarantineEntry.create("rejected", "orders", 1, clock=clock, records=BATCH, code=87)
-    second = QuarantineEntry.create("warned", "orders", 2, clock=clock)
+    first = new_entry("rejected", "orders", 1, clock=clock, records=BATCH, code=87)
+    second = new_entry("warned", "orders", 2, clock=clock)
     assert len(first.id) == 32 and first.id != second.id
     assert first.time_ms == int(clock.now * 1000)
     journal.append(first)
     journal.append(second)
-    journal.append(QuarantineEntry.replay_mark(first, clock=clock))
+    journal.append(replay_mark(first, clock=clock))
     assert journal.flush(timeout=10)
-    assert journal.replayed_ids() == {first.id}
-    assert list(journal.entries()) == [first, second]  # marks are not listed by default
-    (mark,) = journal.entries(kinds=("replayed",))
+    assert read(journal).replayed_ids() == {first.id}
+    assert list(read(journal).entries()) == [first, second]  # marks are not listed by default
+    (mark,) = read(journal).entries(kinds=("replayed",))
     assert (mark.topic, mark.partition, mark.records, mark.replayed_id) == (
         "orders",
         1,
         b"",
         first.id,
     )
-    assert len(list(journal.entries(kinds=None))) == 3
+    assert len(list(read(journal).entries(kinds=None))) == 3
 
 
 # -- segments, roll and retention --------------------------------------------------------------
@@ -176,10 +175,10 @@ def test_rolls_by_size_and_reads_across_segments(journal_factory: Callable[..., 
     for item in written:
         journal.append(item)
     assert journal.flush(timeout=10)
-    names = [path.name for path in journal.segment_paths()]
+    names = [path.name for path in read(journal).segments()]
     assert names == [segment_name(n) for n in range(4)]
     assert segment_sizes(journal.directory) == [3 * size, 3 * size, 3 * size, size]
-    assert list(journal.entries()) == written
+    assert list(read(journal).entries()) == written
     journal.close()
     # Reopened, it goes on appending to the last segment, which has room.
     again = journal_factory(segment_bytes=3 * size + 10)
@@ -197,8 +196,8 @@ def test_an_entry_larger_than_a_segment_gets_its_own(
     for n in range(3):
         journal.append(entry(n))
     assert journal.flush(timeout=10)
-    assert len(journal.segment_paths()) == 3
-    assert len(list(journal.entries())) == 3
+    assert len(read(journal).segments()) == 3
+    assert len(list(read(journal).entries())) == 3
 
 
 def test_retention_by_bytes_deletes_oldest_segments_never_the_active(
@@ -213,15 +212,15 @@ def test_retention_by_bytes_deletes_oldest_segments_never_the_active(
     # Checked on each roll (when the new segment is still empty): the total stays within
     # retention_bytes + segment_bytes. Segments 0-2 went; 3, 4 and the active 5 remain.
     assert segment_sizes(journal.directory) == [2 * size] * 3
-    kept = [e.id for e in journal.entries()]
+    kept = [e.id for e in read(journal).entries()]
     assert kept == [f"{n:032x}" for n in range(6, 12)]
-    assert journal.segment_paths()[-1].name == segment_name(5)
+    assert read(journal).segments()[-1].name == segment_name(5)
     # Tiny retention: everything but the active segment goes; the active one stays.
     journal.close()
     tiny = journal_factory(segment_bytes=2 * size, retention_bytes=1)
     report = tiny.open()
     assert report.segments >= 2
-    assert [path.name for path in tiny.segment_paths()] == [segment_name(5)]
+    assert [path.name for path in read(tiny).segments()] == [segment_name(5)]
 
 
 def test_retention_by_age_on_roll_and_on_open(journal_factory: Callable[..., Journal]) -> None:
@@ -235,17 +234,17 @@ def test_retention_by_age_on_roll_and_on_open(journal_factory: Callable[..., Jou
     journal.append(entry(1, time_ms=now_ms - 2 * hour))  # segment 1: young
     journal.append(entry(2, time_ms=now_ms))  # segment 2: rolls, retention runs
     assert journal.flush(timeout=10)
-    assert [e.partition for e in journal.entries()] == [1, 2]
+    assert [e.partition for e in read(journal).entries()] == [1, 2]
     journal.close()
     clock.now += 23 * 3600  # entry 1 is now 25 h old, entry 2 is 23 h old
     later = journal_factory(segment_bytes=size, retention_ms=24 * hour, clock=clock)
     later.open()
-    assert [e.partition for e in later.entries()] == [2]
+    assert [e.partition for e in read(later).entries()] == [2]
     clock.now += 10 * 3600  # everything is old, but the active segment is never deleted
     last = journal_factory(segment_bytes=size, retention_ms=24 * hour, clock=clock)
     later.close()
     last.open()
-    assert [e.partition for e in last.entries()] == [2]
+    assert [e.partition for e in read(last).entries()] == [2]
 
 
 # -- recovery ----------------------------------------------------------------------------------
@@ -263,7 +262,7 @@ def _fill(journal_factory: Callable[..., Journal], count: int, **kwargs: object)
 
 def test_torn_tail_is_truncated_on_open(journal_factory: Callable[..., Journal]) -> None:
     journal = _fill(journal_factory, 5)
-    (path,) = journal.segment_paths()
+    (path,) = read(journal).segments()
     good = path.stat().st_size
     last_entry = len(encode_entry(entry(4).to_metadata(), BATCH))
     with open(path, "r+b") as file:
@@ -276,7 +275,7 @@ def test_torn_tail_is_truncated_on_open(journal_factory: Callable[..., Journal])
     assert path.stat().st_size == good - last_entry
     reopened.append(entry(99))
     assert reopened.flush(timeout=10)
-    assert [e.id for e in reopened.entries()] == [f"{n:032x}" for n in (0, 1, 2, 3, 99)]
+    assert [e.id for e in read(reopened).entries()] == [f"{n:032x}" for n in (0, 1, 2, 3, 99)]
 
 
 @pytest.mark.parametrize(
@@ -286,7 +285,7 @@ def test_garbage_after_the_last_entry_is_truncated(
     journal_factory: Callable[..., Journal], garbage: bytes
 ) -> None:
     journal = _fill(journal_factory, 3)
-    (path,) = journal.segment_paths()
+    (path,) = read(journal).segments()
     good = path.stat().st_size
     with open(path, "ab") as file:
         file.write(garbage)
@@ -294,7 +293,7 @@ def test_garbage_after_the_last_entry_is_truncated(
     report = reopened.open()
     assert (report.entries, report.truncated_bytes) == (3, len(garbage))
     assert path.stat().st_size == good
-    assert len(list(reopened.entries())) == 3
+    assert len(list(read(reopened).entries())) == 3
 
 
 def test_corrupt_entry_in_an_older_segment_is_reported_and_kept(
@@ -302,7 +301,7 @@ def test_corrupt_entry_in_an_older_segment_is_reported_and_kept(
 ) -> None:
     size = len(encode_entry(entry(0).to_metadata(), BATCH))
     journal = _fill(journal_factory, 6, segment_bytes=2 * size)
-    first = journal.segment_paths()[0]
+    first = read(journal).segments()[0]
     data = bytearray(first.read_bytes())
     data[size + 40] ^= 0xFF  # the second entry of segment 0
     first.write_bytes(bytes(data))
@@ -311,19 +310,18 @@ def test_corrupt_entry_in_an_older_segment_is_reported_and_kept(
     assert report.corrupt_segments == (first.name,)
     assert (report.entries, report.truncated_bytes, report.truncated_segment) == (5, 0, None)
     assert first.stat().st_size == 2 * size  # left alone
-    assert [e.partition for e in reopened.entries()] == [n % 3 for n in (0, 2, 3, 4, 5)]
+    assert [e.partition for e in read(reopened).entries()] == [n % 3 for n in (0, 2, 3, 4, 5)]
 
 
 def test_reader_never_truncates_and_reports_the_torn_tail(
     journal_factory: Callable[..., Journal],
 ) -> None:
     journal = _fill(journal_factory, 2)
-    (path,) = journal.segment_paths()
+    (path,) = read(journal).segments()
     with open(path, "ab") as file:
         file.write(encode_entry(entry(2).to_metadata(), BATCH)[:30])  # being written
     size = path.stat().st_size
-    reader = open_journal_for_reading(journal.directory)
-    assert isinstance(reader, JournalReader)
+    reader = read(journal)
     assert len(list(reader.entries())) == 2
     (problem,) = reader.problems
     assert problem.torn_tail and problem.segment == path.name
@@ -335,14 +333,14 @@ CHILD = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from proxy import quarantine
+    from proxy.quarantine import journal as journal_module
     from tests.unit.test_quarantine_journal import entry
 
     directory, mode = Path(sys.argv[1]), sys.argv[2]
-    journal = quarantine.Journal(directory, flush_interval_ms=10)
+    journal = journal_module.Journal(directory, flush_interval_ms=10)
     journal.open()
     if mode == "mid-write":
-        real = quarantine._write_all
+        real = journal_module._write_all
         calls = 0
 
         def half_then_die(fd, data):
@@ -353,7 +351,7 @@ CHILD = textwrap.dedent(
                 os._exit(0)  # the process dies inside the 5th write
             real(fd, data)
 
-        quarantine._write_all = half_then_die
+        journal_module._write_all = half_then_die
         for n in range(10):
             journal.append(entry(n))
         journal.flush()
@@ -386,7 +384,9 @@ def test_process_dying_mid_write_loses_only_that_entry(tmp_path: Path) -> None:
     journal.close()
     full = len(encode_entry(entry(4).to_metadata(), BATCH))
     assert (report.entries, report.truncated_bytes) == (4, full // 2)
-    assert [e.id for e in read_entries(tmp_path / "q")] == [f"{n:032x}" for n in range(4)]
+    assert [e.id for e in JournalReader(tmp_path / "q").entries()] == [
+        f"{n:032x}" for n in range(4)
+    ]
 
 
 def test_kill_9_keeps_every_flushed_entry(tmp_path: Path) -> None:
@@ -402,10 +402,10 @@ def test_kill_9_keeps_every_flushed_entry(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "q")
     report = journal.open()
     journal.close()
-    ids = [e.id for e in read_entries(tmp_path / "q")]
+    ids = [e.id for e in JournalReader(tmp_path / "q").entries()]
     assert report.entries == len(ids) >= flushed
     assert ids == [f"{n:032x}" for n in range(len(ids))]  # in order, none missing, intact
-    assert list(read_entries(tmp_path / "q")) == [entry(n) for n in range(len(ids))]
+    assert list(JournalReader(tmp_path / "q").entries()) == [entry(n) for n in range(len(ids))]
 
 
 # -- write errors ------------------------------------------------------------------------------
@@ -420,13 +420,13 @@ def test_write_errors_degrade_and_recover(
     journal.open()
     journal.append(entry(0))
     assert journal.flush(timeout=10)
-    real = quarantine._write_all
+    real = journal_module._write_all
 
     def disk_full(fd: int, data: bytes) -> None:
         real(fd, data[:10])  # a partial write first, as a filling disk does
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(quarantine, "_write_all", disk_full)
+    monkeypatch.setattr(journal_module, "_write_all", disk_full)
     started = time.monotonic()
     for n in range(1, 6):
         journal.append(entry(n))  # never raises, never waits for the disk
@@ -435,14 +435,14 @@ def test_write_errors_degrade_and_recover(
     assert journal.degraded == "No space left on device"
     assert journal.failed_writes == 5
     assert errors == ["quarantine journal write failed: No space left on device"]  # once
-    monkeypatch.setattr(quarantine, "_write_all", real)
+    monkeypatch.setattr(journal_module, "_write_all", real)
     journal.append(entry(6))
     assert journal.flush(timeout=10)
     assert journal.degraded is None
     assert journal.written == 2
     # The partial writes were cut back: the entry after them is readable.
-    assert [e.id for e in journal.entries()] == [f"{n:032x}" for n in (0, 6)]
-    assert JournalReader(journal.directory).problems == []
+    assert [e.id for e in read(journal).entries()] == [f"{n:032x}" for n in (0, 6)]
+    assert read(journal).problems == []
 
 
 def test_unwritable_directory_degrades_without_raising(
@@ -461,7 +461,7 @@ def test_unwritable_directory_degrades_without_raising(
     journal.append(entry(1))
     assert journal.flush(timeout=10)
     assert journal.degraded is None
-    assert [e.partition for e in journal.entries()] == [1]
+    assert [e.partition for e in read(journal).entries()] == [1]
 
 
 def test_real_file_size_limit(tmp_path: Path) -> None:
@@ -502,7 +502,7 @@ def test_real_file_size_limit(tmp_path: Path) -> None:
     assert failing.startswith("False") and "File too large" in failing
     assert failing.split()[2] == str(5 - written) and failing.endswith(" 1")
     assert recovered == f"True {written + 1} None"
-    entries = list(read_entries(tmp_path / "q"))
+    entries = list(JournalReader(tmp_path / "q").entries())
     assert [e.partition for e in entries] == [n % 3 for n in [*range(written), 5]]
 
 
@@ -512,13 +512,13 @@ def test_full_queue_drops_without_blocking(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     release = threading.Event()
-    real = quarantine._write_all
+    real = journal_module._write_all
 
     def slow(fd: int, data: bytes) -> None:
         release.wait(10)
         real(fd, data)
 
-    monkeypatch.setattr(quarantine, "_write_all", slow)
+    monkeypatch.setattr(journal_module, "_write_all", slow)
     journal = journal_factory(queue_entries=3)
     journal.open()
     started = time.monotonic()
@@ -544,7 +544,7 @@ def test_append_before_open_or_after_close_is_dropped(
     journal.append(entry(2))
     assert (journal.written, journal.dropped) == (1, 2)
     assert len(errors) == 2
-    assert [e.partition for e in read_entries(journal.directory)] == [1]
+    assert [e.partition for e in read(journal).entries()] == [1]
 
 
 def test_flushes_on_the_interval_without_being_asked(
@@ -557,7 +557,7 @@ def test_flushes_on_the_interval_without_being_asked(
         real_fsync(fd)
         synced.set()
 
-    monkeypatch.setattr(quarantine.os, "fsync", fsync)
+    monkeypatch.setattr(journal_module.os, "fsync", fsync)
     journal = journal_factory(flush_interval_ms=50)
     journal.open()
     journal.append(entry(0))
@@ -569,13 +569,13 @@ def test_unreadable_older_segment_is_aged_by_its_mtime_not_deleted(
 ) -> None:
     size = len(encode_entry(entry(0).to_metadata(), BATCH))
     journal = _fill(journal_factory, 4, segment_bytes=2 * size)
-    first = journal.segment_paths()[0]
+    first = read(journal).segments()[0]
     first.write_bytes(b"\x00" + first.read_bytes()[1:])  # its first entry is corrupt
     reopened = journal_factory(segment_bytes=2 * size)
     report = reopened.open()
     assert report.corrupt_segments == (first.name,)
     assert first.exists()  # evidence kept until it ages out like any other segment
-    assert [e.partition for e in reopened.entries()] == [2 % 3, 3 % 3]
+    assert [e.partition for e in read(reopened).entries()] == [2 % 3, 3 % 3]
 
 
 def test_one_writer_per_directory(journal_factory: Callable[..., Journal], tmp_path: Path) -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 from protocol.records import build_batch, read_batches
 from proxy.quarantine import QuarantineEntry
 from proxy.quarantine_cli import ReplayRecords, next_step, replay_records, without_stored
+from tests.harness.quarantine import new_entry
 
 ROWS = [(b"k", f"v{i}".encode(), [("h", b"x")], 1_700_000_000_000 + i) for i in range(4)]
 
 
 def entry(records: bytes, **fields: object) -> QuarantineEntry:
-    return QuarantineEntry.create(
-        "rejected", "t", 0, policy="json", code=87, records=records, **fields
-    )
+    return new_entry("rejected", "t", 0, policy="json", code=87, records=records, **fields)
 
 
 def values(chosen: ReplayRecords) -> list[bytes | None]:

@@ -17,13 +17,8 @@ from prometheus_client.registry import Collector
 
 from pipeline.segments import JournalSegment, discover
 from proxy.logs import configure_logging
-from proxy.quarantine import (
-    WORKER_DIR_PREFIX,
-    Journal,
-    JournalReader,
-    journal_directories,
-    read_entries,
-)
+from proxy.quarantine import WORKER_DIR_PREFIX, Journal, JournalReader
+from proxy.quarantine.reader import journal_directories
 from proxy.workers import merge_exposition
 from tests.unit.test_quarantine_journal import entry
 
@@ -155,7 +150,9 @@ def test_reader_reads_its_own_journal_then_each_worker_journal_in_worker_order(
     write_journal(tmp_path / f"{WORKER_DIR_PREFIX}10", [10, 11])
     write_journal(tmp_path / f"{WORKER_DIR_PREFIX}2", [2])
     write_journal(tmp_path / "worker-old", [99])  # not a worker's journal: not read
-    assert [e.id for e in read_entries(tmp_path)] == [f"{n:032x}" for n in (0, 2, 10, 11)]
+    assert [e.id for e in JournalReader(tmp_path).entries()] == [
+        f"{n:032x}" for n in (0, 2, 10, 11)
+    ]
     segments = JournalReader(tmp_path).segments()
     assert [path.parent for path in segments] == [
         tmp_path,

@@ -1,16 +1,4 @@
-"""The quarantine journal on disk: append-only segments written by a thread, and a reader.
-
-`Journal` is what the proxy holds: `append()` only puts the entry on a bounded queue (it never
-blocks the event loop and never raises); a writer thread encodes entries with
-`protocol.journal`, appends them to the active segment, rolls and expires segments, and fsyncs
-every `flush_interval_ms` and on close. Write errors (disk full, permissions) are recorded in
-`degraded` and the counters, reported once per failure streak through `on_error`, and never
-reach the caller.
-
-`JournalReader` (`open_journal_for_reading`) reads a journal directory without a writer thread
-and without repairing anything, so `kvproxy quarantine list|show` can run while a proxy writes.
-The format and the guarantees are in docs/quarantine.md.
-"""
+"""`Journal`: the proxy's writer of the quarantine journal, a thread appending to segments."""
 
 from __future__ import annotations
 
@@ -21,208 +9,20 @@ import os
 import queue
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from protocol.errors import BufferUnderflow, DecodeError, EncodeError
+from protocol.errors import DecodeError, EncodeError
 from protocol.journal import encode_entry, iter_entries
-from proxy.bounds import (
-    MAX_CLIENT_ID_CHARS,
-    MAX_MESSAGE_CHARS,
-    MAX_RECORD_INDEXES,
-    MAX_TOPIC_CHARS,
-    clip,
-)
-
-__all__ = [
-    "KINDS",
-    "SEGMENT_SUFFIX",
-    "Journal",
-    "JournalReader",
-    "QuarantineEntry",
-    "RecoveryReport",
-    "new_entry_id",
-    "open_journal_for_reading",
-    "read_entries",
-    "segment_name",
-]
+from proxy.quarantine.entry import QuarantineEntry
+from proxy.quarantine.reader import list_segments, segment_name
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 DAY_MS = 24 * 60 * 60 * 1000
-
-SEGMENT_SUFFIX = ".kvq"
-WORKER_DIR_PREFIX = "worker-"
-"""With `kvproxy serve --workers N`, worker i journals into `<dir>/worker-<i>`; readers of `<dir>`
-read those too."""
 LOCK_FILE = ".lock"
 """Held (flock, exclusive) by the one Journal writing a directory; readers do not take it."""
-KINDS = ("rejected", "warned", "replayed")
-METADATA_VERSION = 1
-"""The `v` key of every entry's metadata; readers ignore keys they do not know."""
-
-
-def new_entry_id() -> str:
-    """A fresh entry id: uuid4 as 32 hex digits."""
-    return uuid.uuid4().hex
-
-
-def segment_name(sequence: int) -> str:
-    """`00000000000000000042.kvq`: the sequence number, zero-padded to 20 digits."""
-    return f"{sequence:020d}{SEGMENT_SUFFIX}"
-
-
-def _segment_sequence(path: Path) -> int | None:
-    if path.suffix != SEGMENT_SUFFIX or len(path.stem) != 20 or not path.stem.isdigit():
-        return None
-    return int(path.stem)
-
-
-def _list_segments(directory: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in directory.iterdir():
-        sequence = _segment_sequence(path)
-        if sequence is not None and path.is_file():
-            found.append((sequence, path))
-    return sorted(found)
-
-
-# -- entries -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class QuarantineEntry:
-    """One quarantined partition (or a mark saying an earlier entry was replayed)."""
-
-    id: str
-    time_ms: int
-    kind: str  # "rejected" | "warned" | "replayed"
-    topic: str
-    partition: int
-    client_id: str | None = None
-    client_address: str | None = None
-    produce_version: int = -1
-    policy: str | None = None
-    code: int = 0
-    message: str | None = None
-    record_indexes: tuple[int, ...] = ()
-    records: bytes = b""  # the original records bytes (empty for "replayed" marks)
-    replayed_id: str | None = None  # kind "replayed": the id of the entry replayed
-    record_indexes_omitted: int = 0
-    """Record indexes left out of the stored metadata (beyond `MAX_RECORD_INDEXES`)."""
-
-    @classmethod
-    def create(
-        cls,
-        kind: str,
-        topic: str,
-        partition: int,
-        *,
-        clock: Callable[[], float] = time.time,
-        **fields: Any,
-    ) -> QuarantineEntry:
-        """A new entry with a fresh id and the current time."""
-        return cls(
-            id=new_entry_id(),
-            time_ms=int(clock() * 1000),
-            kind=kind,
-            topic=topic,
-            partition=partition,
-            **fields,
-        )
-
-    @classmethod
-    def replay_mark(
-        cls, replayed: QuarantineEntry, *, clock: Callable[[], float] = time.time
-    ) -> QuarantineEntry:
-        """The "replayed" mark of `replayed` (same topic and partition, no records)."""
-        return cls.create(
-            "replayed", replayed.topic, replayed.partition, clock=clock, replayed_id=replayed.id
-        )
-
-    def to_metadata(self) -> dict[str, Any]:
-        """The JSON object stored in the entry (everything but the records).
-
-        Its size is bounded whatever the client sent: topic, client id and message are clipped
-        (`proxy.bounds`) and at most `MAX_RECORD_INDEXES` record indexes are kept, the number of
-        the others in `record_indexes_omitted`."""
-        omitted = self.record_indexes_omitted + max(
-            0, len(self.record_indexes) - MAX_RECORD_INDEXES
-        )
-        metadata = {
-            "v": METADATA_VERSION,
-            "id": self.id,
-            "time_ms": self.time_ms,
-            "kind": self.kind,
-            "topic": clip(self.topic, MAX_TOPIC_CHARS),
-            "partition": self.partition,
-            "client_id": clip(self.client_id, MAX_CLIENT_ID_CHARS),
-            "client_address": self.client_address,
-            "produce_version": self.produce_version,
-            "policy": self.policy,
-            "code": self.code,
-            "message": clip(self.message, MAX_MESSAGE_CHARS),
-            "record_indexes": list(self.record_indexes[:MAX_RECORD_INDEXES]),
-            "replayed_id": self.replayed_id,
-        }
-        if omitted:
-            metadata["record_indexes_omitted"] = omitted
-        return metadata
-
-    @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any], records: bytes = b"") -> QuarantineEntry:
-        """The entry back from its metadata; ValueError when a field is missing or mistyped.
-
-        Unknown keys are ignored (later versions may add some); optional keys may be absent.
-        """
-        return cls(
-            id=_field(metadata, "id", str),
-            time_ms=_field(metadata, "time_ms", int),
-            kind=_field(metadata, "kind", str),
-            topic=_field(metadata, "topic", str),
-            partition=_field(metadata, "partition", int),
-            client_id=_optional(metadata, "client_id", str),
-            client_address=_optional(metadata, "client_address", str),
-            produce_version=_optional(metadata, "produce_version", int, -1),
-            policy=_optional(metadata, "policy", str),
-            code=_optional(metadata, "code", int, 0),
-            message=_optional(metadata, "message", str),
-            record_indexes=tuple(_int_list(metadata.get("record_indexes"))),
-            records=bytes(records),
-            replayed_id=_optional(metadata, "replayed_id", str),
-            record_indexes_omitted=_optional(metadata, "record_indexes_omitted", int, 0),
-        )
-
-
-def _field(metadata: Mapping[str, Any], key: str, kind: type[Any]) -> Any:
-    value = metadata.get(key)
-    if not _is(value, kind):
-        raise ValueError(f"journal metadata: {key!r} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _optional(metadata: Mapping[str, Any], key: str, kind: type[Any], default: Any = None) -> Any:
-    value = metadata.get(key)
-    if value is None:
-        return default
-    return _field(metadata, key, kind)
-
-
-def _is(value: Any, kind: type[Any]) -> bool:
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def _int_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(_is(item, int) for item in value):
-        raise ValueError(f"journal metadata: 'record_indexes' must be a list of int: {value!r}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,19 +39,6 @@ class RecoveryReport:
     truncated_bytes: int
     truncated_segment: str | None
     corrupt_segments: tuple[str, ...] = ()
-
-
-# -- reading -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentProblem:
-    """A segment a reader could not read to its end."""
-
-    segment: str
-    position: int
-    error: str
-    torn_tail: bool  # the file ends inside an entry (normal for the segment being written)
 
 
 @dataclass
@@ -274,109 +61,6 @@ def _scan(data: bytes) -> _Scan:
     except DecodeError as exc:
         scan.error = exc
     return scan
-
-
-class JournalReader:
-    """Reads a journal directory: no writer thread, nothing truncated or deleted.
-
-    Safe while a proxy writes to the same directory: a torn tail of a segment (an entry being
-    written) ends that segment; a corrupt entry ends it too and is recorded in `problems`; a
-    segment deleted by retention meanwhile is skipped.
-    """
-
-    def __init__(self, directory: Path | str) -> None:
-        self.directory = Path(directory)
-        self.problems: list[SegmentProblem] = []
-
-    def segments(self) -> list[Path]:
-        """Segment files in write order (an absent directory has none): the directory's own, then
-        each worker's (`worker-<i>/`, see WORKER_DIR_PREFIX) in worker order."""
-        found: list[Path] = []
-        for directory in journal_directories(self.directory):
-            try:
-                found.extend(path for _, path in _list_segments(directory))
-            except FileNotFoundError:
-                continue
-        return found
-
-    def entries(
-        self,
-        *,
-        topic: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        kinds: Iterable[str] | None = ("rejected", "warned"),
-    ) -> Iterator[QuarantineEntry]:
-        """Entries in write order, filtered: `since_ms <= time_ms < until_ms`; `kinds=None` is
-        every kind. Entries whose metadata does not make a QuarantineEntry are skipped (and
-        recorded in `problems`)."""
-        wanted = None if kinds is None else frozenset(kinds)
-        self.problems = []
-        for path in self.segments():
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                continue
-            good_end = 0
-            try:
-                for position, end, metadata, records in iter_entries(data):
-                    good_end = end
-                    try:
-                        entry = QuarantineEntry.from_metadata(metadata, records)
-                    except ValueError as exc:
-                        self.problems.append(SegmentProblem(path.name, position, str(exc), False))
-                        continue
-                    if (
-                        (wanted is None or entry.kind in wanted)
-                        and (topic is None or entry.topic == topic)
-                        and (since_ms is None or entry.time_ms >= since_ms)
-                        and (until_ms is None or entry.time_ms < until_ms)
-                    ):
-                        yield entry
-            except DecodeError as exc:
-                torn = isinstance(exc, BufferUnderflow)
-                self.problems.append(SegmentProblem(path.name, good_end, str(exc), torn))
-
-    def replayed_ids(self) -> set[str]:
-        """Ids named by "replayed" marks."""
-        return {
-            entry.replayed_id
-            for entry in self.entries(kinds=("replayed",))
-            if entry.replayed_id is not None
-        }
-
-
-def journal_directories(directory: Path) -> list[Path]:
-    """`directory` and the journals of its workers (`worker-<i>`, in the order of i)."""
-    workers: list[tuple[int, Path]] = []
-    with contextlib.suppress(OSError):
-        for child in directory.iterdir():
-            suffix = child.name.removeprefix(WORKER_DIR_PREFIX)
-            if child.name.startswith(WORKER_DIR_PREFIX) and suffix.isdigit() and child.is_dir():
-                workers.append((int(suffix), child))
-    return [directory, *(path for _, path in sorted(workers))]
-
-
-def open_journal_for_reading(directory: Path | str) -> JournalReader:
-    """A reader over `directory` (see JournalReader)."""
-    return JournalReader(directory)
-
-
-def read_entries(
-    directory: Path | str,
-    *,
-    topic: str | None = None,
-    since_ms: int | None = None,
-    until_ms: int | None = None,
-    kinds: Iterable[str] | None = ("rejected", "warned"),
-) -> Iterator[QuarantineEntry]:
-    """`JournalReader(directory).entries(...)`."""
-    return JournalReader(directory).entries(
-        topic=topic, since_ms=since_ms, until_ms=until_ms, kinds=kinds
-    )
-
-
-# -- writing -------------------------------------------------------------------------------------
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -506,7 +190,7 @@ class Journal:
             self._lock_fd = None
 
     def _recover(self) -> RecoveryReport:
-        found = _list_segments(self.directory)
+        found = list_segments(self.directory)
         entries = 0
         truncated_bytes = 0
         truncated_segment: str | None = None
@@ -599,32 +283,6 @@ class Journal:
     def degraded(self) -> str | None:
         """The last write error while writes fail ("No space left on device", ...), else None."""
         return self._degraded
-
-    @property
-    def pending(self) -> int:
-        """Entries queued and not yet written."""
-        return self._queue.qsize()
-
-    def segment_paths(self) -> list[Path]:
-        """The segment files on disk, in write order."""
-        return JournalReader(self.directory).segments()
-
-    def entries(
-        self,
-        *,
-        topic: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        kinds: Iterable[str] | None = ("rejected", "warned"),
-    ) -> Iterator[QuarantineEntry]:
-        """Entries on disk in write order (call `flush()` first to see everything appended)."""
-        return read_entries(
-            self.directory, topic=topic, since_ms=since_ms, until_ms=until_ms, kinds=kinds
-        )
-
-    def replayed_ids(self) -> set[str]:
-        """Ids named by "replayed" marks on disk."""
-        return JournalReader(self.directory).replayed_ids()
 
     # -- writer thread ------------------------------------------------------------------------
 
