@@ -33,6 +33,14 @@ class Record(NamedTuple):
     """Magic 0/1: the message's own attributes (compression bits included). Magic 2: 0 — Kafka
     defines no record-level attribute bits and the C reader does not surface the byte."""
 
+    @property
+    def has_key(self) -> bool:
+        return self.key is not None
+
+    @property
+    def has_value(self) -> bool:
+        return self.value is not None
+
 
 class RecordScan(NamedTuple):
     """What one pass over a batch's records tells without building a `Record` per record.

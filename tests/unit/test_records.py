@@ -38,7 +38,7 @@ def test_real_segment_counts(folder: str) -> None:
             batches += 1
             for record in batch.records():
                 records += 1
-                null_keys += record.key is None
+                null_keys += not record.has_key
     assert (batches, records, null_keys) == SEGMENTS[folder]
 
 
@@ -179,8 +179,8 @@ def test_v2_header_fields() -> None:
     assert batch.codec is Codec.ZSTD
     records = list(batch.records())
     assert records[0] == Record(0, 0, 1000, b"k", b"v", (("h", b"x"),), 2, 0)
-    assert records[1].value is not None and records[1].key is None
-    assert records[2].value is None
+    assert records[1].has_value and not records[1].has_key
+    assert not records[2].has_value
 
 
 def test_log_append_time_gives_batch_time() -> None:

@@ -47,7 +47,7 @@ def exercise(data: bytes) -> None:
                 batch.inner_crcs_valid()
             try:
                 for record in batch.records():
-                    _ = (record.key, record.value, record.headers)
+                    _ = (record.key, record.value, record.headers, record.has_key)
                 _ = batch.record_count
             except DecodeError:
                 pass
