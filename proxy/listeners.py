@@ -137,10 +137,6 @@ class Listeners:
     def bootstrap_servers(self) -> tuple[tuple[str, int], ...]:
         return self._bootstrap
 
-    @property
-    def nodes(self) -> dict[int, tuple[str, int]]:
-        return dict(self._nodes)
-
     def knows_nodes(self, nodes: dict[int, tuple[str, int]]) -> bool:
         """True when every node is known at that address and has its listener open."""
         return all(

@@ -69,10 +69,6 @@ class TopicConfigCache:
                 if follows:
                     self._entries[topic] = (config, expires + shift, follows)
 
-    def __len__(self) -> int:
-        """Topics whose answer is kept (at most `max_topics`)."""
-        return len(self._entries)
-
     def known(self, topic: str) -> bool:
         """Whether nothing needs asking: a fresh answer is kept, or `topic` cannot be a topic."""
         if not is_legal_topic_name(topic):

@@ -104,7 +104,7 @@ class RunningProxy:
     @property
     def nodes(self) -> dict[int, tuple[str, int]]:
         async def read() -> dict[int, tuple[str, int]]:
-            return self.server.listeners.nodes
+            return dict(self.server.listeners._nodes)  # the brokers the proxy has learned
 
         return self.call(read())
 

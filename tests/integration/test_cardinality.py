@@ -70,8 +70,8 @@ def structure_sizes(proxy: RunningProxy) -> dict[str, int]:
         srv = proxy.server
         return {
             "routing": srv.routing.cached_topics,
-            "topic_configs": len(srv.topic_configs),
-            "rejection_windows": srv.sink.rejection_log.open_windows,
+            "topic_configs": len(srv.topic_configs._entries),
+            "rejection_windows": len(srv.sink.rejection_log._windows),
             "rejection_counts": len(srv.sink.rejections),
             **{f"labels_{k}": v for k, v in srv.metrics.topic_labels.sizes().items()},
         }
