@@ -14,8 +14,9 @@ from pathlib import Path
 from policies.config import TopicRouting
 from proxy.config import ProxyConfig
 from proxy.embedded import EmbeddedBroker, run_embedded_broker
+from proxy.listeners import METADATA_RETRY_S
 from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
-from proxy.server import METADATA_RETRY_S, ProxyServer, WorkerRole, build_routing_for
+from proxy.server import ProxyServer, WorkerRole, build_routing_for
 from proxy.signals import queue_sighup, take_queued_sighups
 
 log = logging.getLogger("kvproxy")
@@ -110,7 +111,7 @@ async def serve(
                     await flusher
                 if reloader is not None:
                     await reloader.stop()
-        server.rejection_log.flush(everything=True)
+        server.sink.rejection_log.flush(everything=True)
         log.info("kvproxy stopped")
     finally:
         if watcher is not None:
@@ -124,14 +125,14 @@ async def serve(
 def _log_started(server: ProxyServer) -> None:
     """ "ready" only once the cluster has answered; otherwise why not, while listeners serve."""
     listen = server.config.listen
-    where = f"bootstrap {listen.public_host}:{server.bootstrap_port}, {listen.port_rule}"
-    if server.cluster_answered:
+    where = f"bootstrap {listen.public_host}:{server.listeners.bootstrap_port}, {listen.port_rule}"
+    if server.listeners.cluster_answered:
         log.info("kvproxy ready: %s", where)
     else:
         log.warning(
             "kvproxy listening (%s) but not ready: %s; asking again every %.0f s",
             where,
-            server.cluster_problem or "the cluster has not answered",
+            server.listeners.cluster_problem or "the cluster has not answered",
             METADATA_RETRY_S,
         )
 
@@ -198,7 +199,7 @@ async def _watch_parent(stop: asyncio.Event) -> None:
 async def _flush_rejections(server: ProxyServer) -> None:
     while True:
         await asyncio.sleep(REJECTION_FLUSH_S)
-        server.rejection_log.flush()
+        server.sink.rejection_log.flush()
 
 
 def run(

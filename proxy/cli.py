@@ -60,8 +60,9 @@ def _add_check(subparsers: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
+    from proxy.errors import ProxyError  # noqa: PLC0415
     from proxy.logs import configure_logging  # noqa: PLC0415
-    from proxy.server import ProxyError, WorkerRole  # noqa: PLC0415
+    from proxy.server import WorkerRole  # noqa: PLC0415
     from proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
 
     queue_sighup()  # before anything else: a SIGHUP while starting is not fatal
@@ -187,11 +188,11 @@ def _check_cluster(config: ProxyConfig) -> int:
     import asyncio  # noqa: PLC0415
 
     from proxy.embedded import run_embedded_broker  # noqa: PLC0415
-    from proxy.server import _upstream_side_ssl  # noqa: PLC0415
+    from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
     from proxy.upstream_client import describe_failure, fetch_broker_addresses  # noqa: PLC0415
 
     timeout = config.upstream.connect_timeout_ms / 1000
-    context = _upstream_side_ssl(config)
+    context = upstream_side_ssl(config)
 
     def ask(servers: tuple[tuple[str, int], ...]) -> dict[int, tuple[str, int]] | None:
         for host, port in servers:

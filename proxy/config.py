@@ -389,6 +389,11 @@ class ProxyConfig(_Section):
         return () if value is None else value
 
 
+RELOADABLE_SECTIONS: tuple[str, ...] = ("errors", "reject", "defaults", "topics", "topic_configs")
+"""The `ProxyConfig` sections a reload applies to a running proxy (`ProxyServer.replace_rules`);
+a change to any other section takes effect at the next start only."""
+
+
 def parse_host_port(server: str) -> tuple[str, int]:
     host, sep, port = server.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:

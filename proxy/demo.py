@@ -185,7 +185,7 @@ async def _demo(keep_running: bool) -> None:
     config = demo_config()
     async with running_proxy(config, REPO_ROOT) as server:
         _print_addresses(server)
-        host, port = server.public_host, server.bootstrap_port
+        host, port = server.listeners.public_host, server.listeners.bootstrap_port
         await _clients(f"{host}:{port}")
         await _create_topics(f"{host}:{port}")
         good = build_batch([(b"k%d" % i, b"v%d" % i, (), None) for i in range(3)])
@@ -213,7 +213,7 @@ async def _demo(keep_running: bool) -> None:
         print(f"\n  kvproxy's own decoder on the flipped batch: {_verdict(bytes(corrupt))}")
         await _print_metrics(server)
         if keep_running:
-            server.rejection_listeners.append(_print_rejection)
+            server.sink.rejection_listeners.append(_print_rejection)
             print(
                 f"\nkvproxy stays up on {host}:{port}; each rejection is printed as it happens; "
                 "Ctrl-C or SIGTERM stops",
@@ -248,10 +248,11 @@ async def _print_metrics(server: ProxyServer) -> None:
 
 
 def _print_addresses(server: ProxyServer) -> None:
-    upstream = ", ".join(f"{h}:{p}" for h, p in server.bootstrap_servers)
+    listeners = server.listeners
+    upstream = ", ".join(f"{h}:{p}" for h, p in listeners.bootstrap_servers)
     print(f"embedded broker (Tansu) on {upstream}, node id {TANSU_NODE_ID}")
-    print(f"kvproxy bootstrap listener on {server.public_host}:{server.bootstrap_port}")
-    print(f"kvproxy listener for node {TANSU_NODE_ID} on port {server.port_for(TANSU_NODE_ID)}")
+    print(f"kvproxy bootstrap listener on {listeners.public_host}:{listeners.bootstrap_port}")
+    print(f"kvproxy listener for node {TANSU_NODE_ID} on port {listeners.port_for(TANSU_NODE_ID)}")
 
 
 async def _until_signal(keep_running: bool) -> None:

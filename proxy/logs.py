@@ -203,11 +203,6 @@ class RejectionLogger:
         """The window over all keys: `logged` lines written, `suppressed` rejections neither
         logged nor counted in a per-key summary line."""
 
-    @property
-    def open_windows(self) -> int:
-        """Keys whose window is open (at most `max_keys`)."""
-        return len(self._windows)
-
     def rejected(self, event: RejectionEvent) -> None:
         now = self.clock()
         self._end_total_if_over(now)

@@ -242,7 +242,9 @@ def _replay(args: argparse.Namespace) -> int:
 async def _replay_async(
     args: argparse.Namespace, directory: Path, config: ProxyConfig, config_dir: Path
 ) -> int:
-    from proxy.server import ProxyError, _upstream_side_ssl, build_routing_for  # noqa: PLC0415
+    from proxy.errors import ProxyError  # noqa: PLC0415
+    from proxy.server import build_routing_for  # noqa: PLC0415
+    from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
 
     try:
         routing = build_routing_for(config, config_dir)
@@ -251,7 +253,7 @@ async def _replay_async(
     bootstrap = list(config.upstream.addresses())
     if not bootstrap:
         raise ConfigError("replay needs upstream.bootstrap_servers (the embedded broker is gone)")
-    ssl_context = _upstream_side_ssl(config)
+    ssl_context = upstream_side_ssl(config)
     timeout = config.upstream.connect_timeout_ms / 1000
     done = replayed_ids(directory)
     pending = [e for e in _entries(args, directory) if e.kind == "rejected" and e.id not in done]

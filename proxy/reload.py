@@ -31,7 +31,7 @@ from typing import Literal
 from policies.builtin.base import MAX_PROBLEMS_SHOWN, cut
 from policies.config import TopicRouting
 from policies.producer_state import ProducerStateTracker
-from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
+from proxy.config import RELOADABLE_SECTIONS, ConfigError, ProxyConfig, load_config_and_rules
 from proxy.server import ProxyServer
 
 log = logging.getLogger("kvproxy.reload")
@@ -39,9 +39,6 @@ log = logging.getLogger("kvproxy.reload")
 ReloadResult = Literal["success", "failure"]
 ReloadListener = Callable[[str], None]
 """Told the result of every reload attempt: "success" or "failure" (e.g. a metrics counter)."""
-
-RELOADABLE_SECTIONS = frozenset({"errors", "reject", "defaults", "topics", "topic_configs"})
-"""What `ProxyServer.replace_rules` applies live; every other section needs a restart."""
 
 DEFAULT_POLL_INTERVAL = 1.0
 SETTLE_S = 0.1

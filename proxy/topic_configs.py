@@ -46,16 +46,28 @@ class TopicConfigCache:
     ) -> None:
         self._bootstrap = bootstrap
         self._ssl = ssl_context
-        self.ttl_s = ttl_s
-        """How long an answer is trusted (`topic_configs.ttl_ms`; a reload may change it)."""
+        self._ttl_s = ttl_s
         self._timeout = timeout_s
         self._max_topics = MAX_TOPICS if max_topics is None else max_topics
-        self._entries: OrderedDict[str, tuple[TopicConfig | None, float]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[TopicConfig | None, float, bool]] = OrderedDict()
+        """topic -> (what is known, when it expires, whether that follows `ttl_s`)."""
         self._inflight: dict[str, asyncio.Future[None]] = {}
 
-    def __len__(self) -> int:
-        """Topics whose answer is kept (at most `max_topics`)."""
-        return len(self._entries)
+    @property
+    def ttl_s(self) -> float:
+        """How long an answer is trusted (`topic_configs.ttl_ms`)."""
+        return self._ttl_s
+
+    @ttl_s.setter
+    def ttl_s(self, ttl_s: float) -> None:
+        """A reload's new TTL: answers already kept expire as if learned under it (those kept
+        for a time of their own, as a failure's `UNKNOWN_TTL_S`, keep it)."""
+        shift = ttl_s - self._ttl_s
+        self._ttl_s = ttl_s
+        if shift:
+            for topic, (config, expires, follows) in self._entries.items():
+                if follows:
+                    self._entries[topic] = (config, expires + shift, follows)
 
     def known(self, topic: str) -> bool:
         """Whether nothing needs asking: a fresh answer is kept, or `topic` cannot be a topic."""
@@ -84,8 +96,8 @@ class TopicConfigCache:
             return
         if isinstance(config, bool):
             config = TopicConfig(compacted=config)
-        ttl = self.ttl_s if ttl_s is None else ttl_s
-        self._entries[topic] = (config, time.monotonic() + ttl)
+        ttl = self._ttl_s if ttl_s is None else ttl_s
+        self._entries[topic] = (config, time.monotonic() + ttl, ttl_s is None)
         self._entries.move_to_end(topic)
         while len(self._entries) > self._max_topics:
             self._entries.popitem(last=False)

@@ -142,7 +142,7 @@ def ask_cluster(config: ProxyConfig, topics: list[str]) -> ClusterAnswer:
 def _ask(
     config: ProxyConfig, servers: Sequence[tuple[str, int]], topics: list[str]
 ) -> ClusterAnswer:
-    from proxy.server import _upstream_side_ssl  # noqa: PLC0415
+    from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
     from proxy.upstream_client import (  # noqa: PLC0415
         describe_failure,
         describe_topic_configs,
@@ -151,7 +151,7 @@ def _ask(
     )
 
     timeout = config.upstream.connect_timeout_ms / 1000
-    context = _upstream_side_ssl(config)
+    context = upstream_side_ssl(config)
 
     async def ask(host: str, port: int) -> ClusterAnswer:
         if topics:

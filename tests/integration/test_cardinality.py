@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies import config as policies_config
-from proxy import logs, server, topic_configs, topic_labels
+from proxy import logs, rejections, topic_configs, topic_labels
 from tests.harness import Broker
 from tests.harness.fuzz import produce_request
 from tests.harness.proxy import RunningProxy, run_proxy
@@ -70,9 +70,9 @@ def structure_sizes(proxy: RunningProxy) -> dict[str, int]:
         srv = proxy.server
         return {
             "routing": srv.routing.cached_topics,
-            "topic_configs": len(srv.topic_configs),
-            "rejection_windows": srv.rejection_log.open_windows,
-            "rejection_counts": len(srv.rejections),
+            "topic_configs": len(srv.topic_configs._entries),
+            "rejection_windows": len(srv.sink.rejection_log._windows),
+            "rejection_counts": len(srv.sink.rejections),
             **{f"labels_{k}": v for k, v in srv.metrics.topic_labels.sizes().items()},
         }
 
@@ -90,7 +90,7 @@ def test_invented_topic_names_make_no_labels_and_keep_every_structure_bounded(
         (topic_configs, "MAX_TOPICS"),
         (topic_labels, "MAX_KNOWN"),
         (logs, "MAX_KEYS"),
-        (server, "MAX_REJECTION_KEYS"),
+        (rejections, "MAX_REJECTION_KEYS"),
     ]:
         monkeypatch.setattr(module, name, BOUND)
     caplog.set_level(logging.INFO, logger="kvproxy.rejections")
@@ -134,7 +134,7 @@ def test_invented_topic_names_make_no_labels_and_keep_every_structure_bounded(
 
 
 async def _flush_rejection_log(proxy: RunningProxy) -> None:
-    proxy.server.rejection_log.flush(everything=True)
+    proxy.server.sink.rejection_log.flush(everything=True)
 
 
 LINE_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) kvproxy")

@@ -173,7 +173,7 @@ class Stage:
 
     def rejections(self, doc_name: str) -> int:
         topic = self.topics[doc_name]
-        return sum(n for (t, _, _), n in self.proxy.server.rejections.items() if t == topic)
+        return sum(n for (t, _, _), n in self.proxy.server.sink.rejections.items() if t == topic)
 
     def normalise(self, text: str) -> str:
         """`text` with this run's topic names, CRC values, ports and times as the doc shows them."""

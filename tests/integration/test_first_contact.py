@@ -24,7 +24,7 @@ from protocol.messages import METADATA, PRODUCE, decode_response, encode_request
 from protocol.records import build_batch
 from proxy.cli import main
 from proxy.config import ProxyConfig
-from proxy.server import ProxyError
+from proxy.errors import ProxyError
 from tests.harness import Broker, RawKafkaClient, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through, sasl_plain_producer
 from tests.harness.fuzz import produce_request
@@ -261,7 +261,7 @@ def test_an_http_server_given_as_the_broker_is_named_as_such(
     try:
         bootstrap = f"{HOST}:{http_server.server_address[1]}"
         with caplog.at_level("WARNING", logger="kvproxy"), run_proxy(bootstrap) as proxy:
-            assert not proxy.server.cluster_answered
+            assert not proxy.server.listeners.cluster_answered
     finally:
         http_server.shutdown()
         http_server.server_close()
@@ -408,7 +408,7 @@ def test_a_cluster_that_requires_sasl_is_ready_once_it_answers_api_versions(
         run_stub_cluster(sasl_plain={"alice": "secret"}) as cluster,
         run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
     ):
-        assert proxy.server.cluster_answered
+        assert proxy.server.listeners.cluster_answered
         wait_for(lambda: get(f"{proxy.metrics_url}/readyz")[0] == 200, "/readyz 200", 10)
         _produce_logged_in(proxy.bootstrap)
     assert (
@@ -441,12 +441,12 @@ def test_a_failing_rejection_listener_is_dropped_and_changes_no_answer(
         def broken(event: object) -> None:
             raise BrokenPipeError("stdout is gone")
 
-        proxy.server.rejection_listeners.append(broken)
+        proxy.server.sink.rejection_listeners.append(broken)
         not_json = build_batch([(b"k", b"not json", (), None)])
         with RawKafkaClient(proxy.host, proxy.port) as client:
             for n in range(2):
                 answer = client.request(produce_request(9, n, [(topic, 0, not_json)]))
                 body = decode_response(answer, PRODUCE, 9).body
                 assert body.responses[0].partition_responses[0].error_code == 87
-        assert proxy.server.rejection_listeners == []
+        assert proxy.server.sink.rejection_listeners == []
     assert caplog.text.count("no longer told") == 1

@@ -250,7 +250,7 @@ class _Run:
         peer = f"{sockname[0]}:{sockname[1]}" if sockname else "?"
 
         async def read() -> str:
-            for client in list(self.proxy.server._clients):
+            for client in list(self.proxy.server.listeners._clients):
                 if client.peer == peer:
                     upstream = client.upstream
                     return (

@@ -263,7 +263,7 @@ def test_a_legacy_wrapper_of_two_million_messages_is_answered(tansu: Broker, top
         answers = produce(proxy.host, proxy.port, 2, [(topic, 0, wrapper)])
         answer = answers[(topic, 0)]
         assert answer.error_code == MESSAGE_TOO_LARGE  # v2 answers carry no message: the log
-        assert proxy.server.rejections == {(topic, "max_records_per_request", 10): 1}
+        assert proxy.server.sink.rejections == {(topic, "max_records_per_request", 10): 1}
         assert_serves(proxy)
     assert stored(tansu, topic) == []
 
@@ -414,5 +414,5 @@ def test_a_legacy_wrapper_past_the_budget_is_answered_and_the_connection_kept(
             assert answer.error_code == MESSAGE_TOO_LARGE
             raw = client.request(produce_frame(2, 2, [(topic, 0, zeros_batch(1, 5))]), timeout=30)
             assert partitions_of(decode_response(raw, PRODUCE, 2).body)[(topic, 0)].error_code == 0
-        assert proxy.server.rejections == {(topic, "decode_budget", 10): 1}
+        assert proxy.server.sink.rejections == {(topic, "decode_budget", 10): 1}
     assert stored(tansu, topic) == [bytes(5)]

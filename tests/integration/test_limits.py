@@ -250,7 +250,7 @@ def test_too_many_records_are_refused_before_any_is_decoded(
             assert "11 records" in (answer.error_message or "")
             assert "max_records_per_request" in (answer.error_message or "")
         assert proxy.server.routing.crash_counts() == {}  # the policy never ran
-        assert proxy.server.rejections == {
+        assert proxy.server.sink.rejections == {
             (guarded, "max_records_per_request", 10): 2,
         }
         # exactly the limit passes

@@ -269,7 +269,7 @@ def test_acks0_rejection_closes_the_connection_and_stores_nothing(
         # the proxy keeps serving other connections
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"[1]"))])
         assert answers[(topic, 0)].error_code == 0
-        assert proxy.server.rejections[(topic, "json", INVALID_RECORD)] == 1
+        assert proxy.server.sink.rejections[(topic, "json", INVALID_RECORD)] == 1
     assert stored(tansu, topic) == [b"[1]"], "the acks=0 bad record must not be stored"
 
 
@@ -376,7 +376,7 @@ def test_warn_mode_stores_the_bad_record_and_counts_it(tansu: Broker, make_topic
     with run_proxy(tansu.bootstrap, topics=topics) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json"))])
         assert answers[(topic, 0)].error_code == 0
-        assert proxy.server.rejections == {(topic, "json", INVALID_RECORD): 1}
+        assert proxy.server.sink.rejections == {(topic, "json", INVALID_RECORD): 1}
     assert stored(tansu, topic) == [b"not json"]
 
 
@@ -386,7 +386,7 @@ def test_off_mode_stores_the_bad_record_and_counts_nothing(tansu: Broker, make_t
     with run_proxy(tansu.bootstrap, topics=topics) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json"))])
         assert answers[(topic, 0)].error_code == 0
-        assert not proxy.server.rejections
+        assert not proxy.server.sink.rejections
     assert stored(tansu, topic) == [b"not json"]
 
 
@@ -558,7 +558,7 @@ def test_producer_state_sequence_gap_and_epoch_regression(tansu: Broker, make_to
             f"Epoch of producer {pid} at offset 0 in {topic}-0 is {epoch}, which is smaller "
             f"than the last seen epoch {bumped_epoch}",
         ), stale
-        assert proxy.server.rejections == {
+        assert proxy.server.sink.rejections == {
             (topic, "producer_state", 45): 1,
             (topic, "producer_state", 47): 1,
         }

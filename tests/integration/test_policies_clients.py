@@ -213,7 +213,7 @@ def test_confluent_kafka_gets_the_policy_error_and_the_good_record_is_consumed(
         assert not bad_error.retriable()
         assert good_error is None, good_error
         got = consume(proxy.bootstrap, topic)
-        assert dict(proxy.server.rejections) == {
+        assert dict(proxy.server.sink.rejections) == {
             (
                 topic,
                 policy,

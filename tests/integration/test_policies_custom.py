@@ -41,7 +41,7 @@ def test_currency_policy_raw_answers_per_version(
         answers = produce(
             proxy.host, proxy.port, version, [(topic, 0, batch(GBP)), (topic, 1, batch(EUR))]
         )
-        assert proxy.server.rejections == {(topic, "currency", POLICY_VIOLATION): 1}
+        assert proxy.server.sink.rejections == {(topic, "currency", POLICY_VIOLATION): 1}
     bad, ok = answers[(topic, 0)], answers[(topic, 1)]
     assert bad.error_code == code, bad
     if version >= 8:
@@ -175,6 +175,6 @@ def test_crashing_custom_policy_fails_closed_and_the_proxy_keeps_serving(
         again = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"after"))])
         assert again[(topic, 0)].error_code == 0
         assert proxy.server.routing.crash_counts() == {"crashy": 1}
-        assert proxy.server.rejections == {(topic, "crashy", 87): 1}
+        assert proxy.server.sink.rejections == {(topic, "crashy", 87): 1}
     assert stored(tansu, topic, 0) == [b"after"]
     assert stored(tansu, topic, 1) == [b"ok"]

@@ -185,7 +185,7 @@ def test_a_transactional_batch_without_a_transactional_id_is_refused_for_every_p
             raw = client.request(produce_frame(version, 52, parts[:1]), timeout=15)
             after = partitions_of(decode_response(raw, PRODUCE, version).body)
             assert int(after[(topic, 0)].error_code) == 0
-        assert proxy.server.rejections == {
+        assert proxy.server.sink.rejections == {
             (topic, "transactional_id", TRANSACTIONAL_ID_AUTHORIZATION_FAILED): 2,
             (relaxed, "transactional_id", TRANSACTIONAL_ID_AUTHORIZATION_FAILED): 1,
         }
@@ -216,7 +216,7 @@ def test_a_transactional_batch_with_acks_0_and_no_transactional_id_closes_the_co
         with RawKafkaClient(proxy.host, proxy.port) as client:
             client.send_frame(frame)
             assert client.is_closed_by_peer(timeout=5)
-        assert proxy.server.rejections == {
+        assert proxy.server.sink.rejections == {
             (topic, "transactional_id", TRANSACTIONAL_ID_AUTHORIZATION_FAILED): 1
         }
     assert stored(tansu, topic) == []

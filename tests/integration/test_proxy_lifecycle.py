@@ -307,7 +307,8 @@ def test_a_closed_connection_pair_is_freed_without_the_cycle_collector(
     the frame buffers their last answers held go back to the pool instead of waiting for gc."""
     import gc
 
-    from proxy.server import ClientConnection, UpstreamConnection
+    from proxy.connection import ClientConnection
+    from proxy.upstream_connection import UpstreamConnection
 
     def alive() -> int:
         return sum(

@@ -83,7 +83,7 @@ def learned(proxy: RunningProxy, topic: str) -> TopicConfig:
     """The settings the running proxy's checks of `topic` read (YAML over cluster)."""
 
     async def read() -> TopicConfig:
-        engine = proxy.server.produce_engine
+        engine = proxy.server.decisions.engine
         assert engine is not None
         return engine.config_for(topic)
 

@@ -331,6 +331,6 @@ def test_rejection_log_limits_are_configurable() -> None:
         {"upstream": UPSTREAM, "logs": {"rejections_per_window": 3, "rejection_window_ms": 500}}
     )
     server = ProxyServer(config)
-    assert (server.rejection_log.rate, server.rejection_log.window_s) == (3, 0.5)
+    assert (server.sink.rejection_log.rate, server.sink.rejection_log.window_s) == (3, 0.5)
     with pytest.raises(ConfigError, match=r"logs\.rejections_per_window"):
         parse_config({"upstream": UPSTREAM, "logs": {"rejections_per_window": 0}})

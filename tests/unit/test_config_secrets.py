@@ -15,7 +15,7 @@ import pytest
 
 from proxy.config import ConfigError, ProxyConfig, load_config, parse_config
 from proxy.reload import sections_needing_restart
-from proxy.server import _client_side_ssl, _upstream_side_ssl
+from proxy.tls_context import client_side_ssl, upstream_side_ssl
 from tests.harness.tls import TlsFiles, make_tls_files
 
 SECRET = "s3cr3t-Passw0rd-7f41"
@@ -46,7 +46,7 @@ def test_metrics_endpoint_binds_to_loopback_by_default() -> None:
 
 def test_upstream_tls_verifies_certificate_and_host_name_by_default() -> None:
     config = parse_config({"upstream": {**UPSTREAM, "tls": {}}})
-    context = _upstream_side_ssl(config)
+    context = upstream_side_ssl(config)
     assert context is not None
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname is True
@@ -54,22 +54,22 @@ def test_upstream_tls_verifies_certificate_and_host_name_by_default() -> None:
 
 def test_check_hostname_false_still_verifies_the_certificate() -> None:
     config = parse_config({"upstream": {**UPSTREAM, "tls": {"check_hostname": False}}})
-    context = _upstream_side_ssl(config)
+    context = upstream_side_ssl(config)
     assert context is not None
     assert context.check_hostname is False
     assert context.verify_mode == ssl.CERT_REQUIRED
 
 
 def test_no_upstream_tls_unless_configured() -> None:
-    assert _upstream_side_ssl(parse_config({"upstream": UPSTREAM})) is None
+    assert upstream_side_ssl(parse_config({"upstream": UPSTREAM})) is None
 
 
 def test_client_ca_file_makes_client_certificates_required(tmp_path: Path) -> None:
     with make_tls_files(tmp_path) as tls:
         listen = {"cert_file": str(tls.server_cert), "key_file": str(tls.server_key)}
-        plain = _client_side_ssl(parse_config({"listen": {"tls": listen}, "upstream": UPSTREAM}))
+        plain = client_side_ssl(parse_config({"listen": {"tls": listen}, "upstream": UPSTREAM}))
         assert plain is not None and plain.verify_mode == ssl.CERT_NONE
-        mutual = _client_side_ssl(
+        mutual = client_side_ssl(
             parse_config(
                 {
                     "listen": {"tls": {**listen, "client_ca_file": str(tls.ca)}},
@@ -218,8 +218,8 @@ def test_encrypted_keys_are_unlocked_with_the_password(
                 },
             }
         )
-        assert _client_side_ssl(config) is not None
-        assert _upstream_side_ssl(config) is not None
+        assert client_side_ssl(config) is not None
+        assert upstream_side_ssl(config) is not None
         monkeypatch.setenv("KVPROXY_TEST_PW", "wrong-password")
         wrong = parse_config(
             {
@@ -234,5 +234,5 @@ def test_encrypted_keys_are_unlocked_with_the_password(
             }
         )
         with pytest.raises(ssl.SSLError) as caught:
-            _client_side_ssl(wrong)
+            client_side_ssl(wrong)
         assert "wrong-password" not in str(caught.value)

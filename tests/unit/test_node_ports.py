@@ -24,8 +24,9 @@ from protocol.messages import (
     make_response,
 )
 from proxy.config import ListenConfig, NodePortError, parse_config
+from proxy.errors import ProxyError
 from proxy.rewrite import rewrite_response
-from proxy.server import ProxyError, ProxyServer
+from proxy.server import ProxyServer
 
 DEFAULT = ListenConfig()
 
@@ -68,12 +69,12 @@ def test_an_explicit_lowest_node_id_keeps_the_offset_mapping_and_its_range() -> 
 
 def test_the_server_claims_each_port_for_one_node_for_its_whole_life() -> None:
     server = ProxyServer(parse_config({"upstream": {"bootstrap_servers": ["k:9092"]}}))
-    assert server.port_for(1) == 9194
-    assert server.port_for(1) == 9194
+    assert server.listeners.port_for(1) == 9194
+    assert server.listeners.port_for(1) == 9194
     with pytest.raises(ProxyError, match="node 101 has no port: port 9194 is node 1's"):
-        server.port_for(101)
-    assert server.port_or_none(101) is None
-    assert server.port_or_none(2) == 9195
+        server.listeners.port_for(101)
+    assert server.listeners.port_or_none(101) is None
+    assert server.listeners.port_or_none(2) == 9195
     gauge = server.metrics.exposition().decode()
     assert "kvproxy_unmapped_nodes 1.0" in gauge
 

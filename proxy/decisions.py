@@ -1,0 +1,143 @@
+"""Produce decisions: the policy rules in force, and where each request is decided.
+
+A request cheap to check is decided on the event loop; one that needs more decoding memory than
+`INLINE_DECODE_BYTES` (or more records than the engine decides inline) is decided on the decoding
+thread. The topic settings a check reads are described first when the cache lacks them. A
+reload swaps the rules (`replace`): a request already decided keeps its verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from policies.config import TopicRouting
+from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
+from protocol.error_codes import ErrorProfile
+from protocol.framing import Frame
+from protocol.messages import Request
+from proxy.config import ProxyConfig
+from proxy.metrics import ProxyMetrics
+from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from proxy.topic_configs import TopicConfigCache
+
+T = TypeVar("T")
+
+INLINE_DECODE_BYTES = 4 * 1024 * 1024
+"""Decoding memory a Produce request may use on the event loop (a few milliseconds of work);
+one that needs more is decided again on the decoding thread."""
+DECODING_SWITCH_INTERVAL_S = 0.0005
+
+
+class ProduceDecisions:
+    """The rules in force (`routing`, `engine`) and the entry points that decide a request."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        routing: TopicRouting,
+        topic_configs: TopicConfigCache,
+        decode_memory: MemoryBudget,
+        metrics: ProxyMetrics,
+    ) -> None:
+        self.config = config
+        self.routing = routing
+        self.topic_configs = topic_configs
+        self.decode_memory = decode_memory
+        """What every Produce request being decoded may hold together."""
+        self.metrics = metrics
+        self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="kvproxy-decode")
+        """Where a request too costly to check on the event loop is checked: one thread, so
+        heavy requests wait for each other while every other client's requests keep flowing."""
+        self._decoding = 0
+        """Pieces of work on the decoding thread, running or queued."""
+        self._switch_interval = sys.getswitchinterval()
+        self.engine = self._make_engine()
+
+    def replace(self, config: ProxyConfig, routing: TopicRouting) -> TopicRouting:
+        """Decide the next requests under `routing` and `config`'s reloadable sections; returns
+        the routing replaced."""
+        old = self.routing
+        self.routing = routing
+        self.config = config
+        self.engine = self._make_engine()
+        return old
+
+    def close(self) -> None:
+        self._decode_thread.shutdown(wait=False, cancel_futures=True)
+
+    def decide_inline(
+        self, engine: ProduceEngine, payload: Frame, request: Request
+    ) -> ProduceDecision | None:
+        """The decision, made on the event loop, or None when it needs more than
+        `INLINE_DECODE_BYTES` of decoding or more than the engine's inline record count."""
+        allowance = Allowance(INLINE_DECODE_BYTES, self.decode_memory, inline=True)
+        try:
+            return engine.decide(payload, request, allowance=allowance)
+        except InlineLimitReached:
+            return None
+        finally:
+            allowance.release()
+
+    async def decide_off_loop(
+        self, engine: ProduceEngine, payload: Frame, request: Request
+    ) -> ProduceDecision:
+        """The decision, made on the decoding thread with the full per-request allowance."""
+        topics = engine.topic_view(request)  # the routing's caches are read on the loop only
+        allowance = Allowance(self.config.limits.decode_bytes_per_request, self.decode_memory)
+        self.metrics.off_loop_decisions.inc()
+
+        def decide() -> ProduceDecision:
+            try:
+                return engine.decide(payload, request, allowance=allowance, topics=topics)
+            finally:
+                allowance.release()
+
+        return await self.off_loop(decide)
+
+    async def off_loop(self, work: Callable[[], T]) -> T:
+        """Run `work` on the decoding thread. Meanwhile the interpreter switches threads every
+        `DECODING_SWITCH_INTERVAL_S` rather than every 5 ms: the event loop gives up the GIL
+        at every wait for I/O and must win it back each time, so with CPU-bound decoding beside
+        it every loop iteration could cost a whole switch interval."""
+        if self._decoding == 0:
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(DECODING_SWITCH_INTERVAL_S)
+        self._decoding += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._decode_thread, work)
+        finally:
+            self._decoding -= 1
+            if self._decoding == 0:
+                sys.setswitchinterval(self._switch_interval)
+
+    def topics_to_describe(self, request: Request) -> list[str]:
+        """Topics whose settings a check reads, that the YAML does not give and the proxy has
+        not learned yet (`TopicRouting.settings_needed`)."""
+        wanted = []
+        for topic_data in request.body.topic_data:
+            topic = str(getattr(topic_data, "name", ""))
+            if self.routing.settings_needed(topic) and not self.topic_configs.known(topic):
+                wanted.append(topic)
+        return wanted
+
+    async def describe_topics(self, topics: list[str]) -> None:
+        await self.topic_configs.refresh(topics)
+
+    def _make_engine(self) -> ProduceEngine:
+        errors = self.config.errors
+        return ProduceEngine(
+            self.routing,
+            ProduceSettings(
+                profile=ErrorProfile(errors.profile),
+                legacy_below=errors.legacy_below,
+                legacy_code=errors.legacy_code,
+                reject_request=self.config.reject == "request",
+                max_records_per_request=self.config.limits.max_records_per_request,
+            ),
+            self.topic_configs.compacted,
+            self.topic_configs.config,
+        )

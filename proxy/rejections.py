@@ -1,0 +1,233 @@
+"""Where a Produce decision's refusals go: the log, the metrics, the journal, the dead letters.
+
+`RejectionSink.record` is the one entry point, called once per decided request. None of what
+it does ever changes the client's answer: a journal that cannot be written, a dead letter that
+cannot be sent or a rejection listener that fails is logged and counted, and the answer stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import ssl
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from protocol.budget import Allowance, MemoryBudget, OutOfMemory
+from proxy.bounds import MAX_TOPIC_CHARS, clip
+from proxy.config import ProxyConfig, QuarantineConfig
+from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
+from proxy.logs import RejectionEvent, RejectionLogger
+from proxy.metrics import ProxyMetrics
+from proxy.produce import DECODE_BUDGET, PartitionOutcome, ProduceDecision
+from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
+
+log = logging.getLogger("kvproxy")
+
+MAX_REJECTION_KEYS = 1_000
+"""(topic, policy, code) keys `RejectionSink.rejections` keeps (the oldest is dropped first)."""
+
+
+def make_journal(
+    settings: QuarantineConfig, base_dir: Path, worker_index: int | None
+) -> Journal | None:
+    """The quarantine journal `settings` ask for (a worker's own under `worker-<index>`)."""
+    if settings.dir is None:
+        return None
+    directory = settings.dir if settings.dir.is_absolute() else base_dir / settings.dir
+    if worker_index is not None:
+        directory = directory / f"{WORKER_DIR_PREFIX}{worker_index}"
+    return Journal(
+        directory,
+        segment_bytes=settings.segment_bytes,
+        retention_bytes=settings.retention_bytes,
+        retention_ms=settings.retention_ms,
+        flush_interval_ms=settings.flush_interval_ms,
+        on_error=lambda why: log.error(
+            "quarantine journal %s cannot be written: %s (clients are still answered)",
+            directory,
+            why,
+        ),
+    )
+
+
+class RejectionSink:
+    """Logs, counts, keeps and copies to dead-letter topics what the policies refused."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        metrics: ProxyMetrics,
+        *,
+        journal: Journal | None,
+        bootstrap: tuple[tuple[str, int], ...],
+        upstream_ssl: ssl.SSLContext | None,
+        decode_memory: MemoryBudget,
+        off_loop: Callable[[Callable[[], bytes]], Awaitable[bytes]],
+    ) -> None:
+        self.metrics = metrics
+        self.journal = journal
+        self._bootstrap = bootstrap
+        self._upstream_ssl = upstream_ssl
+        self._connect_timeout = config.upstream.connect_timeout_ms / 1000
+        self._decode_bytes = config.limits.decode_bytes_per_request
+        self._decode_memory = decode_memory
+        self._off_loop = off_loop
+        self._dead_letter_suffix = config.quarantine.dead_letter_suffix
+        self._dead_letter_for = topic_matcher(config.quarantine.dead_letter_topics)
+        self.background: set[asyncio.Task[None]] = set()
+        """Dead letters being built or sent (the server waits for them when it stops)."""
+        self.rejection_log = RejectionLogger(
+            rate=config.logs.rejections_per_window,
+            window_s=config.logs.rejection_window_ms / 1000,
+            total_rate=config.logs.rejection_lines_per_window,
+        )
+        self.rejection_listeners: list[Callable[[RejectionEvent], None]] = []
+        """Told of every rejection as it happens, unthrottled (`kvproxy demo` prints them)."""
+        self.rejections: collections.Counter[tuple[str, str, int]] = collections.Counter()
+        """(topic, policy, code) -> partitions rejected (warn mode: would have been), for the
+        latest `MAX_REJECTION_KEYS` keys (clients choose topic names)."""
+
+    def record(self, decision: ProduceDecision, client_id: str | None, peer: str) -> None:
+        """Everything that follows from one decided request, before it is answered."""
+        self._report(decision, client_id, peer)
+        self._count_produced(decision)
+
+    def _report(self, decision: ProduceDecision, client_id: str | None, peer: str) -> None:
+        """Log and count every rejection (and, in warn mode, every would-be rejection)."""
+        for outcome in [*decision.rejected, *decision.warned]:
+            verdict = outcome.verdict
+            policy = verdict.policy or "?"
+            key = (clip(outcome.topic, MAX_TOPIC_CHARS), policy, verdict.code)
+            if key not in self.rejections and len(self.rejections) >= MAX_REJECTION_KEYS:
+                del self.rejections[next(iter(self.rejections))]
+            self.rejections[key] += 1
+            self.metrics.topic_labels.count(
+                self.metrics.rejections, outcome.topic, (policy, str(verdict.code))
+            )
+            self._quarantine(outcome, decision.api_version, client_id, peer)
+            event = RejectionEvent(
+                topic=outcome.topic,
+                partition=outcome.index,
+                policy=policy,
+                code=verdict.code,
+                message=verdict.message,
+                client_id=client_id,
+                client_address=peer,
+                enforced=outcome.enforced,
+            )
+            self.rejection_log.rejected(event)
+            for listener in list(self.rejection_listeners):
+                try:
+                    listener(event)
+                except Exception:  # a listener never changes an answer: it is dropped
+                    log.exception("rejection listener %r failed: no longer told", listener)
+                    self.rejection_listeners.remove(listener)
+
+    def _quarantine(
+        self, outcome: PartitionOutcome, version: int, client_id: str | None, peer: str
+    ) -> None:
+        """Keep what was refused (or, in warn mode, would have been) and copy it to the
+        dead-letter topic when configured. Neither ever changes the client's answer.
+
+        A batch the proxy had no memory to decompress is neither: its client is told to send it
+        again (`OutOfMemory`), and a kept copy would be a second one once it does."""
+        verdict = outcome.verdict
+        if verdict.policy == DECODE_BUDGET and verdict.code == OutOfMemory.error_code:
+            return
+        if self.journal is not None:
+            self.journal.append(
+                QuarantineEntry(
+                    id=uuid.uuid4().hex,
+                    time_ms=int(time.time() * 1000),
+                    kind="rejected" if outcome.enforced else "warned",
+                    topic=outcome.topic,
+                    partition=outcome.index,
+                    client_id=client_id,
+                    client_address=peer,
+                    produce_version=version,
+                    policy=verdict.policy,
+                    code=verdict.code,
+                    message=verdict.message,
+                    record_indexes=tuple(e.index for e in verdict.record_errors),
+                    records=bytes(outcome.raw),
+                )
+            )
+        suffix = self._dead_letter_suffix
+        if suffix and outcome.enforced and self._dead_letter_for(outcome.topic):
+            if outcome.topic.endswith(suffix):
+                return  # never a dead letter of a dead letter
+            make = functools.partial(
+                dead_letter_records,
+                bytes(outcome.raw),
+                policy=verdict.policy or "?",
+                code=verdict.code,
+                message=verdict.message,
+                partition=outcome.index,
+                client_id=client_id,
+            )
+            task = asyncio.get_running_loop().create_task(
+                self._send_dead_letter(outcome.topic + suffix, outcome.index, make)
+            )
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+
+    async def _send_dead_letter(
+        self, topic: str, partition: int, make: Callable[..., bytes]
+    ) -> None:
+        """Build the dead letter on the decoding thread (decoding the refused records costs what
+        checking them did, with the same budget), then send it."""
+        allowance = Allowance(self._decode_bytes, self._decode_memory)
+
+        def build() -> bytes:
+            try:
+                return make(allowance=allowance)
+            finally:
+                allowance.release()
+
+        try:
+            batch = await self._off_loop(build)
+        except Exception as exc:  # e.g. no memory to compress the copy: counted, never raised
+            self.metrics.dead_letters.labels("failed").inc()
+            log.warning("dead letter for %s-%d not built: %r", topic, partition, exc)
+            return
+        try:
+            await send_dead_letter(
+                list(self._bootstrap),
+                self._upstream_ssl,
+                self._connect_timeout,
+                topic=topic,
+                partition=partition,
+                batch=batch,
+            )
+        except ConnectionError as exc:
+            self.metrics.dead_letters.labels("failed").inc()
+            log.warning("dead letter not written: %s", exc)
+        else:
+            self.metrics.dead_letters.labels("written").inc()
+
+    def _count_produced(self, decision: ProduceDecision) -> None:
+        """Batches and records by topic and verdict."""
+        metrics = self.metrics
+        for outcome in decision.outcomes:
+            if outcome.produced is None:
+                continue
+            if outcome.rejected:
+                verdict = "rejected"
+            elif not outcome.verdict.ok:
+                verdict = "warned"
+            else:
+                verdict = "accepted"
+            labels = metrics.topic_labels
+            batches = outcome.produced.batches
+            labels.count(metrics.batches, outcome.topic, (verdict,), len(batches))
+            labels.count(
+                metrics.records,
+                outcome.topic,
+                (verdict,),
+                max(0, sum(b.counted_records for b in batches)),
+            )

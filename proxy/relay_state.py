@@ -1,0 +1,128 @@
+"""What a client connection is handed: the few shared parts of the relay it works with.
+
+As uvicorn's `ServerState`: a connection gets its limits, the metrics, the receive-memory
+waiters, the produce decisions, the rejection sink, the node directory and the connection
+registry, and nothing else of the server. The directory and the registry are described here as
+protocols (the listeners implement them), so `proxy.connection` never imports the modules that
+create connections.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from protocol.budget import MemoryBudget
+from protocol.framing import BufferPool
+from proxy.config import LimitsConfig
+from proxy.decisions import ProduceDecisions
+from proxy.metrics import ProxyMetrics
+from proxy.rejections import RejectionSink
+
+if TYPE_CHECKING:
+    from proxy.connection import ClientConnection
+    from proxy.upstream_connection import UpstreamConnection
+
+log = logging.getLogger("kvproxy")
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""Refused connections are logged at most once per interval, with a count of the rest."""
+
+ResponseTap = Callable[[int, int, bytes], None]
+"""Sees every answer as it leaves for a client: (api key, api version, frame). For tracing."""
+
+
+class NodeDirectory(Protocol):
+    """Where the brokers are, as the answers rewritten for clients need it."""
+
+    @property
+    def public_host(self) -> str: ...
+
+    def port_or_none(self, node_id: int) -> int | None: ...
+
+    def knows_nodes(self, nodes: dict[int, tuple[str, int]]) -> bool: ...
+
+    async def learn_node_or_log(self, node_id: int, address: tuple[str, int]) -> None: ...
+
+
+class ConnectionRegistry(Protocol):
+    """Counts connections against the limits and opens their upstream side."""
+
+    def connection_opened(self, client: ClientConnection) -> bool: ...
+
+    def connection_closed(self, client: ClientConnection) -> None: ...
+
+    async def open_upstream(
+        self, client: ClientConnection, node_id: int | None
+    ) -> UpstreamConnection: ...
+
+    def upstream_closed(self) -> None: ...
+
+
+class TaskCount:
+    """Tasks the connections have running (the server waits for them when it stops)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+
+    def started(self) -> None:
+        self.running += 1
+
+    def finished(self) -> None:
+        self.running -= 1
+
+
+class ReceiveWaiters:
+    """Connections whose next large frame waits for receive memory, oldest first."""
+
+    def __init__(self, memory: MemoryBudget, metrics: ProxyMetrics) -> None:
+        self.memory = memory
+        """What the large frames being received from clients have declared, together."""
+        self._metrics = metrics
+        self._waiters: collections.deque[ClientConnection] = collections.deque()
+        self._logged_at = float("-inf")
+
+    def wait(self, client: ClientConnection) -> None:
+        """`client` stopped reading until its large frame can reserve receive memory."""
+        if client not in self._waiters:
+            self._waiters.append(client)
+        self._metrics.receive_waits.inc()
+        now = time.monotonic()
+        if now - self._logged_at >= REFUSAL_LOG_INTERVAL_S:
+            self._logged_at = now
+            log.warning(
+                "client %s waits to send a %d-byte request: the requests being received hold "
+                "%d of %d bytes (limits.receive_buffer_bytes); %d connections wait",
+                client.peer,
+                client.waiting_frame or 0,
+                self.memory.in_use,
+                self.memory.limit,
+                len(self._waiters),
+            )
+
+    def wake(self) -> None:
+        """Let waiting connections start their frames, oldest first, while memory lasts."""
+        waiters = self._waiters
+        while waiters and waiters[0].retry_receive():
+            waiters.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionState:
+    """The shared parts of the relay a client connection uses (one per server)."""
+
+    limits: LimitsConfig
+    metrics: ProxyMetrics
+    buffer_pool: BufferPool
+    """Large-frame buffers shared by every connection of the server (one event loop)."""
+    receive: ReceiveWaiters
+    decisions: ProduceDecisions
+    sink: RejectionSink
+    nodes: NodeDirectory
+    connections: ConnectionRegistry
+    tasks: TaskCount
+    tap: ResponseTap | None
