@@ -69,15 +69,15 @@ def test_the_topic_config_cache_is_bounded_and_keeps_no_name_that_cannot_be_a_to
     cache = TopicConfigCache(lambda: [], None, ttl_s=60, timeout_s=1)
     for name in INVENTED[:12_000]:
         cache.put(name, False)
-        assert len(cache) <= topic_configs.MAX_TOPICS
-    assert len(cache) == topic_configs.MAX_TOPICS == 10_000
+        assert len(cache._entries) <= topic_configs.MAX_TOPICS
+    assert len(cache._entries) == topic_configs.MAX_TOPICS == 10_000
     assert cache.compacted(INVENTED[0]) is None  # the least recently used went first
     assert cache.compacted(INVENTED[11_999]) is False
     long_name = "x" * 32_000
     cache.put(long_name, True)
     assert cache.known(long_name)  # nothing to ask the cluster about it
     assert cache.compacted(long_name) is None  # counts as not compacted, and is not kept
-    assert len(cache) == 10_000
+    assert len(cache._entries) == 10_000
 
 
 def test_producer_state_keeps_no_name_longer_than_a_topic() -> None:
