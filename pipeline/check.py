@@ -23,11 +23,13 @@ from pipeline.segments import CorruptRegion, JournalSegment, SegmentRange
 from policies.api import ProducedRecords, RecordError, Verdict, parse_records
 from policies.builtin.broker import record_offset
 from policies.chain import Mode, PolicyChain
-from policies.config import TopicRouting, build_routing
+from policies.config import TopicRouting
 from protocol import error_codes
 from protocol.errors import DecodeError
 from protocol.journal import iter_entries
 from protocol.records import Record, RecordBatch, read_batch
+from settings.errors import profile_code
+from settings.rules import RuleSections
 
 __all__ = [
     "VIOLATION_FIELDS",
@@ -93,7 +95,7 @@ def routing_for(settings: AuditSettings) -> TopicRouting:
     key = settings.key()
     routing = _ROUTINGS.get(key)
     if routing is None:
-        routing = build_routing(settings.defaults, settings.topics, Path(settings.base_dir))
+        routing = RuleSections(settings.defaults, settings.topics).build(Path(settings.base_dir))
         _ROUTINGS[key] = routing
     return routing
 
@@ -140,7 +142,7 @@ def _cluster_compaction(bootstrap: tuple[str, ...], topic: str) -> bool | None:
     """Whether the cluster compacts `topic`, asked once per Python worker."""
     key = (bootstrap, topic)
     if key not in _CLUSTER_COMPACTION:
-        from pipeline.live import LiveSourceError, describe_compaction  # noqa: PLC0415
+        from pipeline.kafka_client import LiveSourceError, describe_compaction  # noqa: PLC0415
 
         try:
             _CLUSTER_COMPACTION[key] = describe_compaction(list(bootstrap), [topic]).get(topic)
@@ -195,11 +197,7 @@ class _Task:
         return _cluster_compaction(self.settings.bootstrap, topic)
 
     def code_of(self, verdict: Verdict) -> int:
-        if self.profile is error_codes.ErrorProfile.KIP and verdict.rejection is not None:
-            return error_codes.rejection_code(
-                self.profile, error_codes.Rejection(verdict.rejection)
-            )
-        return verdict.code
+        return profile_code(self.profile, verdict)
 
     def violations(
         self,

@@ -30,7 +30,7 @@ from policies.topic_settings import from_cluster
 from protocol.error_codes import error_name
 from protocol.errors import DecodeError, ProtocolError
 from protocol.records import as_own_producer, iter_batches, read_batches
-from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.config import ProxyConfig, load_config
 from proxy.dump import preview
 from proxy.quarantine import JournalReader, QuarantineEntry
 from proxy.upstream_client import (
@@ -40,6 +40,7 @@ from proxy.upstream_client import (
     produce_batch,
     read_partition_since,
 )
+from settings.loading import ConfigError
 
 REPLAYED_FILE = "replayed.ids"
 SKIP_STORED_BEFORE_MS = 60_000

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from policies.config import PolicyConfigError, TopicRouting, build_routing
+from policies.topic_patterns import any_of
 from protocol.budget import Allowance, InlineLimitReached, MemoryBudget, OutOfMemory
 from protocol.error_codes import ErrorProfile
 from protocol.errors import ProtocolError, UnsupportedVersion
@@ -46,7 +47,7 @@ from protocol.messages import (
 from protocol.produce import read_produce_acks
 from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import NodePortError, ProxyConfig, shared_port_problem
-from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
+from proxy.dead_letter import dead_letter_records, send_dead_letter
 from proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
 from proxy.fds import describe as describe_fd_shortage
 from proxy.logs import RejectionEvent, RejectionLogger
@@ -811,7 +812,7 @@ class ProxyServer:
         self.journal = self._make_journal()
         self.metrics.watch_journal(lambda: self.journal)
         quarantine = config.quarantine
-        self._dead_letter_for = topic_matcher(quarantine.dead_letter_topics)
+        self._dead_letter_for = any_of(quarantine.dead_letter_topics)
         self._http: asyncio.Server | None = None
         self._readiness_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()

@@ -1,0 +1,53 @@
+"""The `errors` section: which numbers a rejection is answered with (docs/configuration.md).
+
+The proxy answers clients with these codes and the audit reports them, so both turn a verdict
+into a code here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field
+
+from policies.api import Verdict
+from policies.builtin.base import ConfigProblem, short_repr
+from protocol.error_codes import ErrorProfile, Rejection, rejection_code
+from settings.loading import Section
+
+__all__ = ["PROFILES", "ErrorsConfig", "profile_code", "read_profile"]
+
+PROFILES = tuple(profile.value for profile in ErrorProfile)
+"""The values of `errors.profile`: kafka, kip."""
+
+
+class ErrorsConfig(Section):
+    """How rejections are answered (docs/configuration.md, `errors`)."""
+
+    profile: Literal["kafka", "kip"] = "kafka"
+    legacy_below: int = Field(default=3, ge=0, le=13)
+    legacy_code: int = Field(default=2, ge=-1)
+
+
+def profile_code(profile: ErrorProfile, verdict: Verdict) -> int:
+    """The code `verdict` is answered with under `profile`: a record rejection gets the
+    profile's number for its kind, any other verdict its own code."""
+    rejection = getattr(verdict, "rejection", None)
+    if profile is ErrorProfile.KIP and rejection is not None:
+        return rejection_code(ErrorProfile.KIP, Rejection(rejection))
+    return verdict.code
+
+
+def read_profile(document: Mapping[str, Any]) -> tuple[str, list[ConfigProblem]]:
+    """`errors.profile` of a whole file, for a reader that needs only it (the audit): the
+    profile (kafka when it is wrong) and the problem with it, if any. The rest of `errors` is
+    the proxy's."""
+    errors = document.get("errors") or {}
+    profile = errors.get("profile", "kafka") if isinstance(errors, Mapping) else "kafka"
+    if profile in PROFILES:
+        return profile, []
+    problem = ConfigProblem(
+        ("errors",), f"profile must be kafka or kip, not {short_repr(profile)}", ("profile",)
+    )
+    return "kafka", [problem]
