@@ -21,14 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline import files
-from pipeline.check import (
-    VIOLATION_FIELDS,
-    AuditSettings,
-    PartitionStats,
-    bucket_size_ms,
-    check_unit,
-    routing_for,
-)
+from pipeline.check import bucket_size_ms, check_unit
 from pipeline.segments import (
     RANGE_BYTES,
     CorruptRegion,
@@ -38,6 +31,7 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
+from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
 from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
 from settings.errors import read_profile

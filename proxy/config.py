@@ -30,9 +30,9 @@ from policies.producer_state import ProducerStateTracker
 from policies.topic_patterns import PatternError, compile_pattern
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from settings.addresses import parse_host_port
-from settings.errors import ErrorsConfig
 from settings.loading import Section, read_document, report, validate
 from settings.rules import RULE_SECTIONS, RuleSections
+from settings.sections import ErrorsConfig
 
 
 class NodePortError(ValueError):

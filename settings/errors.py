@@ -1,33 +1,23 @@
-"""The `errors` section: which numbers a rejection is answered with (docs/configuration.md).
+"""Which numbers a rejection is answered with (`errors` in docs/configuration.md).
 
 The proxy answers clients with these codes and the audit reports them, so both turn a verdict
-into a code here.
+into a code here. No pydantic: the audit's executors import this module (the section's model is
+`settings.sections.ErrorsConfig`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from policies.api import Verdict
 from policies.builtin.base import ConfigProblem, short_repr
 from protocol.error_codes import ErrorProfile, Rejection, rejection_code
-from settings.loading import Section
 
-__all__ = ["PROFILES", "ErrorsConfig", "profile_code", "read_profile"]
+__all__ = ["PROFILES", "profile_code", "read_profile"]
 
 PROFILES = tuple(profile.value for profile in ErrorProfile)
 """The values of `errors.profile`: kafka, kip."""
-
-
-class ErrorsConfig(Section):
-    """How rejections are answered (docs/configuration.md, `errors`)."""
-
-    profile: Literal["kafka", "kip"] = "kafka"
-    legacy_below: int = Field(default=3, ge=0, le=13)
-    legacy_code: int = Field(default=2, ge=-1)
 
 
 def profile_code(profile: ErrorProfile, verdict: Verdict) -> int:
