@@ -2,11 +2,10 @@
 
 Spark runs the planning on the driver and the reading in executor tasks, neither of which has an
 event loop, so this module reads through the blocking client of `pipeline.kafka_client`. The
-driver calls `plan_live_ranges` once (Metadata for partitions and
-leaders, ListOffsets for the window) and hands each task one picklable `LiveRange`; the task calls
-`fetch_batches`, which yields every complete batch of its chunk exactly once, as the broker stored
-it, so the same policies the proxy runs can check it.
-
+driver calls `plan_live_ranges` once (Metadata for partitions and leaders, ListOffsets for the
+window) and hands each task one picklable `LiveRange`; the task calls `fetch_batches`, which
+yields every complete batch of its chunk exactly once, as the broker stored it, so the same
+policies the proxy runs can check it.
 """
 
 from __future__ import annotations
