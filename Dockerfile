@@ -17,6 +17,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY policies ./policies
+COPY settings ./settings
 COPY proxy ./proxy
 COPY pipeline ./pipeline
 COPY producer ./producer

@@ -32,10 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.check import AuditSettings, check_unit
+from pipeline.check import check_unit
 from pipeline.job import AuditRequest, load_settings, run_audit
 from pipeline.segments import RANGE_BYTES, SegmentFile, SegmentRange, discover, plan_segment
 from pipeline.spark import start_session
+from pipeline.task_data import AuditSettings
 from protocol.compression import Codec
 from protocol.records import build_batch
 

@@ -1,137 +1,39 @@
 """What one audit task does: run the proxy's policy chains over stored batches, emit violations.
 
-Everything here runs on executors. The settings travel as plain data (`AuditSettings`); each
-Python worker builds the topic routing from them once, with the same `policies.build_routing`
-the proxy uses, so a backtest answers exactly what the proxy would. A stored batch is checked as
-the one batch of a Produce request (`ProducedRecords.stored` relaxes only what the broker itself
-changes on append: assigned offsets, records removed by the cleaner); transaction markers
-(control batches) are the broker's own and are counted, not checked. Quarantine entries are
-checked as the Produce request they were.
+Everything here runs on executors. The settings travel as plain data (`AuditSettings`, in
+`pipeline.task_data`); each Python worker builds the topic routing from them once, with the same
+`policies.build_routing` the proxy uses, so a backtest answers exactly what the proxy would. A
+stored batch is checked as the one batch of a Produce request (`ProducedRecords.stored` relaxes
+only what the broker itself changes on append: assigned offsets, records removed by the
+cleaner); transaction markers (control batches) are the broker's own and are counted, not
+checked. Quarantine entries are checked as the Produce request they were.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pipeline import files
 from pipeline.segments import CorruptRegion, JournalSegment, SegmentRange
+from pipeline.task_data import AuditSettings, PartitionStats, Violation, routing_for
 from policies.api import ProducedRecords, RecordError, Verdict, parse_records
 from policies.builtin.broker import record_offset
 from policies.chain import Mode, PolicyChain
-from policies.config import TopicRouting, build_routing
 from protocol import error_codes
 from protocol.errors import DecodeError
 from protocol.journal import iter_entries
 from protocol.records import Record, RecordBatch, read_batch
+from settings.errors import profile_code
 
-__all__ = [
-    "VIOLATION_FIELDS",
-    "AuditSettings",
-    "PartitionStats",
-    "check_unit",
-    "key_preview",
-]
+__all__ = ["bucket_size_ms", "check_unit", "key_preview"]
 
 LATEST_PRODUCE_VERSION = 12
 """The request a stored magic 2 batch is checked as (the newest that names topics by name)."""
 LEGACY_PRODUCE_VERSION = 2
 """The request a stored magic 0/1 message is checked as (v3+ carry only magic 2)."""
 KEY_PREVIEW_BYTES = 32
-
-VIOLATION_FIELDS: tuple[tuple[str, str], ...] = (
-    ("topic", "string"),
-    ("partition", "int"),
-    ("offset", "long"),
-    ("timestamp", "long"),
-    ("key_preview", "string"),
-    ("value_size", "int"),
-    ("policy", "string"),
-    ("error_code", "int"),
-    ("error_name", "string"),
-    ("message", "string"),
-    ("mode", "string"),
-    ("source", "string"),
-    ("position", "long"),
-)
-"""Columns of `violations/`, in order (Spark SQL type names). `offset` is -1 where the record is
-not in a log (quarantine entries); `position` is the byte in `source` where its batch starts."""
-
-Violation = tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AuditSettings:
-    """Everything a task needs besides its unit of work; plain data, pickled to executors."""
-
-    defaults: Mapping[str, Any] | None
-    topics: Sequence[Mapping[str, Any]] | None
-    base_dir: str
-    profile: str = "kafka"
-    compaction: Mapping[str, bool | None] = field(default_factory=dict)
-    """topic -> compacted, as the cluster says (used where the YAML does not say)."""
-    now_ms: int = 0
-    """The time the `timestamps` policy compares against."""
-    sample_per_unit: int | None = None
-    """Stop a unit after this many records (`--sample`)."""
-    bootstrap: tuple[str, ...] = ()
-    """The cluster to ask about topics `compaction` does not know yet (quarantined ones)."""
-
-    def key(self) -> str:
-        return json.dumps([self.defaults, self.topics, self.base_dir], sort_keys=True, default=str)
-
-
-_ROUTINGS: dict[str, TopicRouting] = {}
-
-
-def routing_for(settings: AuditSettings) -> TopicRouting:
-    """The routing of these settings, built once per Python worker."""
-    key = settings.key()
-    routing = _ROUTINGS.get(key)
-    if routing is None:
-        routing = build_routing(settings.defaults, settings.topics, Path(settings.base_dir))
-        _ROUTINGS[key] = routing
-    return routing
-
-
-@dataclass(slots=True)
-class PartitionStats:
-    """What a unit scanned in one topic-partition; merged across units by the driver."""
-
-    topic: str
-    partition: int
-    records: int = 0
-    batches: int = 0
-    bytes: int = 0
-    control_batches: int = 0
-    violations: int = 0
-    first_ms: int | None = None
-    last_ms: int | None = None
-    compacted: bool | None = None
-    """As the checks saw it (YAML, else the cluster); None when unknown."""
-
-    def saw_time(self, low: int, high: int) -> None:
-        if low >= 0:
-            self.first_ms = low if self.first_ms is None else min(self.first_ms, low)
-        if high >= 0:
-            self.last_ms = high if self.last_ms is None else max(self.last_ms, high)
-
-    def merge(self, other: PartitionStats) -> None:
-        self.records += other.records
-        self.batches += other.batches
-        self.bytes += other.bytes
-        self.control_batches += other.control_batches
-        self.violations += other.violations
-        if self.compacted is None:
-            self.compacted = other.compacted
-        for value in (other.first_ms, other.last_ms):
-            if value is not None:
-                self.saw_time(value, value)
-
 
 _CLUSTER_COMPACTION: dict[tuple[tuple[str, ...], str], bool | None] = {}
 
@@ -140,7 +42,7 @@ def _cluster_compaction(bootstrap: tuple[str, ...], topic: str) -> bool | None:
     """Whether the cluster compacts `topic`, asked once per Python worker."""
     key = (bootstrap, topic)
     if key not in _CLUSTER_COMPACTION:
-        from pipeline.live import LiveSourceError, describe_compaction  # noqa: PLC0415
+        from pipeline.kafka_client import LiveSourceError, describe_compaction  # noqa: PLC0415
 
         try:
             _CLUSTER_COMPACTION[key] = describe_compaction(list(bootstrap), [topic]).get(topic)
@@ -195,11 +97,7 @@ class _Task:
         return _cluster_compaction(self.settings.bootstrap, topic)
 
     def code_of(self, verdict: Verdict) -> int:
-        if self.profile is error_codes.ErrorProfile.KIP and verdict.rejection is not None:
-            return error_codes.rejection_code(
-                self.profile, error_codes.Rejection(verdict.rejection)
-            )
-        return verdict.code
+        return profile_code(self.profile, verdict)
 
     def violations(
         self,

@@ -7,7 +7,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["add_parser", "parse_now"]
+__all__ = ["add_commands", "parse_now"]
 
 EXAMPLES = """\
 examples:
@@ -20,7 +20,8 @@ examples:
 """
 
 
-def add_parser(subparsers: Any) -> None:
+def add_commands(subparsers: Any) -> None:
+    """The audit's subcommand, `kvproxy audit`."""
     parser = subparsers.add_parser(
         "audit",
         help="run the policies over historical data on Spark (backtest, audit)",

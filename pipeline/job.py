@@ -21,14 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline import files
-from pipeline.check import (
-    VIOLATION_FIELDS,
-    AuditSettings,
-    PartitionStats,
-    bucket_size_ms,
-    check_unit,
-    routing_for,
-)
+from pipeline.check import bucket_size_ms, check_unit
 from pipeline.segments import (
     RANGE_BYTES,
     CorruptRegion,
@@ -38,9 +31,13 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
-from policies.builtin.base import ConfigProblem, short_repr
+from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
+from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
-from policies.config_file import ConfigFileError, locate, read_yaml_with_lines
+from settings.errors import read_profile
+from settings.loading import ConfigError, read_document
+from settings.rules import RuleSections
+from settings.yaml_file import locate
 
 __all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
 
@@ -77,26 +74,18 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
         return AuditSettings(defaults=None, topics=None, base_dir=str(Path.cwd()), now_ms=now_ms)
     path = Path(config)
     try:
-        document, lines = read_yaml_with_lines(path)
-    except ConfigFileError as exc:
+        document, lines = read_document(path)
+    except ConfigError as exc:
         raise AuditError(str(exc)) from None
     if document is None:
         document = {}
     problems: list[ConfigProblem] = []
-    errors = document.get("errors") or {}
-    profile = errors.get("profile", "kafka") if isinstance(errors, Mapping) else "kafka"
-    if profile not in ("kafka", "kip"):
-        problems.append(
-            ConfigProblem(
-                ("errors",),
-                f"profile must be kafka or kip, not {short_repr(profile)}",
-                ("profile",),
-            )
-        )
-        profile = "kafka"
+    profile, wrong = read_profile(document)
+    problems.extend(wrong)
+    rules = RuleSections.of(document)
     settings = AuditSettings(
-        defaults=document.get("defaults"),
-        topics=document.get("topics"),
+        defaults=rules.defaults,
+        topics=rules.topics,
         base_dir=str(path.resolve().parent),
         profile=profile,
         now_ms=now_ms,
@@ -142,11 +131,11 @@ def run_audit(
     journal = [f for f in found if isinstance(f, JournalSegment)]
     live_units: list[Any] = []
     if request.bootstrap:
-        from pipeline.live import (  # noqa: PLC0415  (only needed with a cluster)
+        from pipeline.kafka_client import (  # noqa: PLC0415  (only needed with a cluster)
             LiveSourceError,
             describe_compaction,
-            plan_live_ranges,
         )
+        from pipeline.live import plan_live_ranges  # noqa: PLC0415
 
         names = sorted({s.topic for s in segments} | set(request.topics))
         try:

@@ -20,9 +20,7 @@ once: one `PolicyConfigError` whose `problems` say where and why, e.g.
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import importlib
-import re
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,6 +41,7 @@ from policies.builtin.base import (
 )
 from policies.chain import Mode, PolicyChain
 from policies.producer_state import ProducerStateTracker
+from policies.topic_patterns import PatternError, compile_pattern
 from protocol.topics import is_legal_topic_name
 
 __all__ = [
@@ -380,21 +379,11 @@ def _mode(where: KeyPath, value: Any, problems: _Problems) -> Mode | None:
 
 
 def _matcher(where: KeyPath, pattern: str, problems: _Problems) -> Callable[[str], bool] | None:
-    if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
-        try:
-            regex = re.compile(pattern[1:-1])
-        except (re.error, RecursionError, OverflowError) as exc:  # the last two: too deep, too big
-            problems.add(
-                where,
-                f"match {short_repr(pattern)} is not a valid regular expression: {exc}",
-                ("match",),
-            )
-            return None
-        return lambda topic: regex.fullmatch(topic) is not None
-    if any(ch in pattern for ch in "*?["):
-        regex = re.compile(fnmatch.translate(pattern))
-        return lambda topic: regex.match(topic) is not None
-    return lambda topic: topic == pattern
+    try:
+        return compile_pattern(pattern)
+    except PatternError as exc:
+        problems.add(where, f"match {exc}", ("match",))
+        return None
 
 
 def _build_policies(

@@ -95,13 +95,6 @@ def read_unsigned_varint(buf: bytes | bytearray | memoryview, offset: int) -> tu
     raise DecodeError("varint longer than 5 bytes")
 
 
-def write_unsigned_varint(out: bytearray, value: int) -> None:
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
 def skip_tagged_fields(buf: bytes | bytearray | memoryview, offset: int) -> int:
     """Offset just past a tagged-field section."""
     count, offset = read_unsigned_varint(buf, offset)

@@ -1,20 +1,20 @@
-"""The `kvproxy` command line."""
+"""The proxy's commands of the `kvproxy` command line: serve, check, demo, dump, quarantine,
+topics (`kvproxy.cli` puts them and the other layers' together)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from policies.topic_settings import FIELD_NAMES
 from protocol.errors import ProtocolError
 from proxy import demo, dump, quarantine_cli, topics_cli
-from proxy.config import ConfigError, ProxyConfig, load_config_and_rules
+from proxy.config import ProxyConfig, load_config_and_rules
 from proxy.signals import queue_sighup
+from settings.loading import ConfigError
 
 
 def _add_serve(subparsers: Any) -> None:
@@ -157,7 +157,7 @@ def describe(config: ProxyConfig) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    config, routing = load_config_and_rules(args.config)  # a ConfigError: main() exits 2
+    config, routing = load_config_and_rules(args.config)  # a ConfigError: kvproxy's main exits 2
     print(f"{args.config}: OK")
     for line in describe(config):
         print(f"  {line}")
@@ -227,45 +227,11 @@ def _check_cluster(config: ProxyConfig) -> int:
     return 2 if problems else 0
 
 
-AddCommand = Callable[[Any], None]
-"""Adds one subcommand to the `kvproxy` subparsers (how other layers contribute theirs)."""
-
-
-def build_parser(extra_commands: Sequence[AddCommand] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvproxy", description="Kafka validation proxy: decode, check and relay Kafka traffic"
-    )
-    # The installed distribution's version, so that it cannot drift from what pip installed.
-    try:
-        version = metadata.version("kafka-validation-proxy")
-    except metadata.PackageNotFoundError:
-        version = "unknown (not installed)"
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def add_commands(subparsers: Any) -> None:
+    """The proxy's subcommands, in the order `kvproxy --help` lists them."""
     _add_serve(subparsers)
     _add_check(subparsers)
     demo.add_parser(subparsers)
     dump.add_parser(subparsers)
     quarantine_cli.add_parser(subparsers)
     topics_cli.add_parser(subparsers)
-    for add in extra_commands:
-        add(subparsers)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, extra_commands: Sequence[AddCommand] = ()) -> int:
-    """Run one command; `extra_commands` are the other layers' (see `kvproxy.cli`)."""
-    args = build_parser(extra_commands).parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ConfigError as exc:
-        print(f"kvproxy: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,55 +1,38 @@
 """kvproxy's YAML configuration: loaded once, validated with clear errors, frozen.
 
-Every key has a default and unknown keys are errors, so a typo is reported instead of ignored.
-The policy sections (`defaults`, `topics`) are kept as data here and turned into policy chains
-by `policies.config.build_routing`, which reports their errors; `load_config_and_rules` reports
-the errors of both at once, each with the line of the file it is on. `docs/configuration.md`
-documents every key.
+The proxy's own sections (listen, upstream, limits, metrics, ...) are here; what the audit reads
+from the same file too (how it is read and reported, `errors`, the policy sections) is in
+`settings`. Every key has a default and unknown keys are errors, so a typo is reported instead
+of ignored. The policy sections (`defaults`, `topics`) are kept as data here and turned into
+policy chains by `policies.config.build_routing`, which reports their errors;
+`load_config_and_rules` reports the errors of both at once, each with the line of the file it is
+on. `docs/configuration.md` documents every key.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from policies.builtin.base import MAX_PROBLEMS_SHOWN, short_repr
-from policies.config import (
-    ConfigProblem,
-    KeyPath,
-    PolicyConfigError,
-    TopicRouting,
-    build_routing,
-    kind_of,
-    spelling_hint,
-)
-from policies.config_file import ConfigFileError, LocatedProblem, locate, read_yaml_with_lines
+from policies.config import PolicyConfigError, TopicRouting
 from policies.producer_state import ProducerStateTracker
+from policies.topic_patterns import PatternError, compile_pattern
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
-
-
-class ConfigError(ValueError):
-    """The configuration file cannot be used; the message says where and why.
-
-    `problems` lists everything wrong with a file that was read, by line; it is empty when the
-    file could not be read or parsed (the message alone says why)."""
-
-    def __init__(self, message: str, problems: Sequence[LocatedProblem] = ()) -> None:
-        super().__init__(message)
-        self.problems = tuple(problems)
+from settings.addresses import parse_host_port
+from settings.loading import Section, read_document, report, validate
+from settings.rules import RULE_SECTIONS, RuleSections
+from settings.sections import ErrorsConfig
 
 
 class NodePortError(ValueError):
@@ -63,10 +46,6 @@ def shared_port_problem(owner: int, node_id: int, port: int, max_brokers: int) -
         f"{node_id} are equal modulo max_brokers {max_brokers}); set listen.lowest_node_id "
         "and listen.max_brokers so that every node id fits"
     )
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -89,7 +68,7 @@ Secret = Annotated[SecretStr, BeforeValidator(_secret_from_env)]
 `**********` (repr, str, logs, error messages); `.get_secret_value()` is the only way to it."""
 
 
-class ListenerTls(_Section):
+class ListenerTls(Section):
     """TLS for client connections: the proxy's certificate chain and key (PEM)."""
 
     cert_file: Path
@@ -101,7 +80,7 @@ class ListenerTls(_Section):
     the time of the handshake (mutual TLS); when unset, client certificates are not asked for."""
 
 
-class ListenConfig(_Section):
+class ListenConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=9192, ge=0, le=65535)
     advertised_host: str | None = None
@@ -179,7 +158,7 @@ class ListenConfig(_Section):
         return self
 
 
-class UpstreamTls(_Section):
+class UpstreamTls(Section):
     """TLS to the brokers: the CA to trust and, for mutual TLS, a client certificate."""
 
     ca_file: Path | None = None
@@ -194,7 +173,7 @@ class UpstreamTls(_Section):
     server's host, or the host the cluster advertises for a node)."""
 
 
-class UpstreamConfig(_Section):
+class UpstreamConfig(Section):
     bootstrap_servers: tuple[str, ...] = ()
     embedded: bool = False
     connect_timeout_ms: int = Field(default=10_000, ge=1)
@@ -226,7 +205,7 @@ class UpstreamConfig(_Section):
         return tuple(parse_host_port(server) for server in self.bootstrap_servers)
 
 
-class LimitsConfig(_Section):
+class LimitsConfig(Section):
     """What one client may cost the proxy. Every limit has a default that a well-behaved client
     never reaches, so the defaults protect the proxy without changing what clients see.
 
@@ -296,25 +275,17 @@ class LimitsConfig(_Section):
         return self
 
 
-class ShutdownConfig(_Section):
+class ShutdownConfig(Section):
     drain_timeout_ms: int = Field(default=10_000, ge=0)
 
 
-class ErrorsConfig(_Section):
-    """How rejections are answered (docs/configuration.md, `errors`)."""
-
-    profile: Literal["kafka", "kip"] = "kafka"
-    legacy_below: int = Field(default=3, ge=0, le=13)
-    legacy_code: int = Field(default=2, ge=-1)
-
-
-class TopicConfigsConfig(_Section):
+class TopicConfigsConfig(Section):
     """How long what DescribeConfigs said about a topic (`policies.topic_settings`) is trusted."""
 
     ttl_ms: int = Field(default=60_000, ge=0)
 
 
-class QuarantineConfig(_Section):
+class QuarantineConfig(Section):
     """Where rejected batches are kept (a journal of segments), and dead-letter topics."""
 
     dir: Path | None = None
@@ -332,13 +303,10 @@ class QuarantineConfig(_Section):
     @classmethod
     def _patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in patterns:
-            if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
-                try:
-                    re.compile(pattern[1:-1])
-                except (re.error, RecursionError, OverflowError) as exc:  # also too deep, too big
-                    raise ValueError(
-                        f"{short_repr(pattern)} is not a valid regular expression: {exc}"
-                    ) from None
+            try:
+                compile_pattern(pattern)
+            except PatternError as exc:
+                raise ValueError(str(exc)) from None
         return patterns
 
     @field_validator("dead_letter_suffix")
@@ -349,7 +317,7 @@ class QuarantineConfig(_Section):
         return suffix
 
 
-class LogsConfig(_Section):
+class LogsConfig(Section):
     """How often rejections are logged: at most `rejections_per_window` lines per (topic, policy,
     code) and `rejection_lines_per_window` lines in all per window; the rest are summed up in
     one line when the window ends."""
@@ -359,7 +327,7 @@ class LogsConfig(_Section):
     rejection_window_ms: int = Field(default=60_000, ge=1)
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     """Prometheus metrics and health endpoints (/metrics, /healthz, /readyz) on one HTTP port."""
 
     enabled: bool = True
@@ -368,7 +336,7 @@ class MetricsConfig(_Section):
     topic_label_limit: int = Field(default=1000, ge=1)
 
 
-class ProxyConfig(_Section):
+class ProxyConfig(Section):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig
     limits: LimitsConfig = LimitsConfig()
@@ -394,32 +362,21 @@ RELOADABLE_SECTIONS: tuple[str, ...] = ("errors", "reject", "defaults", "topics"
 a change to any other section takes effect at the next start only."""
 
 
-def parse_host_port(server: str) -> tuple[str, int]:
-    host, sep, port = server.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ValueError(f"{short_repr(server)} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
 def parse_config(data: Mapping[str, Any] | None, source: str = "config") -> ProxyConfig:
-    config, problems = _validate(data)
+    config, problems = validate(ProxyConfig, data)
     if config is None:
-        raise _report(source, problems, {})
+        raise report(source, problems, {})
     return config
 
 
 def load_config(path: str | Path) -> ProxyConfig:
     """The file's configuration; the policy sections are not built (see load_config_and_rules)."""
     path = Path(path)
-    data, lines = _read(path)
-    config, problems = _validate(data)
+    data, lines = read_document(path)
+    config, problems = validate(ProxyConfig, data)
     if config is None:
-        raise _report(str(path), problems, lines)
+        raise report(str(path), problems, lines)
     return config
-
-
-_RULE_SECTIONS = {("defaults",), ("topics",)}
-"""The sections build_routing checks (and words its problems for) when the rules are built."""
 
 
 def load_config_and_rules(
@@ -433,94 +390,18 @@ def load_config_and_rules(
     round. Relative paths in policies resolve against `base_dir` (the file's folder by default);
     a reload passes the running rules' `producer_state` to keep it."""
     path = Path(path)
-    data, lines = _read(path)
-    config, problems = _validate(data)
-    sections = data or {}
+    data, lines = read_document(path)
+    config, problems = validate(ProxyConfig, data)
     try:
-        routing = build_routing(
-            sections.get("defaults"),
-            sections.get("topics"),
+        routing = RuleSections.of(data).build(
             base_dir if base_dir is not None else path.resolve().parent,
             producer_state=producer_state,
         )
     except PolicyConfigError as exc:
         # build_routing says what is wrong with `defaults` and `topics` in its own words
-        problems = [p for p in problems if (*p.path, *p.at)[:1] not in _RULE_SECTIONS]
-        raise _report(str(path), [*problems, *exc.problems], lines) from None
+        problems = [p for p in problems if (*p.path, *p.at)[:1] not in RULE_SECTIONS]
+        raise report(str(path), [*problems, *exc.problems], lines) from None
     if config is None:
         routing.close()
-        raise _report(str(path), problems, lines)
+        raise report(str(path), problems, lines)
     return config, routing
-
-
-def _read(path: Path) -> tuple[Mapping[str, Any] | None, dict[KeyPath, int]]:
-    """The file's data, and the line of each key and list item in it."""
-    try:
-        return read_yaml_with_lines(path)
-    except ConfigFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _validate(data: Mapping[str, Any] | None) -> tuple[ProxyConfig | None, list[ConfigProblem]]:
-    """The configuration, or every problem pydantic finds (not only the first)."""
-    try:
-        return ProxyConfig.model_validate(dict(data or {})), []
-    except ValidationError as exc:
-        errors = exc.errors()
-        # a spelling hint compares with every known key: only for problems a report can list
-        return None, [_schema_problem(e, hint=i < MAX_PROBLEMS_SHOWN) for i, e in enumerate(errors)]
-
-
-_EXPECTED = {
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "dict_type": "a mapping",
-    "tuple_type": "a list",
-    "list_type": "a list",
-    "path_type": "a path",
-}
-"""pydantic's error types for a section (or a list, or a path) of the wrong type -> what it must
-be. A scalar of the wrong type keeps pydantic's words ("Input should be a valid integer")."""
-
-
-def _schema_problem(error: Any, *, hint: bool = True) -> ConfigProblem:
-    """A pydantic error in the words of the file: a key is unknown, missing, or a section of the
-    wrong type ("listen must be a mapping, not a number"); other errors keep pydantic's message."""
-    loc: KeyPath = tuple(error["loc"])
-    kind = error["type"]
-    if kind == "extra_forbidden" and loc:
-        known = _known_keys(loc[:-1])
-        why = f" ({spelling_hint(loc[-1], known)})" if known and hint else ""
-        return ConfigProblem(loc, f"unknown key{why}")
-    if kind == "missing" and loc:
-        return ConfigProblem(loc[:-1], f"{loc[-1]} is missing", loc[-1:])
-    expected = _EXPECTED.get(kind)
-    if expected is not None and loc:
-        wrong = f"must be {expected}, not {kind_of(error.get('input'))}"
-        if isinstance(loc[-1], str):
-            return ConfigProblem(loc[:-1], f"{loc[-1]} {wrong}", loc[-1:])
-        return ConfigProblem(loc, wrong)
-    return ConfigProblem(loc, error["msg"])
-
-
-def _known_keys(path: KeyPath) -> frozenset[str]:
-    """The keys of the section at `path`; empty when `path` is not a section."""
-    model: type[BaseModel] = ProxyConfig
-    for part in path:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            return frozenset()
-        candidates = (field.annotation, *get_args(field.annotation))
-        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
-        if not nested:
-            return frozenset()
-        model = nested[0]
-    return frozenset(model.model_fields)
-
-
-def _report(
-    source: str, problems: Sequence[ConfigProblem], lines: dict[KeyPath, int]
-) -> ConfigError:
-    """One error for every problem, by line: `source:line: where: why` (no line without a file)."""
-    text, found = locate(source, problems, lines)
-    return ConfigError(text, found)

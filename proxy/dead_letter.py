@@ -5,11 +5,8 @@ A copy is best effort: a failure is logged and counted and never changes the cli
 
 from __future__ import annotations
 
-import fnmatch
 import logging
-import re
 import ssl
-from collections.abc import Callable
 from typing import Final
 
 from policies.api import RECORD_OBJECT_BYTES
@@ -27,23 +24,6 @@ HEADER_MESSAGE: Final = "kvproxy.message"
 HEADER_PARTITION: Final = "kvproxy.original.partition"
 HEADER_CLIENT: Final = "kvproxy.client.id"
 HEADER_UNREADABLE: Final = "kvproxy.unreadable"
-
-
-def topic_matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
-    """Exact names, globs and /regex/ (full match), like the policies' `match`."""
-    regexes = [
-        re.compile(p[1:-1])
-        for p in patterns
-        if len(p) >= 2 and p.startswith("/") and p.endswith("/")
-    ]
-    globs = [p for p in patterns if not (len(p) >= 2 and p.startswith("/") and p.endswith("/"))]
-
-    def matches(topic: str) -> bool:
-        return any(r.fullmatch(topic) for r in regexes) or any(
-            fnmatch.fnmatchcase(topic, g) for g in globs
-        )
-
-    return matches
 
 
 def dead_letter_records(

@@ -28,7 +28,7 @@ from policies.config import TopicRouting
 from protocol import error_codes
 from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from protocol.compression import Codec
-from protocol.error_codes import ErrorProfile, Rejection, rejection_code
+from protocol.error_codes import ErrorProfile
 from protocol.errors import DecodeError
 from protocol.framing import Frame
 from protocol.messages import (
@@ -42,6 +42,7 @@ from protocol.messages import (
 )
 from protocol.produce import partition_answer, produce_answer, produce_response_types
 from protocol.records import read_batch
+from settings.errors import profile_code
 
 log = logging.getLogger("kvproxy.produce")
 
@@ -457,10 +458,7 @@ class ProduceEngine:
     def answer_code(self, verdict: Verdict, version: int) -> int:
         """The code a client of this Produce version receives for `verdict` (`errors` in
         docs/configuration.md)."""
-        code = verdict.code
-        rejection = getattr(verdict, "rejection", None)
-        if self.settings.profile is ErrorProfile.KIP and rejection is not None:
-            code = rejection_code(ErrorProfile.KIP, Rejection(rejection))
+        code = profile_code(self.settings.profile, verdict)
         if (
             version < self.settings.legacy_below
             and code not in _ANSWERED_AS_THEY_ARE

@@ -25,7 +25,7 @@ from policies.topic_settings import from_cluster
 from protocol.error_codes import error_name
 from protocol.errors import ProtocolError
 from protocol.records import iter_batches
-from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.config import ProxyConfig, load_config
 from proxy.dump import preview
 from proxy.quarantine import JournalReader, QuarantineEntry
 from proxy.quarantine_replay import (
@@ -37,6 +37,7 @@ from proxy.quarantine_replay import (
     skip_stored,
 )
 from proxy.upstream_client import describe_topic_configs
+from settings.loading import ConfigError
 
 REPLAYED_FILE = "replayed.ids"
 

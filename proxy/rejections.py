@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from policies.topic_patterns import any_of
 from protocol.budget import Allowance, MemoryBudget, OutOfMemory
 from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import ProxyConfig, QuarantineConfig
-from proxy.dead_letter import dead_letter_records, send_dead_letter, topic_matcher
+from proxy.dead_letter import dead_letter_records, send_dead_letter
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics
 from proxy.produce import DECODE_BUDGET, PartitionOutcome, ProduceDecision
@@ -78,7 +79,7 @@ class RejectionSink:
         self._decode_memory = decode_memory
         self._off_loop = off_loop
         self._dead_letter_suffix = config.quarantine.dead_letter_suffix
-        self._dead_letter_for = topic_matcher(config.quarantine.dead_letter_topics)
+        self._dead_letter_for = any_of(config.quarantine.dead_letter_topics)
         self.background: set[asyncio.Task[None]] = set()
         """Dead letters being built or sent (the server waits for them when it stops)."""
         self.rejection_log = RejectionLogger(

@@ -89,7 +89,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0: shown; 1: the cluster did not answer (YAML values and Kafka defaults still shown)."""
-    config, routing = load_config_and_rules(args.config)  # a ConfigError: main() exits 2
+    config, routing = load_config_and_rules(args.config)  # a ConfigError: kvproxy's main exits 2
     try:
         answer = ask_cluster(config, list(args.topics))
         reports = [report_for(topic, routing, answer) for topic in answer.topics]

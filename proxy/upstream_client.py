@@ -6,12 +6,11 @@ import asyncio
 import ssl
 from typing import Any
 
-from kio.schema.metadata.v1.request import MetadataRequest
-
 from policies.topic_settings import ClusterSetting
+from protocol import admin
 from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder, frame
-from protocol.messages import METADATA, decode_response, encode_request, make_request
+from protocol.framing import FrameDecoder
+from protocol.messages import DESCRIBE_CONFIGS, FETCH, LIST_OFFSETS, METADATA, decode_response
 from proxy.fds import describe as describe_fd_shortage
 from proxy.fds import out_of_fds
 
@@ -42,12 +41,11 @@ async def fetch_broker_addresses(
     host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float
 ) -> dict[int, tuple[str, int]]:
     """node id -> (host, port) of every broker the cluster names."""
-    body = MetadataRequest(topics=())
+    body = admin.metadata_request(_METADATA_VERSION, ())
     payload = await _round_trip(
         host, port, ssl_context, timeout, api_key=METADATA, version=_METADATA_VERSION, body=body
     )
-    answer = decode_response(payload, METADATA, _METADATA_VERSION).body
-    return {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
+    return admin.brokers_of(decode_response(payload, METADATA, _METADATA_VERSION).body)
 
 
 async def list_topics(
@@ -61,7 +59,7 @@ async def list_topics(
         timeout,
         api_key=METADATA,
         version=_METADATA_VERSION,
-        body=MetadataRequest(topics=None),
+        body=admin.metadata_request(_METADATA_VERSION, None),
     )
     answer = decode_response(payload, METADATA, _METADATA_VERSION).body
     return sorted(str(t.name) for t in answer.topics if int(t.error_code) in _EXISTS)
@@ -96,14 +94,7 @@ async def topics_exist(
 ) -> dict[str, bool | None]:
     """topic -> whether the cluster has it (None when it answers another error, e.g. not
     authorized). Metadata v4 with `allow_auto_topic_creation` false: asking creates nothing."""
-    from kio.schema.metadata.v4.request import MetadataRequest as MetadataRequestV4  # noqa: PLC0415
-    from kio.schema.metadata.v4.request import MetadataRequestTopic  # noqa: PLC0415
-    from kio.schema.types import TopicName  # noqa: PLC0415
-
-    body = MetadataRequestV4(
-        topics=tuple(MetadataRequestTopic(name=TopicName(topic)) for topic in topics),
-        allow_auto_topic_creation=False,
-    )
+    body = admin.metadata_request(4, topics)
     payload = await _round_trip(
         host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body
     )
@@ -115,7 +106,6 @@ async def topics_exist(
 
 
 _DESCRIBE_CONFIGS_VERSION = 1  # every broker since 1.1 answers it; Tansu serves 0-4
-_TOPIC_RESOURCE = 2
 
 
 async def describe_topic_configs(
@@ -123,25 +113,6 @@ async def describe_topic_configs(
 ) -> dict[str, tuple[ClusterSetting, ...] | None]:
     """topic -> every setting the cluster reports for it, with its source (None when the
     cluster cannot describe the topic: an error, or no result for it)."""
-    from kio.schema.describe_configs.v1.request import (  # noqa: PLC0415
-        DescribeConfigsRequest,
-        DescribeConfigsResource,
-    )
-    from kio.static.primitive import i8  # noqa: PLC0415
-
-    from protocol.messages import DESCRIBE_CONFIGS  # noqa: PLC0415
-
-    body = DescribeConfigsRequest(
-        resources=tuple(
-            DescribeConfigsResource(
-                resource_type=i8(_TOPIC_RESOURCE),
-                resource_name=topic,
-                configuration_keys=None,  # all: Tansu drops the connection when keys are named
-            )
-            for topic in topics
-        ),
-        include_synonyms=False,
-    )
     payload = await _round_trip(
         host,
         port,
@@ -149,7 +120,7 @@ async def describe_topic_configs(
         timeout,
         api_key=DESCRIBE_CONFIGS,
         version=_DESCRIBE_CONFIGS_VERSION,
-        body=body,
+        body=admin.describe_configs_request(_DESCRIBE_CONFIGS_VERSION, topics),
     )
     answer = decode_response(payload, DESCRIBE_CONFIGS, _DESCRIBE_CONFIGS_VERSION).body
     return described_topics(answer, topics)
@@ -160,18 +131,12 @@ def described_topics(
 ) -> dict[str, tuple[ClusterSetting, ...] | None]:
     """A DescribeConfigs answer's settings of each of `topics` (None: not described); results
     for other names or resource types are ignored."""
-    described: dict[str, tuple[ClusterSetting, ...] | None] = {topic: None for topic in topics}
-    for result in answer.results:
-        if int(result.resource_type) != _TOPIC_RESOURCE:
-            continue
-        name = str(result.resource_name)
-        if int(result.error_code) != 0 or name not in described:
-            continue
-        described[name] = tuple(
-            ClusterSetting(str(entry.name), entry.value, int(getattr(entry, "config_source", -1)))
-            for entry in result.configs
+    return {
+        topic: None if configs is None else tuple(
+            ClusterSetting(c.name, c.value, c.source) for c in configs
         )
-    return described
+        for topic, configs in admin.described_configs(answer, topics).items()
+    }  # fmt: skip
 
 
 async def _round_trip(
@@ -191,7 +156,7 @@ async def _round_trip(
         timeout,
     )
     try:
-        writer.write(frame(encode_request(make_request(api_key, version, 1, "kvproxy", body))))
+        writer.write(admin.request_frame(api_key, version, 1, "kvproxy", body))
         await writer.drain()
         decoder = FrameDecoder()
         while (payload := decoder.next_frame()) is None:
@@ -212,14 +177,8 @@ async def partition_leader(
     partition: int,
 ) -> tuple[str, int] | None:
     """The address of `topic`-`partition`'s leader, asked of the first bootstrap that answers."""
-    from kio.schema.metadata.v4.request import MetadataRequest as MetadataRequestV4  # noqa: PLC0415
-    from kio.schema.metadata.v4.request import MetadataRequestTopic  # noqa: PLC0415
-    from kio.schema.types import TopicName  # noqa: PLC0415
-
     # v4+: ask without creating the topic (v1 would make a broker with auto-creation create it).
-    body = MetadataRequestV4(
-        topics=(MetadataRequestTopic(name=TopicName(topic)),), allow_auto_topic_creation=False
-    )
+    body = admin.metadata_request(4, [topic])
     for host, port in bootstrap:
         try:
             payload = await _round_trip(
@@ -228,7 +187,7 @@ async def partition_leader(
         except (OSError, TimeoutError, ProtocolError):
             continue
         answer = decode_response(payload, METADATA, 4).body
-        brokers = {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
+        brokers = admin.brokers_of(answer)
         for entry in answer.topics:
             if entry.name != topic or int(entry.error_code) != 0:
                 continue
@@ -316,35 +275,10 @@ async def read_partition_since(
     `since_ms` up to the high watermark: (first offset, the records as fetched, whether the
     high watermark was reached within `max_bytes`). The first offset is -1 when no record is
     that recent. Raises `UpstreamError` on an error code."""
-    import datetime  # noqa: PLC0415
-
-    from kio.schema.fetch.v4.request import (  # noqa: PLC0415
-        FetchPartition,
-        FetchRequest,
-        FetchTopic,
-    )
-    from kio.schema.list_offsets.v1.request import (  # noqa: PLC0415
-        ListOffsetsPartition,
-        ListOffsetsRequest,
-        ListOffsetsTopic,
-    )
-    from kio.schema.types import BrokerId, TopicName  # noqa: PLC0415
-    from kio.static.primitive import i8, i32, i32Timedelta, i64  # noqa: PLC0415
-
-    from protocol.messages import FETCH, LIST_OFFSETS  # noqa: PLC0415
     from protocol.records import iter_batches  # noqa: PLC0415
 
-    name = TopicName(topic)
-    asked = ListOffsetsRequest(
-        replica_id=BrokerId(-1),
-        topics=(
-            ListOffsetsTopic(
-                name=name,
-                partitions=(
-                    ListOffsetsPartition(partition_index=i32(partition), timestamp=i64(since_ms)),
-                ),
-            ),
-        ),
+    asked = admin.list_offsets_request(
+        _LIST_OFFSETS_VERSION, topic, {partition: since_ms}, timeout_s=timeout
     )
     payload = await _round_trip(
         leader[0],
@@ -356,10 +290,12 @@ async def read_partition_since(
         body=asked,
     )
     listed = decode_response(payload, LIST_OFFSETS, _LIST_OFFSETS_VERSION).body
-    found = listed.topics[0].partitions[0]
-    if int(found.error_code) != 0:
-        raise UpstreamError(f"ListOffsets {topic}-{partition}", int(found.error_code))
-    first = int(found.offset)
+    found = admin.listed_offsets(listed, topic).get(partition)
+    if found is None:
+        raise ConnectionError(f"ListOffsets {topic}-{partition}: the broker answered no partition")
+    code, first = found
+    if code != 0:
+        raise UpstreamError(f"ListOffsets {topic}-{partition}", code)
     if first < 0:
         return -1, b"", True
     out = bytearray()
@@ -368,24 +304,14 @@ async def read_partition_since(
     while high_watermark is None or offset < high_watermark:
         if len(out) >= max_bytes:
             return first, bytes(out), False
-        body = FetchRequest(
+        body = admin.fetch_request(
+            _FETCH_VERSION,
+            topic,
+            {partition: offset},
+            max_bytes=max_bytes - len(out),
+            min_bytes=0,
             # not 0: Tansu answers a Fetch that may not wait with no partition at all
-            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)),
-            min_bytes=i32(0),
-            max_bytes=i32(max_bytes - len(out)),
-            isolation_level=i8(0),
-            topics=(
-                FetchTopic(
-                    topic=name,
-                    partitions=(
-                        FetchPartition(
-                            partition=i32(partition),
-                            fetch_offset=i64(offset),
-                            partition_max_bytes=i32(max_bytes - len(out)),
-                        ),
-                    ),
-                ),
-            ),
+            max_wait_ms=100,
         )
         payload = await _round_trip(
             leader[0],
@@ -396,15 +322,15 @@ async def read_partition_since(
             version=_FETCH_VERSION,
             body=body,
         )
-        answered = decode_response(payload, FETCH, _FETCH_VERSION).body.responses
-        if not answered or not answered[0].partitions:
+        answered = decode_response(payload, FETCH, _FETCH_VERSION).body
+        fetched = admin.fetched_partitions(answered, topic).get(partition)
+        if fetched is None:
             raise ConnectionError(f"Fetch {topic}-{partition}: the broker answered no partition")
-        fetched = answered[0].partitions[0]
-        if int(fetched.error_code) != 0:
-            raise UpstreamError(f"Fetch {topic}-{partition}", int(fetched.error_code))
+        if fetched.error_code != 0:
+            raise UpstreamError(f"Fetch {topic}-{partition}", fetched.error_code)
         if high_watermark is None:
-            high_watermark = int(fetched.high_watermark)
-        records = bytes(fetched.records or b"")
+            high_watermark = fetched.high_watermark
+        records = fetched.records
         next_offset = offset
         for batch in iter_batches(records, allow_partial_tail=True):
             next_offset = max(next_offset, batch.base_offset + batch.last_offset_delta + 1)

@@ -127,7 +127,7 @@ class Supervisor:
         return [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "kvproxy.cli",
             "serve",
             "-c",
             str(settings.config_path),

@@ -50,7 +50,7 @@ DOC = REPO / "docs" / "clients.md"
 RELAY_HOST = "127.0.0.2"
 PROXY_HOST = "127.0.0.1"
 TANSU_NODE = 111
-KVPROXY = [sys.executable, "-m", "proxy.cli"]
+KVPROXY = [sys.executable, "-m", "kvproxy.cli"]
 
 MARK = b"flip-me"
 FLIPPED = b"flip-md"  # "e" 0x65 -> "d" 0x64: one bit

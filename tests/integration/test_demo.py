@@ -10,7 +10,7 @@ from proxy.embedded import api_versions_ok, run_embedded_broker
 
 def test_demo_sends_records_through_kvproxy() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo"],
+        [sys.executable, "-m", "kvproxy.cli", "demo"],
         capture_output=True,
         text=True,
         timeout=120,

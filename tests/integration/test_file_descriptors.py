@@ -118,7 +118,7 @@ def kvproxy_serve(tmp_path: Path, tansu: Broker, limit: tuple[int, int]) -> Iter
                 *map(str, limit),
                 sys.executable,
                 "-m",
-                "proxy.cli",
+                "kvproxy.cli",
                 "serve",
                 "-c",
                 str(config),

@@ -20,9 +20,9 @@ import psutil
 import pytest
 import yaml
 
+from kvproxy.cli import main
 from protocol.messages import METADATA, PRODUCE, decode_response, encode_request, make_request
 from protocol.records import build_batch
-from proxy.cli import main
 from proxy.config import ProxyConfig
 from proxy.errors import ProxyError
 from tests.harness import Broker, RawKafkaClient, create_topic, unique_topic_name

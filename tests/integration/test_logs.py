@@ -72,7 +72,7 @@ def test_json_log_format_reports_a_bad_config_as_json(tmp_path: Path) -> None:
     config = tmp_path / "kvproxy.yaml"
     config.write_text("upstream: {bootstrap_servers: ['127.0.0.1:1']}\nlisten: {prot: 1}\n")
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config), "--log-format", "json"],
+        [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config), "--log-format", "json"],
         check=False,
         cwd=REPO,
         capture_output=True,

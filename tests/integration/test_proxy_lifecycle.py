@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kvproxy.cli import main
 from protocol.messages import API_VERSIONS, FETCH, decode_response
-from proxy.cli import main
 from tests.harness import Broker, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through
 from tests.harness.proxy import RunningProxy, free_port_range
@@ -78,7 +78,7 @@ def port_is_closed(port: int) -> bool:
 
 @contextlib.contextmanager
 def kvproxy_serve(
-    config: Path, log: Path, *, module: str = "proxy.cli", cwd: Path = REPO
+    config: Path, log: Path, *, module: str = "kvproxy.cli", cwd: Path = REPO
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`python -m <module> serve -c CONFIG` (`kvproxy.cli` is the installed command's), output to
     `log`; killed on exit if still running."""
@@ -176,7 +176,7 @@ def test_serve_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("upstream: {bootstrap_servers: [nohost]}\n")
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+        [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config)],
         check=False,
         cwd=REPO,
         capture_output=True,
@@ -200,7 +200,7 @@ def test_check_prints_ok_and_the_resolved_listeners(tmp_path: Path) -> None:
         "upstream: {bootstrap_servers: 'kafka-1:9092,kafka-2:9092'}\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "check", "-c", str(config)],
+        [sys.executable, "-m", "kvproxy.cli", "check", "-c", str(config)],
         check=False,
         cwd=REPO,
         capture_output=True,
@@ -270,7 +270,7 @@ def test_serve_refuses_a_cluster_outside_the_broker_port_range(
         )
     )
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+        [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config)],
         check=False,
         cwd=REPO,
         capture_output=True,
@@ -289,7 +289,7 @@ def test_serve_on_a_port_in_use_exits_1(tansu: Broker, tmp_path: Path) -> None:
         taken.bind((HOST, port))
         taken.listen()
         done = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+            [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config)],
             check=False,
             cwd=REPO,
             capture_output=True,

@@ -56,7 +56,7 @@ BINARY = b"\x00\x01\xfe\xff"
 def kvproxy(*args: str, timeout: float = 60, expect: int = 0) -> subprocess.CompletedProcess[str]:
     """`kvproxy ARGS` as a user runs it; fails the test on an exit status other than `expect`."""
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args],
+        [sys.executable, "-m", "kvproxy.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -319,7 +319,7 @@ def start_serve(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = int(yaml.safe_load(config.read_text())["listen"]["port"])
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+            [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config)],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -100,7 +100,7 @@ def kvproxy_serve(
     stderr = tmp_path / "stderr.log"
     with stderr.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config), *extra_args],
+            [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config), *extra_args],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=err,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from policies.config_file import MAX_FILE_BYTES
 from proxy.reload import ConfigReloader
+from settings.yaml_file import MAX_FILE_BYTES
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
 from tests.integration.test_policies_answers import INVALID_RECORD

@@ -638,7 +638,7 @@ def kvproxy(*args: str, password: str | None = SECRET) -> subprocess.CompletedPr
     if password is not None:
         env["KVPROXY_TEST_KEY_PASSWORD"] = password
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args],
+        [sys.executable, "-m", "kvproxy.cli", *args],
         check=False,
         cwd=REPO,
         env=env,
@@ -655,7 +655,7 @@ def test_serve_uses_the_secret_and_never_shows_it(pki: Pki, tansu: Broker, tmp_p
     port = write_config(config, pki, tansu.bootstrap)
     env = {**os.environ, "KVPROXY_TEST_KEY_PASSWORD": SECRET, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config), "--log-format", "json"],
+        [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config), "--log-format", "json"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

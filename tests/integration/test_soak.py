@@ -121,7 +121,7 @@ def kvproxy_serve(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`kvproxy serve -c config` as a child process; killed on exit if still running."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+            [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(config)],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from kvproxy.cli import main as kvproxy
 from policies.api import TopicConfig
 from policies.config import build_routing
 from protocol.journal import encode_entry
 from protocol.records import build_batch
-from proxy.cli import main as kvproxy
 from proxy.config import TopicConfigsConfig
 from proxy.quarantine import segment_name
 from tests.harness import Broker, free_port

@@ -257,7 +257,12 @@ def test_ship_packages_puts_the_project_on_the_executors(spark: Any) -> None:
 
     archive = ship_packages(spark)
     names = set(zipfile.ZipFile(archive).namelist())
-    assert {"protocol/records/batch.py", "policies/chain.py", "pipeline/check.py"} <= names
+    assert {
+        "protocol/records/batch.py",
+        "policies/chain.py",
+        "settings/errors.py",
+        "pipeline/check.py",
+    } <= names
     assert not any(name.startswith(("proxy/", "producer/", "tests/")) for name in names)
     paths = (
         spark.sparkContext.parallelize([0], 1)

@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from pipeline import live
+from pipeline import kafka_client, live
+from pipeline.kafka_client import describe_compaction
 from pipeline.live import (
     LiveRange,
     LiveSourceError,
     Timestamp,
-    describe_compaction,
     fetch_batches,
     parse_offset_spec,
     plan_live_ranges,
@@ -305,16 +305,16 @@ def _failing_fetch(monkeypatch: pytest.MonkeyPatch, codes: list[int]) -> None:
     Tansu answers every partition fault (offset out of range, no such partition) with an empty
     partition and no error, so the codes are injected.
     """
-    real = live._fetch
+    real = kafka_client.fetch
 
     def fetch(
-        broker: live._Broker, topic: str, offsets: Mapping[int, int], **kw: int
-    ) -> dict[int, live._FetchAnswer | int]:
+        broker: kafka_client.Broker, topic: str, offsets: Mapping[int, int], **kw: int
+    ) -> dict[int, kafka_client.FetchAnswer | int]:
         if codes:
             return dict.fromkeys(offsets, codes.pop(0))
         return real(broker, topic, offsets, **kw)
 
-    monkeypatch.setattr(live, "_fetch", fetch)
+    monkeypatch.setattr(kafka_client, "fetch", fetch)
 
 
 def test_partition_error_is_named(produced: Produced, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -343,25 +343,30 @@ def test_chunk_past_the_high_watermark_ends(produced: Produced) -> None:
 def _truncating_fetch(monkeypatch: pytest.MonkeyPatch, *, kip74: bool) -> list[int]:
     """Make every Fetch answer end where a broker's byte limit would cut it: at max_bytes, mid
     batch; with KIP-74 never before the end of the first batch. Returns the limits asked for."""
-    real = live._fetch
+    real = kafka_client.fetch
     asked: list[int] = []
 
     def fetch(
-        broker: live._Broker, topic: str, offsets: Mapping[int, int], *, max_bytes: int, **kw: int
-    ) -> dict[int, live._FetchAnswer | int]:
+        broker: kafka_client.Broker,
+        topic: str,
+        offsets: Mapping[int, int],
+        *,
+        max_bytes: int,
+        **kw: int,
+    ) -> dict[int, kafka_client.FetchAnswer | int]:
         answers = real(broker, topic, offsets, max_bytes=max_bytes, **kw)
         asked.append(max_bytes)
-        cut: dict[int, live._FetchAnswer | int] = {}
+        cut: dict[int, kafka_client.FetchAnswer | int] = {}
         for p, a in answers.items():
             cut[p] = a
-            if isinstance(a, live._FetchAnswer):
+            if isinstance(a, kafka_client.FetchAnswer):
                 keep = max_bytes
                 if kip74 and len(a.records) >= 12:
                     keep = max(keep, read_batch(a.records)[0].size)
-                cut[p] = live._FetchAnswer(a.records[:keep], a.high_watermark, a.log_start)
+                cut[p] = kafka_client.FetchAnswer(a.records[:keep], a.high_watermark, a.log_start)
         return cut
 
-    monkeypatch.setattr(live, "_fetch", fetch)
+    monkeypatch.setattr(kafka_client, "fetch", fetch)
     return asked
 
 
@@ -389,19 +394,19 @@ def test_no_progress_raises_instead_of_looping(
     produced: Produced, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (whole, _) = plan_live_ranges([produced.bootstrap], produced.topic)
-    real = live._fetch
+    real = kafka_client.fetch
 
     def empty(
-        broker: live._Broker, topic: str, offsets: Mapping[int, int], **kw: int
-    ) -> dict[int, live._FetchAnswer | int]:
+        broker: kafka_client.Broker, topic: str, offsets: Mapping[int, int], **kw: int
+    ) -> dict[int, kafka_client.FetchAnswer | int]:
         answers = real(broker, topic, offsets, **kw)
         return {
-            p: live._FetchAnswer(b"", a.high_watermark, a.log_start)
+            p: kafka_client.FetchAnswer(b"", a.high_watermark, a.log_start)
             for p, a in answers.items()
-            if isinstance(a, live._FetchAnswer)
+            if isinstance(a, kafka_client.FetchAnswer)
         }
 
-    monkeypatch.setattr(live, "_fetch", empty)
+    monkeypatch.setattr(kafka_client, "fetch", empty)
     with pytest.raises(LiveSourceError, match="no progress"):
         list(fetch_batches(whole))
 
@@ -423,7 +428,7 @@ def test_every_fetch_version(
     produced: Produced, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
     ranges = plan_live_ranges([produced.bootstrap], produced.topic, offsets_per_range=5)
-    monkeypatch.setattr(live, "_FETCH_VERSIONS", (version, version))
+    monkeypatch.setattr(kafka_client, "_FETCH_VERSIONS", (version, version))
     assert _values(list(_batches(ranges))) == _expected(range(15), range(4))
 
 
@@ -431,8 +436,8 @@ def test_every_fetch_version(
 def test_every_metadata_and_list_offsets_version(
     produced: Produced, monkeypatch: pytest.MonkeyPatch, metadata: int, list_offsets: int
 ) -> None:
-    monkeypatch.setattr(live, "_METADATA_VERSIONS", (metadata, metadata))
-    monkeypatch.setattr(live, "_LIST_OFFSETS_VERSIONS", (list_offsets, list_offsets))
+    monkeypatch.setattr(kafka_client, "_METADATA_VERSIONS", (metadata, metadata))
+    monkeypatch.setattr(kafka_client, "_LIST_OFFSETS_VERSIONS", (list_offsets, list_offsets))
     ranges = plan_live_ranges([produced.bootstrap], produced.topic, start=Timestamp(T0 + 4500))
     assert [(r.partition, r.low, r.high) for r in ranges] == [(0, 5, 15), (1, 2, 4)]
 
@@ -440,7 +445,7 @@ def test_every_metadata_and_list_offsets_version(
 def test_versions_outside_what_the_broker_serves_are_refused(
     produced: Produced, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(live, "_LIST_OFFSETS_VERSIONS", (10, 11))  # Tansu serves 0-9
+    monkeypatch.setattr(kafka_client, "_LIST_OFFSETS_VERSIONS", (10, 11))  # Tansu serves 0-9
     with pytest.raises(LiveSourceError, match=r"serves ListOffsets v0-v9"):
         plan_live_ranges([produced.bootstrap], produced.topic)
 
@@ -452,7 +457,7 @@ def test_versions_outside_what_the_broker_serves_are_refused(
 def test_describe_compaction(
     tansu: Broker, make_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
-    monkeypatch.setattr(live, "_DESCRIBE_CONFIGS_VERSIONS", (version, version))
+    monkeypatch.setattr(kafka_client, "_DESCRIBE_CONFIGS_VERSIONS", (version, version))
     compacted = make_topic(config={"cleanup.policy": "compact"})
     both = make_topic(config={"cleanup.policy": "compact,delete"})
     plain = make_topic()

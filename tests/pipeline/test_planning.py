@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.check import AuditSettings, bucket_size_ms, check_unit, key_preview
+from pipeline.check import bucket_size_ms, check_unit, key_preview
 from pipeline.cli import parse_now
 from pipeline.files import InputError
 from pipeline.segments import (
@@ -19,6 +19,7 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
+from pipeline.task_data import AuditSettings
 from policies.api import parse_records
 from policies.builtin.broker import BatchIntegrityPolicy, OffsetsPolicy
 from protocol.journal import encode_entry

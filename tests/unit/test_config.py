@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from proxy.config import ConfigError, load_config, parse_config, parse_host_port
+from proxy.config import load_config, parse_config
+from settings.addresses import parse_host_port
+from settings.loading import ConfigError
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
 

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvproxy.cli import main
 from policies.config import PolicyConfigError, build_routing
-from proxy.cli import main
 from proxy.reload import ConfigReloader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_every_problem_of_every_section_at_once_by_line(
 def test_serve_refuses_the_same_file_with_the_same_problems(tmp_path: Path) -> None:
     (tmp_path / "kvproxy.yaml").write_text(MIXED)
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "-c", "kvproxy.yaml"],
+        [sys.executable, "-m", "kvproxy.cli", "serve", "-c", "kvproxy.yaml"],
         check=False,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -331,7 +331,7 @@ def test_nested_aliases_do_not_multiply_the_line_map(tmp_path: Path) -> None:
     """Aliases of aliases name each node many times (5 x 10^5 paths here, within the bound on
     expanded values): the lines are walked once per node, so such a file costs what its text
     costs."""
-    from policies.config_file import read_yaml_with_lines
+    from settings.yaml_file import read_yaml_with_lines
 
     levels = ["a0: &a0 [1, 2, 3, 4, 5]"]
     for n in range(1, 6):

@@ -20,9 +20,10 @@ from types import SimpleNamespace
 import pytest
 
 from policies.builtin.base import MAX_PROBLEM_CHARS, MAX_VALUE_CHARS, short_repr
-from policies.config_file import MAX_FILE_BYTES, read_yaml_with_lines
-from proxy.config import ConfigError, load_config_and_rules
+from proxy.config import load_config_and_rules
 from proxy.reload import ConfigReloader
+from settings.loading import ConfigError
+from settings.yaml_file import MAX_FILE_BYTES, read_yaml_with_lines
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = 'upstream: {bootstrap_servers: ["127.0.0.1:9092"]}\n'

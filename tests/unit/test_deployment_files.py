@@ -535,7 +535,7 @@ def test_compose_kvproxy_config_passes_kvproxy_check(tmp_path: Path) -> None:
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "check", "-c", str(path)],
+        [sys.executable, "-m", "kvproxy.cli", "check", "-c", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -224,7 +224,7 @@ def test_cli_dump_json() -> None:
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "kvproxy.cli",
             "dump",
             "--json",
             str(KAFKA_LOGS / "air_quality_data-1"),

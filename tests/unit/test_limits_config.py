@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from proxy.cli import describe
-from proxy.config import ConfigError, parse_config
+from proxy.config import parse_config
+from settings.loading import ConfigError
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kvproxy import cli
 from protocol.journal import encode_entry
 from protocol.records import build_batch
-from proxy import cli
 from proxy.quarantine import QuarantineEntry, segment_name
 from proxy.quarantine_cli import REPLAYED_FILE
 

@@ -17,6 +17,7 @@ from kio.schema.describe_configs.v1.response import (
 )
 from kio.static.primitive import i8, i16, i32Timedelta
 
+from kvproxy.cli import main as kvproxy
 from policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
 from policies.config import PolicyConfigError, build_routing
 from policies.topic_settings import (
@@ -27,12 +28,12 @@ from policies.topic_settings import (
 from protocol.messages import decode_request
 from protocol.records import build_batch
 from proxy import topic_configs
-from proxy.cli import main as kvproxy
-from proxy.config import ConfigError, load_config_and_rules
+from proxy.config import load_config_and_rules
 from proxy.produce import ProduceEngine, ProduceSettings
 from proxy.topic_configs import TopicConfigCache
 from proxy.topics_cli import settings_in_force
 from proxy.upstream_client import described_topics
+from settings.loading import ConfigError
 from tests.harness.fuzz import produce_request
 
 LONG_MAX = 2**63 - 1
