@@ -39,7 +39,7 @@ import pytest
 from protocol.compression import Codec
 from protocol.records import build_batch, read_batches
 from proxy.produce import ProduceEngine
-from tests.unit.kafka_parity_support import (
+from tests.harness.kafka_parity import (
     BASE_SEQUENCE,
     CODECS,
     INVALID_TIMESTAMP_MESSAGE,

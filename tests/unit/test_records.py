@@ -19,7 +19,7 @@ from protocol.records import (
     iter_batches,
     read_batch,
 )
-from tests.unit.records_testdata import (
+from tests.harness.records_testdata import (
     MAGIC_CODECS,
     SEGMENTS,
     kafka_python_records,

@@ -25,7 +25,7 @@ from proxy.quarantine import (
     read_entries,
 )
 from proxy.workers import merge_exposition
-from tests.unit.test_quarantine_journal import entry
+from tests.harness.journal_entries import entry
 
 # ---- one /metrics page for every worker ----
 
