@@ -17,8 +17,6 @@ from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.requests import api_versions_request
 
 HOST = "127.0.0.1"
-
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -1,5 +1,6 @@
 """Produce requests through kvproxy as a raw client sends them, their decoded partition answers,
-and what the broker stored (read straight from Tansu, so "nothing stored" means an empty log)."""
+what the broker stored (read straight from Tansu, so "nothing stored" means an empty log), and
+the wording of Kafka's answers."""
 
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import fetch_request, fetched_values, topic_id_of
 
 CLIENT_ID = "kvproxy-policies"
-
-
 INVALID_RECORD = 87
-
-
 CORRUPT_MESSAGE = 2
 
 
@@ -85,8 +82,6 @@ def stored(tansu: Broker, topic: str, partition: int = 0) -> list[bytes | None]:
 
 
 JSON_ONLY = {"policies": ["batch_integrity", "crc", "json"]}
-
-
 ANOTHER_PARTITION = (
     "Invalid record in another topic-partition caused the whole request to be rejected"
 )

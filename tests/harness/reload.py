@@ -26,8 +26,6 @@ from tests.harness.raw_client import RawKafkaClient
 from tests.harness.tansu import free_port
 
 NOT_JSON = b"plain text"
-
-
 JSON_VALUE = b'{"id": 1}'
 
 
