@@ -408,10 +408,10 @@ def test_off_mode_runs_no_policy_and_reports_nothing() -> None:
 def test_a_truncated_batch_is_refused_in_every_mode(mode: str) -> None:
     """test_truncated_batch_is_refused_in_every_mode, on the engine."""
     chosen = routed(None, [{"match": TOPIC, "mode": mode}])
-    truncated = records(9, b"this batch is cut short")[:-6]
-    _, decision = judged(chosen, 9, [(TOPIC, 0, truncated), (TOPIC, 1, records(9, GOOD))])
+    truncated, fine = records(9, b"this batch is cut short")[:-6], records(9, GOOD)
+    _, decision = judged(chosen, 9, [(TOPIC, 0, truncated), (TOPIC, 1, fine)])
     assert [(o.topic, o.index, o.enforced) for o in decision.rejected] == [(TOPIC, 0, True)]
-    assert forwarded(decision) == [(TOPIC, 1, records(9, GOOD))]
+    assert forwarded(decision) == [(TOPIC, 1, fine)]
     _, answers = in_order(
         decision, None if decision.forward is None else broker_accepts(decision.forward)
     )
