@@ -1,6 +1,8 @@
-"""Test harness: a real Tansu broker, a raw socket client and a recording relay.
+"""Test harness: a real Tansu broker, a raw socket client, a recording relay, and every helper
+more than one test module uses (a test module imports from here, never from another test module).
 
-Nothing here imports the code under test (``protocol/``, ``proxy/``, ...).
+The broker, the raw client and the relay import nothing of the code under test (``protocol/``,
+``proxy/``, ...); the request builders and answer readers use the project's codec.
 """
 
 from tests.harness.raw_client import (

@@ -1,13 +1,17 @@
-"""Quarantine entries made up by tests, as the proxy would write them (a fresh id, a time)."""
+"""Quarantine entries made up by tests, as the proxy would write them (a fresh id, a time); the
+journal settings for `run_proxy` and the dead-letter counts on /metrics."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from proxy.quarantine import QuarantineEntry
+from tests.harness.metrics import scrape, value
+from tests.harness.proxy import RunningProxy
 
 
 def new_entry(
@@ -35,4 +39,16 @@ def replay_mark(
     """The "replayed" mark of `replayed` (same topic and partition, no records)."""
     return new_entry(
         "replayed", replayed.topic, replayed.partition, clock=clock, replayed_id=replayed.id
+    )
+
+
+def journal_settings(directory: Path | str, **overrides: Any) -> dict[str, Any]:
+    return {"dir": str(directory), "flush_interval_ms": 50, **overrides}
+
+
+def dead_letter_counts(proxy: RunningProxy) -> tuple[float, float]:
+    samples = scrape(proxy)
+    return (
+        value(samples, "kvproxy_dead_letters_total", result="written"),
+        value(samples, "kvproxy_dead_letters_total", result="failed"),
     )

@@ -15,8 +15,8 @@ from confluent_kafka import KafkaError, Producer
 
 from protocol.records import build_batch
 from tests.harness import Broker
+from tests.harness.produce import produce, record_errors, stored
 from tests.harness.proxy import run_proxy
-from tests.integration.test_policies_answers import produce, record_errors, stored
 
 INVALID_RECORD = 87
 CORRUPT_MESSAGE = 2

@@ -21,11 +21,12 @@ from policies import config as policies_config
 from proxy import logs, rejections, topic_configs, topic_labels
 from tests.harness import Broker
 from tests.harness.fuzz import produce_request
+from tests.harness.metrics import get
+from tests.harness.processes import HOST
+from tests.harness.produce import batch
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawKafkaClient
-from tests.integration.test_metrics import get
-from tests.integration.test_policies_answers import batch
-from tests.integration.test_reload import HOST, kvproxy_serve
+from tests.harness.reload import kvproxy_serve
 
 NAMES = 2_000
 PER_REQUEST = 200

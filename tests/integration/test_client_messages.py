@@ -41,9 +41,9 @@ import pytest
 from protocol.messages import PRODUCE
 from proxy.logs import TEXT_FORMAT, JsonFormatter
 from tests.harness import Broker, create_topic, unique_topic_name
+from tests.harness.clients import LINGER_MS
 from tests.harness.kcat import run_kcat
 from tests.harness.proxy import RunningProxy, run_proxy
-from tests.integration.test_policies_clients import LINGER_MS
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "clients.md"

@@ -18,10 +18,10 @@ from typing import Any
 from protocol.messages import FETCH, decode_response
 from protocol.records import RecordBatch, iter_batches
 from tests.harness import Broker, create_topic
+from tests.harness.metrics import scrape, value
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawKafkaClient
-from tests.integration.test_metrics import scrape, value
-from tests.integration.test_proxy_ordering import fetch_request, topic_id_of
+from tests.harness.requests import fetch_request, topic_id_of
 
 BASE_TIME = 1_700_000_000_000
 Row = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]

@@ -30,10 +30,10 @@ import yaml
 from protocol.messages import API_VERSIONS, decode_response
 from tests.harness import Broker
 from tests.harness.fuzz import api_versions_request
+from tests.harness.processes import REPO, wait_for_answer
 from tests.harness.proxy import free_port_range, run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.tansu import free_port
-from tests.integration.test_proxy_lifecycle import REPO, wait_for_answer
 
 HOST = "127.0.0.1"
 FD_LIMIT = 64

@@ -28,11 +28,11 @@ from proxy.errors import ProxyError
 from tests.harness import Broker, RawKafkaClient, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through, sasl_plain_producer
 from tests.harness.fuzz import produce_request
+from tests.harness.metrics import get
+from tests.harness.processes import kvproxy_serve
 from tests.harness.proxy import free_port_range, proxy_config, run_proxy
 from tests.harness.stub_upstream import run_stub_cluster
 from tests.harness.tansu import free_port
-from tests.integration.test_metrics import get
-from tests.integration.test_proxy_lifecycle import kvproxy_serve
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]

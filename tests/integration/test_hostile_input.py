@@ -19,11 +19,10 @@ import pytest
 from protocol.compression import Codec
 from protocol.records import build_batch
 from tests.harness import Broker
+from tests.harness.metrics import closed, scrape, value
+from tests.harness.produce import produce, record_errors, stored
 from tests.harness.proxy import proxy_config, run_proxy
-from tests.integration.test_limits import closed
-from tests.integration.test_metrics import scrape, value
-from tests.integration.test_policies_answers import produce, record_errors, stored
-from tests.integration.test_proxy_faults import assert_idle, assert_serves
+from tests.harness.proxy_checks import assert_idle, assert_serves
 
 MiB = 1024 * 1024
 MESSAGE_TOO_LARGE = 10
@@ -114,8 +113,8 @@ def test_a_legitimate_batch_that_expands_far_is_accepted(tansu: Broker, topic: s
 
 def test_acks_0_past_the_budget_closes_the_connection(tansu: Broker, topic: str) -> None:
     """acks=0 expects no answer: as for every rejection, the proxy closes, as a broker does."""
+    from tests.harness.produce import produce_frame
     from tests.harness.raw_client import RawKafkaClient
-    from tests.integration.test_policies_answers import produce_frame
 
     config = proxy_config(tansu.bootstrap, limits={"decode_bytes_per_request": 8 * MiB})
     with run_proxy(config=config) as proxy:
@@ -225,8 +224,8 @@ def test_later_requests_on_the_connection_are_answered_in_order_after_an_off_loo
     """A request decided off the loop holds the connection's later requests: answers leave in
     request order."""
     from protocol.messages import PRODUCE, decode_response
+    from tests.harness.produce import produce_frame
     from tests.harness.raw_client import RawKafkaClient
-    from tests.integration.test_policies_answers import produce_frame
 
     topic = make_topic()
     with run_proxy(tansu.bootstrap) as proxy:
@@ -325,8 +324,8 @@ def test_a_request_waiting_for_receive_memory_is_read_when_memory_frees(
     """Receive memory for one 1 MiB request: a client that started one and stalls holds it, so
     a second client's large request waits unread (a warning says why) until the first is
     closed for stalling; then it is read, checked, forwarded and answered."""
+    from tests.harness.produce import produce_frame
     from tests.harness.raw_client import RawKafkaClient
-    from tests.integration.test_policies_answers import produce_frame
 
     config = proxy_config(
         tansu.bootstrap,
@@ -370,8 +369,8 @@ def test_bad_timestamps_are_answered_without_decoding_every_record(
     import time
 
     from protocol.messages import PRODUCE, decode_response
+    from tests.harness.produce import partitions_of, produce_frame
     from tests.harness.raw_client import RawKafkaClient
-    from tests.integration.test_policies_answers import partitions_of, produce_frame
 
     future = int(time.time() * 1000) + 10 * 24 * 3600 * 1000  # past the hour allowed ahead
     batch = build_batch([(b"k", None, None, future + n) for n in range(300_000)], codec=Codec.ZSTD)
@@ -400,8 +399,8 @@ def test_a_legacy_wrapper_past_the_budget_is_answered_and_the_connection_kept(
     messages cannot be counted, its check cannot run: MESSAGE_TOO_LARGE, on a connection that
     then serves the next request (counting it for the metrics decodes nothing)."""
     from protocol.messages import PRODUCE, decode_response
+    from tests.harness.produce import partitions_of, produce_frame
     from tests.harness.raw_client import RawKafkaClient
-    from tests.integration.test_policies_answers import partitions_of, produce_frame
 
     wrapper = build_batch(
         [(None, bytes(MiB), None, None) for _ in range(12)], magic=1, codec=Codec.GZIP

@@ -16,24 +16,18 @@ import pytest
 
 from protocol.messages import METADATA, decode_response
 from tests.harness import Broker
-from tests.harness.proxy import RunningProxy, proxy_config, run_proxy
+from tests.harness.metrics import closed
+from tests.harness.produce import batch, produce, stored
+from tests.harness.proxy import proxy_config, run_proxy
+from tests.harness.proxy_checks import assert_idle, assert_serves
 from tests.harness.raw_client import RawKafkaClient
-from tests.integration.test_metrics import scrape, value
-from tests.integration.test_policies_answers import batch, produce, stored
-from tests.integration.test_proxy_faults import assert_idle, assert_serves
-from tests.integration.test_proxy_ordering import (
+from tests.harness.requests import (
     correlation_id_of,
     fetch_request,
     metadata_request,
     produce_request,
     topic_id_of,
 )
-
-CLOSED = "kvproxy_connections_closed_total"
-
-
-def closed(proxy: RunningProxy, reason: str) -> float:
-    return value(scrape(proxy), CLOSED, reason=reason)
 
 
 def answers_metadata(client: RawKafkaClient, correlation_id: int) -> bool:

@@ -12,15 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness import Broker
-from tests.integration.test_policies_answers import (
-    CLIENT_ID,
-    INVALID_RECORD,
-    JSON_ONLY,
-    batch,
-    produce,
-)
-from tests.integration.test_proxy_lifecycle import REPO
-from tests.integration.test_reload import HOST, kvproxy_serve
+from tests.harness.processes import HOST, REPO
+from tests.harness.produce import CLIENT_ID, INVALID_RECORD, JSON_ONLY, batch, produce
+from tests.harness.reload import kvproxy_serve
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -4,41 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.harness import Broker, run_tansu
-from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.metrics import get, scrape, value
+from tests.harness.produce import JSON_ONLY, batch, produce, produce_frame
+from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
-from tests.integration.test_policies_answers import JSON_ONLY, batch, produce, produce_frame
-
-
-def scrape(proxy: RunningProxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample on /metrics, keyed by (name, sorted labels)."""
-    with urllib.request.urlopen(f"{proxy.metrics_url}/metrics", timeout=5) as answer:
-        assert answer.status == 200
-        assert answer.headers["Content-Type"].startswith("text/plain")
-        text = answer.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: dict[Any, float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def test_one_good_and_one_bad_partition_are_counted_exactly(tansu: Broker, make_topic: Any):

@@ -20,90 +20,10 @@ import pytest
 
 from protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
-from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.clients import LINGER_MS, confluent_send, consume, produce_partitions
+from tests.harness.proxy import run_proxy
 
 INVALID_RECORD = 87
-
-
-LINGER_MS = 1000
-"""Long enough that records produced back to back form one request even on a loaded machine
-(100 ms was not, once in five suite runs beside a CPU hog); each test flushes, which sends at
-once, so only the aiokafka tests wait for it."""
-
-
-def consume(bootstrap: str, topic: str, partitions: int = 2) -> dict[int, list[bytes | None]]:
-    """Every value of every partition, read from the beginning to the end with confluent-kafka."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "unused",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    got: dict[int, list[bytes | None]] = {p: [] for p in range(partitions)}
-    at_end: set[int] = set()
-    try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        deadline = time.monotonic() + 20
-        while len(at_end) < partitions and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                at_end.add(message.partition())
-            elif error is None:
-                got[message.partition()].append(message.value())
-                at_end.discard(message.partition())
-    finally:
-        consumer.close()
-    assert len(at_end) == partitions, f"consumer did not reach the end of {topic}: {got}"
-    return got
-
-
-def confluent_send(
-    bootstrap: str, topic: str, bad: dict[str, Any], good: dict[str, Any], **conf: Any
-) -> tuple[Any, Any]:
-    """Produce `bad` to partition 0 and `good` to partition 1; return their delivery errors."""
-    from confluent_kafka import Producer
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": LINGER_MS,
-            "acks": "all",
-            "message.timeout.ms": 5000,
-            **conf,
-        }
-    )
-    results: dict[str, Any] = {}
-
-    def report(name: str) -> Any:
-        return lambda error, _message: results.__setitem__(name, error)
-
-    producer.produce(topic, partition=0, on_delivery=report("bad"), **bad)
-    producer.produce(topic, partition=1, on_delivery=report("good"), **good)
-    assert producer.flush(15) == 0
-    return results["bad"], results["good"]
-
-
-def produce_partitions(proxy: RunningProxy) -> list[list[tuple[str, int, int]]]:
-    """(topic, partition, error code) of each Produce answer the proxy sent, in order."""
-    out = []
-    for api_key, version, frame in list(proxy.responses):
-        if api_key == PRODUCE:
-            body = decode_response(frame, PRODUCE, version).body
-            out.append(
-                [
-                    (str(t.name), int(p.index), int(p.error_code))
-                    for t in body.responses
-                    for p in t.partition_responses
-                ]
-            )
-    return out
 
 
 # ---- the policies, each with one bad and one good record ----

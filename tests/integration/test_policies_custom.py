@@ -13,9 +13,9 @@ import pytest
 
 from protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
+from tests.harness.clients import LINGER_MS, consume, produce_partitions
+from tests.harness.produce import batch, produce, record_errors, stored
 from tests.harness.proxy import run_proxy
-from tests.integration.test_policies_answers import batch, produce, record_errors, stored
-from tests.integration.test_policies_clients import LINGER_MS, consume, produce_partitions
 
 POLICY_VIOLATION = 44
 CURRENCY = {
@@ -57,7 +57,7 @@ def test_currency_policy_raw_answers_per_version(
 def test_currency_policy_confluent_kafka(tansu: Broker, make_topic: Any) -> None:
     from confluent_kafka import KafkaError
 
-    from tests.integration.test_policies_clients import confluent_send
+    from tests.harness.clients import confluent_send
 
     topic = make_topic(2)
     with run_proxy(tansu.bootstrap, topics=_payments(topic)) as proxy:

@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 
 from tests.harness import Broker
+from tests.harness.produce import JSON_ONLY, batch, produce, produce_frame, record_errors, stored
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
-from tests.integration.test_policies_answers import (
-    JSON_ONLY,
-    batch,
-    produce,
-    produce_frame,
-    record_errors,
-    stored,
-)
 
 INVALID_RECORD = 87
 INVALID_TIMESTAMP = 32
@@ -170,8 +163,8 @@ def test_pipelined_requests_while_compaction_is_discovered_keep_their_order(
     import struct
 
     from protocol.messages import PRODUCE, decode_response
-    from tests.integration.test_policies_answers import partitions_of
-    from tests.integration.test_proxy_ordering import metadata_request
+    from tests.harness.produce import partitions_of
+    from tests.harness.requests import metadata_request
 
     topic = make_topic(1, config={"cleanup.policy": "compact"})
     frames = [

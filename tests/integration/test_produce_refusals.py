@@ -23,10 +23,9 @@ from protocol.messages import PRODUCE, decode_response
 from protocol.records import build_batch
 from proxy.quarantine import JournalReader
 from tests.harness import Broker, create_topic
-from tests.harness.proxy import RunningProxy, run_proxy
-from tests.harness.raw_client import RawKafkaClient
-from tests.integration.test_metrics import scrape, value
-from tests.integration.test_policies_answers import (
+from tests.harness.metrics import scrape, value
+from tests.harness.processes import wait_until
+from tests.harness.produce import (
     CLIENT_ID,
     CORRUPT_MESSAGE,
     batch,
@@ -34,8 +33,10 @@ from tests.integration.test_policies_answers import (
     produce_frame,
     stored,
 )
-from tests.integration.test_proxy_faults import assert_serves
-from tests.integration.test_quarantine import dead_letter_counts, journal_settings, wait_until
+from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.proxy_checks import assert_serves
+from tests.harness.quarantine import dead_letter_counts, journal_settings
+from tests.harness.raw_client import RawKafkaClient
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 TRANSACTIONAL_BIT = 0x10

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from protocol.messages import API_VERSIONS, METADATA, PRODUCE, decode_response
+from protocol.messages import METADATA, PRODUCE, decode_response
 from tests.harness import Broker, create_topic, run_tansu, unique_topic_name
 from tests.harness.clients import produce_and_consume
 from tests.harness.proxy import RunningProxy, proxy_config, run_proxy
+from tests.harness.proxy_checks import assert_idle, assert_serves
 from tests.harness.raw_client import RawKafkaClient
-from tests.harness.tansu import free_port
-from tests.integration.test_proxy_ordering import (
+from tests.harness.requests import (
     api_versions_request,
     correlation_id_of,
     fetch_request,
@@ -24,20 +24,7 @@ from tests.integration.test_proxy_ordering import (
     produce_request,
     topic_id_of,
 )
-
-
-def assert_idle(proxy: RunningProxy, timeout: float = 10.0) -> None:
-    stats = proxy.wait_until_idle(timeout)
-    assert (stats.client_connections, stats.upstream_connections, stats.pending_tasks) == (0, 0, 0)
-
-
-def assert_serves(proxy: RunningProxy, correlation_id: int = 77) -> None:
-    """A new client gets a proper answer through the bootstrap listener."""
-    with RawKafkaClient(proxy.host, proxy.port) as client:
-        answer = client.request(api_versions_request(0, correlation_id))
-    assert correlation_id_of(answer) == correlation_id
-    assert decode_response(answer, API_VERSIONS, 0).body.error_code == 0
-
+from tests.harness.tansu import free_port
 
 # ---- (a) the broker dies under a connected client, then comes back on the same port ----
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +18,11 @@ from kvproxy.cli import main
 from protocol.messages import API_VERSIONS, FETCH, decode_response
 from tests.harness import Broker, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through
+from tests.harness.processes import HOST, REPO, kvproxy_serve, wait_for_answer
 from tests.harness.proxy import RunningProxy, free_port_range
-from tests.harness.raw_client import RawClientError, RawKafkaClient
+from tests.harness.raw_client import RawKafkaClient
+from tests.harness.requests import correlation_id_of, fetch_request, topic_id_of
 from tests.harness.tansu import free_port
-from tests.integration.test_proxy_ordering import (
-    api_versions_request,
-    correlation_id_of,
-    fetch_request,
-    topic_id_of,
-)
-
-HOST = "127.0.0.1"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write_config(path: Path, upstream: dict[str, Any], drain_timeout_ms: int = 5000) -> int:
@@ -53,49 +43,12 @@ def write_config(path: Path, upstream: dict[str, Any], drain_timeout_ms: int = 5
     return port
 
 
-def wait_for_answer(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"kvproxy exited early with {proc.returncode}"
-        with (
-            contextlib.suppress(OSError, RawClientError),
-            RawKafkaClient(HOST, port, connect_timeout=0.5) as client,
-        ):
-            answer = client.request(api_versions_request(0, 1), timeout=2)
-            if decode_response(answer, API_VERSIONS, 0).body.error_code == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"kvproxy did not answer on port {port} within {timeout}s")
-
-
 def port_is_closed(port: int) -> bool:
     try:
         socket.create_connection((HOST, port), timeout=1).close()
     except OSError:
         return True
     return False
-
-
-@contextlib.contextmanager
-def kvproxy_serve(
-    config: Path, log: Path, *, module: str = "kvproxy.cli", cwd: Path = REPO
-) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m <module> serve -c CONFIG` (`kvproxy.cli` is the installed command's), output to
-    `log`; killed on exit if still running."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, "serve", "-c", str(config)],
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 # ---- serve ----

@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.quarantine import JournalReader
 from tests.harness import Broker
 from tests.harness.clients import consume_through
+from tests.harness.processes import REPO
 from tests.harness.proxy import free_port_range
 from tests.harness.tansu import free_port
-from tests.integration.test_proxy_lifecycle import REPO
 
 # One xdist worker runs the whole file: the shared supervisor is started once, tests keep order.
 pytestmark = pytest.mark.xdist_group("proxy_workers")

@@ -29,12 +29,9 @@ from protocol.messages import PRODUCE, decode_response
 from protocol.records import build_batch, iter_batches
 from proxy.quarantine import Journal, JournalReader, QuarantineEntry, segment_name
 from tests.harness import Broker, create_topic
-from tests.harness.proxy import RunningProxy, free_port_range, run_proxy
-from tests.harness.quarantine import new_entry
-from tests.harness.raw_client import RawClientError, RawKafkaClient
-from tests.harness.tansu import free_port
-from tests.integration.test_metrics import get, scrape, value
-from tests.integration.test_policies_answers import (
+from tests.harness.metrics import get, scrape, value
+from tests.harness.processes import REPO, kvproxy, wait_for_answer, wait_until
+from tests.harness.produce import (
     CLIENT_ID,
     INVALID_RECORD,
     JSON_ONLY,
@@ -44,37 +41,16 @@ from tests.integration.test_policies_answers import (
     produce_frame,
     stored,
 )
-from tests.integration.test_proxy_lifecycle import REPO, wait_for_answer
+from tests.harness.proxy import RunningProxy, free_port_range, run_proxy
+from tests.harness.quarantine import dead_letter_counts, journal_settings, new_entry
+from tests.harness.raw_client import RawClientError, RawKafkaClient
+from tests.harness.tansu import free_port
 
 HOST = "127.0.0.1"
 BINARY = b"\x00\x01\xfe\xff"
 
 
 # ---- helpers ----
-
-
-def kvproxy(*args: str, timeout: float = 60, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    """`kvproxy ARGS` as a user runs it; fails the test on an exit status other than `expect`."""
-    done = subprocess.run(
-        [sys.executable, "-m", "kvproxy.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == expect, f"kvproxy {' '.join(args)} exited {done.returncode}: {done}"
-    return done
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 15) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def values_of(records: bytes) -> list[bytes | None]:
@@ -109,10 +85,6 @@ def consume(bootstrap: str, topic: str, partition: int, count: int) -> list[Any]
     finally:
         consumer.close()
     return got
-
-
-def journal_settings(directory: Path | str, **overrides: Any) -> dict[str, Any]:
-    return {"dir": str(directory), "flush_interval_ms": 50, **overrides}
 
 
 # ---- list, show, replay ----
@@ -523,14 +495,6 @@ def test_failing_journal_writes_keep_client_answers_and_report_degraded(
 
 
 # ---- dead-letter topics ----
-
-
-def dead_letter_counts(proxy: RunningProxy) -> tuple[float, float]:
-    samples = scrape(proxy)
-    return (
-        value(samples, "kvproxy_dead_letters_total", result="written"),
-        value(samples, "kvproxy_dead_letters_total", result="failed"),
-    )
 
 
 def same_answer(answer: Any, reference: Any, reference_tp: str, tp: str) -> None:

@@ -20,12 +20,12 @@ from protocol.messages import FETCH, decode_response
 from protocol.records import build_batch, iter_batches
 from proxy.quarantine import JournalReader, segment_name
 from tests.harness import Broker
+from tests.harness.processes import kvproxy
+from tests.harness.produce import JSON_ONLY, stored
 from tests.harness.proxy import run_proxy
-from tests.harness.quarantine import new_entry
+from tests.harness.quarantine import journal_settings, new_entry
 from tests.harness.raw_client import RawKafkaClient
-from tests.integration.test_policies_answers import JSON_ONLY, stored
-from tests.integration.test_proxy_ordering import fetch_request, topic_id_of
-from tests.integration.test_quarantine import journal_settings, kvproxy
+from tests.harness.requests import fetch_request, topic_id_of
 
 GOOD = [b'{"n": 0}', b'{"n": 2}', b'{"n": 4}']
 BAD = [b"bad 1", b"bad 3", b"bad 5"]

@@ -46,15 +46,15 @@ from protocol.messages import METADATA, encode_request, make_request
 from tests.harness import Broker, create_topic, run_tansu, unique_topic_name
 from tests.harness.clients import produce_and_consume
 from tests.harness.proxy import RunningProxy, proxy_config, run_proxy
+from tests.harness.proxy_checks import assert_idle, assert_serves
 from tests.harness.raw_client import (
     RawClientError,
     RawKafkaClient,
     api_versions_v0_request,
     parse_api_versions_v0_response,
 )
+from tests.harness.requests import fetch_request, produce_request, topic_id_of
 from tests.harness.tansu import free_port
-from tests.integration.test_proxy_faults import assert_idle, assert_serves
-from tests.integration.test_proxy_ordering import fetch_request, produce_request, topic_id_of
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -766,7 +766,7 @@ def test_half_open_client_is_held_until_the_os_reports_it(
 def test_many_half_open_clients_then_reset_leave_nothing(proxy: RunningProxy, topic: str) -> None:
     """Forty clients each leave a Produce and a Metadata request unread and stay connected, then
     all vanish with a reset at once: every pair is freed."""
-    from tests.integration.test_proxy_ordering import metadata_request
+    from tests.harness.requests import metadata_request
 
     payload = frame(produce_request(9, 1, topic, [(b"k", b"v")])) + frame(metadata_request(12, 2))
     socks = []

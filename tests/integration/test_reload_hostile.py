@@ -19,9 +19,9 @@ import yaml
 from proxy.reload import ConfigReloader
 from settings.yaml_file import MAX_FILE_BYTES
 from tests.harness import Broker
+from tests.harness.produce import INVALID_RECORD
 from tests.harness.proxy import run_proxy
-from tests.integration.test_policies_answers import INVALID_RECORD
-from tests.integration.test_reload import (
+from tests.harness.reload import (
     JSON_VALUE,
     NOT_JSON,
     connection,
@@ -31,7 +31,7 @@ from tests.integration.test_reload import (
     reloaded,
     reloads_counted,
 )
-from tests.unit.test_config_hostile import bomb_lines
+from tests.harness.yaml_bombs import bomb_lines
 
 PADDING_ITEMS = 40_000
 """`- padding item` lines ahead of the bomb: about 600 KB of YAML, seconds of parsing."""

@@ -22,8 +22,8 @@ from protocol.messages import PRODUCE
 from proxy.reload import ConfigReloader
 from tests.harness import create_topic, unique_topic_name
 from tests.harness.capture import RecordingRelay, read_produce_request, recording_tansu
+from tests.harness.produce import JSON_ONLY, stored
 from tests.harness.proxy import RunningProxy, run_proxy
-from tests.integration.test_policies_answers import JSON_ONLY, stored
 
 PROFILE_CODE = {"kafka": error_codes.INVALID_RECORD, "kip": error_codes.KIP_INVALID_RECORD}
 

@@ -13,7 +13,7 @@ import pytest
 from pipeline.job import AuditRequest, run_audit
 from protocol.compression import Codec
 from protocol.records import build_batch
-from tests.pipeline.segments import (
+from tests.harness.segments import (
     TESTDATA_LOGS,
     assign_offsets,
     independent_offsets,

@@ -24,7 +24,7 @@ from policies.api import parse_records
 from policies.builtin.broker import BatchIntegrityPolicy, OffsetsPolicy
 from protocol.journal import encode_entry
 from protocol.records import build_batch
-from tests.pipeline.segments import TESTDATA_LOGS, assign_offsets, placements, write_segment
+from tests.harness.segments import TESTDATA_LOGS, assign_offsets, placements, write_segment
 
 NOW = int(time.time() * 1000)
 

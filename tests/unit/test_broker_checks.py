@@ -22,7 +22,7 @@ from policies.producer_state import ProducerStateTracker
 from protocol import error_codes
 from protocol.compression import Codec
 from protocol.records import build_batch
-from tests.unit.test_policies_broker import NOW, produced
+from tests.harness.produced import NOW, produced
 
 HOUR = 3_600_000
 PREMATURE_EOF = "Incorrect declared batch size, premature EOF reached"

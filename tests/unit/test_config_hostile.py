@@ -24,23 +24,13 @@ from proxy.config import load_config_and_rules
 from proxy.reload import ConfigReloader
 from settings.loading import ConfigError
 from settings.yaml_file import MAX_FILE_BYTES, read_yaml_with_lines
+from tests.harness.yaml_bombs import bomb_lines
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = 'upstream: {bootstrap_servers: ["127.0.0.1:9092"]}\n'
 MAX_REPORT_CHARS = 200_000
 """The longest a whole report may get: 100 problems listed at up to 1,000 characters each, the
 file name on every line, and the count of the rest."""
-
-
-def bomb_lines(levels: int, use: str) -> str:
-    """A "billion laughs": nine strings, then `levels - 1` lists of nine aliases of the one
-    before; `use` names the last one (TOP) in a top-level section."""
-    lines = ["anchors:"]
-    lines.append('  a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]')
-    for level in range(1, levels):
-        lines.append(f"  a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 9) + "]")
-    lines.append(use.replace("TOP", f"*a{levels - 1}"))
-    return "\n".join(lines) + "\n"
 
 
 def bomb(levels: int, use: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 from protocol.compression import Codec
 from protocol.records import build_batch, iter_batches
 from proxy import dump
-from tests.unit.records_testdata import KAFKA_LOGS, SEGMENTS, segment_paths
+from tests.harness.records_testdata import KAFKA_LOGS, SEGMENTS, segment_paths
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,9 +3,9 @@
 Each test names the Kafka test it ports (apache/kafka: LogValidatorTest.java and
 ProducerStateManagerTest.java in storage/src/test, UnifiedLogTest.scala and ProduceRequestTest.scala
 in core/src/test). The inputs are Kafka's, written with the project's writers
-(`kafka_parity_support`); the chain is a broker's checks configured as the Kafka test configures
-its topic; what is asserted is what the client decodes: the partition's error code and, on
-Produce v8+, `error_message` and `record_errors` in the wording of Kafka's LogValidator,
+(`tests/harness/kafka_parity.py`); the chain is a broker's checks configured as the Kafka test
+configures its topic; what is asserted is what the client decodes: the partition's error code
+and, on Produce v8+, `error_message` and `record_errors` in the wording of Kafka's LogValidator,
 UnifiedLog, ProducerAppendInfo and DefaultRecordBatch.
 
 For a batch-level refusal a broker puts no `error_message` on the wire (only its code); kvproxy
@@ -39,7 +39,7 @@ import pytest
 from protocol.compression import Codec
 from protocol.records import build_batch, read_batches
 from proxy.produce import ProduceEngine
-from tests.unit.kafka_parity_support import (
+from tests.harness.kafka_parity import (
     BASE_SEQUENCE,
     CODECS,
     INVALID_TIMESTAMP_MESSAGE,

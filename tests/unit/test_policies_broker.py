@@ -10,31 +10,15 @@ from typing import Any
 import crc32c
 import pytest
 
-from policies import PolicyConfigError, ProducedRecords, Verdict, build_routing, parse_records
+from policies import PolicyConfigError, Verdict, build_routing
 from policies.builtin import REGISTRY, PolicyContext
 from protocol.compression import Codec, compress
 from protocol.records import build_batch
+from tests.harness.produced import NOW, produced
 
-NOW = 1_700_000_000_000
 LONG_MAX = 2**63 - 1
 MORE_THAN_ONE = "Compressed outer record has more than one batch"
 REJECTED = "One or more records have been rejected due to"
-
-
-def produced(raw: bytes | None, *, version: int = 9, **kw: Any) -> ProducedRecords:
-    result = parse_records(
-        "t",
-        0,
-        raw,
-        produce_version=version,
-        acks=-1,
-        transactional_id=None,
-        compacted=kw.pop("compacted", None),
-        now_ms=NOW,
-        topic_config=kw.pop("topic_config", None),
-    )
-    assert isinstance(result, ProducedRecords), result
-    return result
 
 
 def check(

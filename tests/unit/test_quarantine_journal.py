@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 
 from protocol.journal import encode_entry
-from protocol.records import build_batch
 from proxy.quarantine import Journal, JournalReader, QuarantineEntry, segment_name
 from proxy.quarantine import journal as journal_module
+from tests.harness.journal_entries import BATCH, entry
 from tests.harness.quarantine import new_entry, replay_mark
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCH = build_batch([(b"k1", b"bad value", [("h", b"v")], 1000), (None, b"\xff", None, 1001)])
 
 
 class Clock:
@@ -33,26 +32,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def entry(n: int = 0, *, time_ms: int | None = None, **fields: object) -> QuarantineEntry:
-    values: dict[str, object] = {
-        "id": f"{n:032x}",
-        "time_ms": 1_800_000_000_000 + n if time_ms is None else time_ms,
-        "kind": "rejected",
-        "topic": "orders",
-        "partition": n % 3,
-        "client_id": "client-1",
-        "client_address": "127.0.0.1:50000",
-        "produce_version": 9,
-        "policy": "json",
-        "code": 87,
-        "message": f"record {n:04d} is not JSON",  # every entry(n) has the same size
-        "record_indexes": (0, 1),
-        "records": BATCH,
-    }
-    values.update(fields)
-    return QuarantineEntry(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -334,7 +313,7 @@ CHILD = textwrap.dedent(
     import os, sys
     from pathlib import Path
     from proxy.quarantine import journal as journal_module
-    from tests.unit.test_quarantine_journal import entry
+    from tests.harness.journal_entries import entry
 
     directory, mode = Path(sys.argv[1]), sys.argv[2]
     journal = journal_module.Journal(directory, flush_interval_ms=10)
@@ -471,7 +450,7 @@ def test_real_file_size_limit(tmp_path: Path) -> None:
         import resource, signal, sys
         from pathlib import Path
         from proxy.quarantine import Journal
-        from tests.unit.test_quarantine_journal import entry
+        from tests.harness.journal_entries import entry
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         messages = []

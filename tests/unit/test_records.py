@@ -19,7 +19,7 @@ from protocol.records import (
     read_batch,
 )
 from protocol.records.writer import _encode_message
-from tests.unit.records_testdata import (
+from tests.harness.records_testdata import (
     MAGIC_CODECS,
     SEGMENTS,
     kafka_python_records,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from protocol.compression import Codec
 from protocol.errors import DecodeError
 from protocol.records import build_batch, iter_batches, read_batch
-from tests.unit.records_testdata import MAGIC_CODECS, segment_bytes
+from tests.harness.records_testdata import MAGIC_CODECS, segment_bytes
 
 
 def _valid_samples() -> list[bytes]:

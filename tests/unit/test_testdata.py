@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tests.unit.records_testdata import TESTDATA
+from tests.harness.records_testdata import TESTDATA
 
 
 def _manifest() -> dict[str, str]:

@@ -20,7 +20,7 @@ from proxy.logs import configure_logging
 from proxy.quarantine import WORKER_DIR_PREFIX, Journal, JournalReader
 from proxy.quarantine.reader import journal_directories
 from proxy.workers import merge_exposition
-from tests.unit.test_quarantine_journal import entry
+from tests.harness.journal_entries import entry
 
 # ---- one /metrics page for every worker ----
 

@@ -1,0 +1,25 @@
+"""One partition's records parsed as a Produce request delivers them to the policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies import ProducedRecords, parse_records
+
+NOW = 1_700_000_000_000
+
+
+def produced(raw: bytes | None, *, version: int = 9, **kw: Any) -> ProducedRecords:
+    result = parse_records(
+        "t",
+        0,
+        raw,
+        produce_version=version,
+        acks=-1,
+        transactional_id=None,
+        compacted=kw.pop("compacted", None),
+        now_ms=NOW,
+        topic_config=kw.pop("topic_config", None),
+    )
+    assert isinstance(result, ProducedRecords), result
+    return result
