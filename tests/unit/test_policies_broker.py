@@ -11,7 +11,8 @@ import crc32c
 import pytest
 
 from policies import PolicyConfigError, ProducedRecords, Verdict, build_routing, parse_records
-from policies.builtin import REGISTRY, PolicyContext
+from policies.builtin import PolicyContext
+from policies.plugins import find_factory
 from protocol.compression import Codec, compress
 from protocol.records import build_batch
 
@@ -40,7 +41,7 @@ def produced(raw: bytes | None, *, version: int = 9, **kw: Any) -> ProducedRecor
 def check(
     name: str, raw: bytes | None, options: dict[str, Any] | None = None, **kw: Any
 ) -> Verdict:
-    policy = REGISTRY[name](PolicyContext(base_dir=Path(".")))
+    policy = find_factory(name)(PolicyContext(base_dir=Path(".")))
     policy.configure(options or {})
     return policy.validate("t", 0, produced(raw, **kw))
 
@@ -429,4 +430,4 @@ def test_message_format() -> None:
         "Record batch magic 1 is below the minimum magic version 2 of topic partition t-0",
     )
     with pytest.raises(PolicyConfigError):
-        REGISTRY["message_format"]().configure({"min_magic": 3})
+        find_factory("message_format")().configure({"min_magic": 3})
