@@ -38,6 +38,7 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
+from policies import plugins
 from policies.builtin.base import ConfigProblem, short_repr
 from policies.config import PolicyConfigError
 from policies.config_file import ConfigFileError, locate, read_yaml_with_lines
@@ -74,7 +75,13 @@ class AuditRequest:
 def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     """The policy sections of a proxy config (the rest is the proxy's), checked on the driver."""
     if config is None:
-        return AuditSettings(defaults=None, topics=None, base_dir=str(Path.cwd()), now_ms=now_ms)
+        return AuditSettings(
+            defaults=None,
+            topics=None,
+            base_dir=str(Path.cwd()),
+            now_ms=now_ms,
+            policies=_policy_targets(),
+        )
     path = Path(config)
     try:
         document, lines = read_yaml_with_lines(path)
@@ -100,6 +107,7 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
         base_dir=str(path.resolve().parent),
         profile=profile,
         now_ms=now_ms,
+        policies=_policy_targets(),
     )
     try:
         routing_for(settings)
@@ -108,6 +116,14 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     if problems:
         raise AuditError(locate(config, problems, lines)[0])
     return settings
+
+
+def _policy_targets() -> dict[str, str]:
+    """The installed policies by name, found here on the driver for the executors."""
+    try:
+        return plugins.entry_point_targets()
+    except PolicyConfigError as exc:
+        raise AuditError(str(exc)) from None
 
 
 def _log(out: IO[str], message: str) -> None:

@@ -160,8 +160,11 @@ def build_routing(
     base_dir: Path,
     *,
     producer_state: ProducerStateTracker | None = None,
+    policy_targets: Mapping[str, str] | None = None,
 ) -> TopicRouting:
     """Resolve the config sections; pass the old routing's `producer_state` on reload to keep it.
+    `policy_targets` (`plugins.entry_point_targets`) names the policies where the installed
+    entry points are not to be scanned.
 
     Every problem of both sections is found before one `PolicyConfigError` lists them all, so a
     file is fixed in one round; the policies built meanwhile are closed again.
@@ -170,12 +173,18 @@ def build_routing(
     problems = _Problems()
     built: list[TopicRule] = []
     try:
-        default, default_specs = _build_defaults(defaults, context, problems)
+        default, default_specs = _build_defaults(defaults, context, problems, policy_targets)
         built.append(default)
         rules: list[TopicRule] = []
         for position, entry in enumerate(_entries(topics, problems)):
             rule = _build_topic(
-                position, entry, default, default_specs, context=context, problems=problems
+                position,
+                entry,
+                default,
+                default_specs,
+                context=context,
+                problems=problems,
+                targets=policy_targets,
             )
             if rule is not None:
                 built.append(rule)
@@ -232,7 +241,10 @@ def _entries(topics: Any, problems: _Problems) -> Sequence[Any]:
 
 
 def _build_defaults(
-    defaults: Mapping[str, Any] | None, context: PolicyContext, problems: _Problems
+    defaults: Mapping[str, Any] | None,
+    context: PolicyContext,
+    problems: _Problems,
+    targets: Mapping[str, str] | None,
 ) -> tuple[TopicRule, Any]:
     """The rule of every other topic, and the policies it names (which topics without a
     `policies` key inherit)."""
@@ -245,7 +257,7 @@ def _build_defaults(
     _check_keys(where, defaults, _DEFAULTS_KEYS, problems)
     mode = _mode(where, defaults.get("mode", "enforce"), problems) or Mode.ENFORCE
     specs = defaults.get("policies", list(DEFAULT_POLICIES))
-    policies = _build_policies(where, specs, context, problems)
+    policies = _build_policies(where, specs, context, problems, targets)
     chain = PolicyChain(policies, mode)
     rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=_needs(chain))
     return rule, specs
@@ -259,6 +271,7 @@ def _build_topic(
     *,
     context: PolicyContext,
     problems: _Problems,
+    targets: Mapping[str, str] | None,
 ) -> TopicRule | None:
     """The entry's rule; None when the entry has a problem (then reported in `problems`)."""
     where: KeyPath = ("topics", position)
@@ -296,9 +309,9 @@ def _build_topic(
     elif isinstance(compacted, bool):
         config = TopicConfig(compacted=compacted).over(config)
     if "policies" in entry:
-        policies = _build_policies(where, entry["policies"], context, problems)
+        policies = _build_policies(where, entry["policies"], context, problems, targets)
     else:  # the defaults' problems, if any, are reported where the defaults name them
-        policies = _build_policies(("defaults",), default_specs, context, problems)
+        policies = _build_policies(("defaults",), default_specs, context, problems, targets)
     if matcher is None or mode is None or len(problems.found) > before:
         for policy in policies:
             policy.close()
@@ -378,7 +391,11 @@ def _matcher(where: KeyPath, pattern: str, problems: _Problems) -> Callable[[str
 
 
 def _build_policies(
-    where: KeyPath, specs: Any, context: PolicyContext, problems: _Problems
+    where: KeyPath,
+    specs: Any,
+    context: PolicyContext,
+    problems: _Problems,
+    targets: Mapping[str, str] | None,
 ) -> list[RecordsPolicy]:
     """The policies of `specs` that build; the others are reported in `problems`."""
     if not isinstance(specs, list | tuple):
@@ -387,7 +404,8 @@ def _build_policies(
     policies: list[RecordsPolicy] = []
     try:
         for index, spec in enumerate(specs):
-            policy = plugins.build_policy((*where, "policies", index), spec, context, problems)
+            at = (*where, "policies", index)
+            policy = plugins.build_policy(at, spec, context, problems, targets)
             if policy is not None:
                 policies.append(policy)
     except BaseException:

@@ -33,6 +33,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ProblemSink",
     "build_policy",
+    "entry_point_targets",
     "find_factory",
     "load_custom_class",
     "policy_names",
@@ -70,6 +71,12 @@ def find_factory(name: str) -> Any | None:
     return None if entry is None else entry.load()
 
 
+def entry_point_targets() -> dict[str, str]:
+    """Policy name -> the `module:attr` its entry point names: what a process without the
+    installed metadata (a Spark executor given the code as a zip) loads instead of scanning."""
+    return {name: entry.value for name, entry in _entry_points().items()}
+
+
 def _entry_points(*, rescan: bool = False) -> dict[str, metadata.EntryPoint]:
     global _found  # noqa: PLW0603 - a cache of what is installed, refreshed on a miss
     if _found is None or rescan:
@@ -79,7 +86,12 @@ def _entry_points(*, rescan: bool = False) -> dict[str, metadata.EntryPoint]:
     return _found
 
 
-def _entry_point(name: str) -> metadata.EntryPoint | None:
+def _entry_point(name: str, targets: Mapping[str, str] | None = None) -> metadata.EntryPoint | None:
+    if targets is not None:
+        target = targets.get(name)
+        if target is None:
+            return None
+        return metadata.EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP)
     entry = _entry_points().get(name)
     if entry is None:
         entry = _entry_points(rescan=True).get(name)
@@ -112,9 +124,16 @@ def _scan() -> dict[str, metadata.EntryPoint]:
 
 
 def build_policy(
-    where: KeyPath, spec: Any, context: PolicyContext, problems: ProblemSink
+    where: KeyPath,
+    spec: Any,
+    context: PolicyContext,
+    problems: ProblemSink,
+    targets: Mapping[str, str] | None = None,
 ) -> RecordsPolicy | None:
-    """The policy a `policies:` item names, configured; None when it has a problem (reported)."""
+    """The policy a `policies:` item names, configured; None when it has a problem (reported).
+
+    `targets` (`entry_point_targets` of another process) replaces the scan of the installed
+    entry points."""
     if isinstance(spec, str):
         name, options = spec, None
     elif isinstance(spec, Mapping) and len(spec) == 1:
@@ -127,9 +146,10 @@ def build_policy(
         return None
     if name == "custom":
         return _build_custom(where, options, context, problems)
-    entry = _entry_point(name) if isinstance(name, str) else None
+    entry = _entry_point(name, targets) if isinstance(name, str) else None
     if entry is None:
-        hint = problems.hint(name, [*policy_names(), "custom"])
+        known = policy_names() if targets is None else list(targets)
+        hint = problems.hint(name, [*known, "custom"])
         problems.add(where, f"unknown policy {short_repr(name)}{hint}")
         return None
     if options is not None and not isinstance(options, Mapping):
@@ -142,11 +162,11 @@ def build_policy(
     except Exception as exc:
         problems.add(where, f"policy {name}: cannot load {entry.value}: {cut(repr(exc))}", (name,))
         return None
-    known = getattr(factory, "OPTIONS", None)
-    if isinstance(known, Mapping):
-        unknown = [key for key in options or {} if key not in known]
+    accepted = getattr(factory, "OPTIONS", None)
+    if isinstance(accepted, Mapping):
+        unknown = [key for key in options or {} if key not in accepted]
         for key in unknown:
-            hint = problems.hint(key, known)
+            hint = problems.hint(key, accepted)
             problems.add(
                 where, f"policy {name}: unknown option {short_repr(key)}{hint}", (name, key)
             )

@@ -15,8 +15,8 @@ import pytest
 
 from policies.api import ProducedRecords, parse_records
 from policies.builtin import PolicyContext
-from policies.plugins import find_factory
 from policies.chain import PolicyChain
+from policies.plugins import find_factory
 from protocol import error_codes
 from protocol.budget import Allowance, BudgetExhausted, OutOfMemory
 from protocol.compression import Codec, compress, decompress
