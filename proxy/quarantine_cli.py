@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.api import TopicConfig, Verdict, parse_records
+from policies.chain import Mode
 from policies.config import TopicRouting
 from policies.topic_settings import from_cluster
 from protocol.error_codes import error_name
@@ -548,7 +549,7 @@ def _check(
     if isinstance(parsed, Verdict):
         return parsed
     chain = routing.chain_for(entry.topic)
-    if chain.mode.value == "off":
+    if chain.mode is Mode.OFF:
         return Verdict()
     return chain.check(parsed)
 
