@@ -32,6 +32,7 @@ from pipeline.segments import (
     plan_segment,
 )
 from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
+from policies import plugins
 from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
 from settings.errors import read_profile
@@ -71,7 +72,13 @@ class AuditRequest:
 def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     """The policy sections of a proxy config (the rest is the proxy's), checked on the driver."""
     if config is None:
-        return AuditSettings(defaults=None, topics=None, base_dir=str(Path.cwd()), now_ms=now_ms)
+        return AuditSettings(
+            defaults=None,
+            topics=None,
+            base_dir=str(Path.cwd()),
+            now_ms=now_ms,
+            policies=_policy_targets(),
+        )
     path = Path(config)
     try:
         document, lines = read_document(path)
@@ -89,6 +96,7 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
         base_dir=str(path.resolve().parent),
         profile=profile,
         now_ms=now_ms,
+        policies=_policy_targets(),
     )
     try:
         routing_for(settings)
@@ -97,6 +105,14 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     if problems:
         raise AuditError(locate(config, problems, lines)[0])
     return settings
+
+
+def _policy_targets() -> dict[str, str]:
+    """The installed policies by name, found here on the driver for the executors."""
+    try:
+        return plugins.entry_point_targets()
+    except PolicyConfigError as exc:
+        raise AuditError(str(exc)) from None
 
 
 def _log(out: IO[str], message: str) -> None:

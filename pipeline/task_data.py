@@ -59,6 +59,10 @@ class AuditSettings:
     """Stop a unit after this many records (`--sample`)."""
     bootstrap: tuple[str, ...] = ()
     """The cluster to ask about topics `compaction` does not know yet (quarantined ones)."""
+    policies: Mapping[str, str] | None = None
+    """Policy name -> `module:attr`, from the driver's installed entry points
+    (`plugins.entry_point_targets`): executors given the code as a zip have no such metadata.
+    None: scan the installed entry points."""
 
     def key(self) -> str:
         return json.dumps([self.defaults, self.topics, self.base_dir], sort_keys=True, default=str)
@@ -72,7 +76,9 @@ def routing_for(settings: AuditSettings) -> TopicRouting:
     key = settings.key()
     routing = _ROUTINGS.get(key)
     if routing is None:
-        routing = RuleSections(settings.defaults, settings.topics).build(Path(settings.base_dir))
+        routing = RuleSections(settings.defaults, settings.topics).build(
+            Path(settings.base_dir), policy_targets=settings.policies
+        )
         _ROUTINGS[key] = routing
     return routing
 

@@ -4,6 +4,7 @@ from policies.api import (
     ACCEPT,
     INVALID_RECORD_REJECTION,
     MISSING_KEY,
+    Need,
     PolicyViolation,
     ProducedRecords,
     RecordError,
@@ -12,7 +13,7 @@ from policies.api import (
     parse_records,
     record_errors_verdict,
 )
-from policies.builtin import REGISTRY, PolicyConfigError
+from policies.builtin import PolicyConfigError
 from policies.chain import Mode, PolicyChain
 from policies.config import TopicRouting, TopicRule, build_routing
 from policies.producer_state import ProducerStateTracker
@@ -21,8 +22,8 @@ __all__ = [
     "ACCEPT",
     "INVALID_RECORD_REJECTION",
     "MISSING_KEY",
-    "REGISTRY",
     "Mode",
+    "Need",
     "PolicyChain",
     "PolicyConfigError",
     "PolicyViolation",

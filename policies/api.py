@@ -14,6 +14,7 @@ can log it and, if it chooses, send it.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_RECORD_ERRORS",
     "MISSING_KEY",
     "UNKNOWN_TOPIC_CONFIG",
+    "Need",
     "PolicyViolation",
     "ProducedRecords",
     "RecordError",
@@ -37,6 +39,7 @@ __all__ = [
     "RecordsPolicy",
     "TopicConfig",
     "Verdict",
+    "needs_of",
     "parse_records",
     "record_errors_verdict",
 ]
@@ -291,6 +294,35 @@ class RecordsPolicy(Protocol):
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict: ...
 
     def close(self) -> None: ...
+
+
+class Need(enum.Enum):
+    """What a policy needs from the proxy besides the records, declared in its `needs`.
+
+    The proxy gets these before the chain runs (the chain itself stays pure and synchronous),
+    or, for `BROKER_ANSWER`, after the broker has answered; a chain's needs are the union of
+    its policies' (`PolicyChain.needs`), worked out once when the configuration is loaded.
+    """
+
+    TOPIC_CONFIG = "topic_config"
+    """The topic's settings (`ProducedRecords.topic_config`, `compacted`): the proxy asks the
+    cluster for those the YAML leaves unknown before the chain runs. Which ones: the policy's
+    `topic_settings` (`TopicConfig` field names), else every one."""
+    PRODUCER_STATE = "producer_state"
+    """The routing's `ProducerStateTracker` (`PolicyContext.producer_state`), kept across
+    reloads."""
+    BROKER_ANSWER = "broker_answer"
+    """The broker's answer to each partition the chain let through: the proxy calls the policy's
+    `observe(topic, partition, produced, error_code)` once the broker has answered."""
+
+
+def needs_of(policy: object) -> frozenset[Need]:
+    """What `policy` declares it needs: its `needs`, and `TOPIC_CONFIG` when it names the
+    settings it reads in `topic_settings` (as `custom:` classes did before `needs`)."""
+    needs = frozenset(getattr(policy, "needs", None) or ())
+    if getattr(policy, "topic_settings", None) is not None:
+        needs |= {Need.TOPIC_CONFIG}
+    return needs
 
 
 def parse_records(

@@ -6,10 +6,19 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from policies.api import ACCEPT, PolicyViolation, ProducedRecords, RecordsPolicy, Verdict
+from policies.api import (
+    ACCEPT,
+    Need,
+    PolicyViolation,
+    ProducedRecords,
+    RecordsPolicy,
+    Verdict,
+    needs_of,
+)
 from policies.builtin.base import BuiltinPolicy
-from policies.builtin.broker import BROKER_CHECKS, BrokerChecks, PolicyFailed
+from policies.builtin.broker_checks import BROKER_CHECKS, BrokerChecks, PolicyFailed
 from protocol import error_codes
 from protocol.budget import ResourceLimit
 from protocol.errors import DecodeError, InvalidRecords
@@ -48,7 +57,17 @@ class PolicyChain:
     than the request may hold) is raised to the caller, which answers it.
     """
 
-    __slots__ = ("_last_logged", "_steps", "clock", "crash_counts", "mode", "names", "policies")
+    __slots__ = (
+        "_last_logged",
+        "_steps",
+        "clock",
+        "crash_counts",
+        "mode",
+        "names",
+        "needs",
+        "observers",
+        "policies",
+    )
 
     def __init__(
         self,
@@ -61,6 +80,12 @@ class PolicyChain:
         self.policies: tuple[RecordsPolicy, ...] = () if self.mode is Mode.OFF else tuple(policies)
         self.names: tuple[str, ...] = tuple(policy.name for policy in self.policies)
         """The policies' names in order (read per request, so kept)."""
+        self.needs: frozenset[Need] = frozenset().union(*map(needs_of, self.policies))
+        """What the chain's policies need from the proxy (`Need`), worked out once."""
+        self.observers: tuple[Any, ...] = tuple(
+            policy for policy in self.policies if Need.BROKER_ANSWER in needs_of(policy)
+        )
+        """The policies shown the broker's answer (`observe`); empty for most chains."""
         self._steps = _steps(self.policies)
         self.crash_counts: dict[str, int] = {}
         self.clock = clock
@@ -86,6 +111,16 @@ class PolicyChain:
                 return verdict.with_policy(policy.name)
         return ACCEPT
 
+    def observe(self, produced: ProducedRecords, error_code: int) -> None:
+        """Show the observers the broker's answer to a partition the chain let through; one
+        that raises is logged (at most once per `CRASH_LOG_INTERVAL_S`) and the others still
+        see it: the client's answer is the broker's whatever an observer does."""
+        for policy in self.observers:
+            try:
+                policy.observe(produced.topic, produced.partition, produced, error_code)
+            except Exception as exc:
+                self._log_crash(policy.name, exc, "failed to observe the broker's answer")
+
     def _failed(self, name: str, exc: Exception, produced: ProducedRecords) -> Verdict:
         """The verdict when policy `name` raised `exc` instead of answering."""
         if isinstance(exc, PolicyViolation):
@@ -102,21 +137,21 @@ class PolicyChain:
 
     def _crashed(self, name: str, exc: Exception) -> Verdict:
         self.crash_counts[name] = self.crash_counts.get(name, 0) + 1
-        now = self.clock()
-        last = self._last_logged.get(name)
-        if last is None or now - last >= CRASH_LOG_INTERVAL_S:
-            self._last_logged[name] = now
-            log.error(
-                "policy %s failed (%d failures so far); rejecting the partition",
-                name,
-                self.crash_counts[name],
-                exc_info=exc,
-            )
+        count = self.crash_counts[name]
+        self._log_crash(name, exc, f"failed ({count} failures so far); rejecting the partition")
         return Verdict(
             error_codes.INVALID_RECORD,
             f"policy {name} failed: {exc!r}",
             policy=name,
         )
+
+    def _log_crash(self, name: str, exc: Exception, what: str) -> None:
+        """Log `exc` with its traceback, at most once per `CRASH_LOG_INTERVAL_S` per policy."""
+        now = self.clock()
+        last = self._last_logged.get(name)
+        if last is None or now - last >= CRASH_LOG_INTERVAL_S:
+            self._last_logged[name] = now
+            log.error("policy %s %s", name, what, exc_info=exc)
 
     def close(self) -> None:
         for policy in self.policies:

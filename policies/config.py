@@ -20,23 +20,21 @@ once: one `PolicyConfigError` whose `problems` say where and why, e.g.
 from __future__ import annotations
 
 import difflib
-import importlib
-import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies import topic_settings
-from policies.api import UNKNOWN_TOPIC_CONFIG, RecordsPolicy, TopicConfig
-from policies.builtin import REGISTRY, PolicyConfigError, PolicyContext
+from policies import plugins, topic_settings
+from policies.api import UNKNOWN_TOPIC_CONFIG, Need, RecordsPolicy, TopicConfig
+from policies.builtin import PolicyConfigError, PolicyContext
 from policies.builtin.base import (
     MAX_PROBLEMS_SHOWN,
     ConfigProblem,
     KeyPath,
-    cut,
     format_path,
+    kind_of,
     short_repr,
 )
 from policies.chain import Mode, PolicyChain
@@ -54,7 +52,6 @@ __all__ = [
     "build_routing",
     "format_path",
     "kind_of",
-    "load_custom_class",
     "spelling_hint",
 ]
 
@@ -63,7 +60,6 @@ DEFAULT_DEFAULTS: Mapping[str, Any] = {"mode": "enforce", "policies": list(DEFAU
 
 _DEFAULTS_KEYS = frozenset({"mode", "policies"})
 _TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies"})
-_CUSTOM_KEYS = frozenset({"class", "config"})
 _CACHE_LIMIT = 10_000
 """Topics whose rule `TopicRouting` remembers, the least recently used dropped first. A name that
 cannot be a topic (`protocol.topics`) is matched each time and never kept: clients choose names."""
@@ -103,7 +99,7 @@ class TopicRouting:
         self.rules = tuple(rules)
         self.default = default
         self.producer_state = producer_state
-        """The tracker every `producer_state` policy reads; the proxy feeds it."""
+        """The tracker every `producer_state` policy reads and feeds (`observe`)."""
         self._cache: OrderedDict[str, TopicRule] = OrderedDict()
 
     @property
@@ -163,8 +159,11 @@ def build_routing(
     base_dir: Path,
     *,
     producer_state: ProducerStateTracker | None = None,
+    policy_targets: Mapping[str, str] | None = None,
 ) -> TopicRouting:
     """Resolve the config sections; pass the old routing's `producer_state` on reload to keep it.
+    `policy_targets` (`plugins.entry_point_targets`) names the policies where the installed
+    entry points are not to be scanned.
 
     Every problem of both sections is found before one `PolicyConfigError` lists them all, so a
     file is fixed in one round; the policies built meanwhile are closed again.
@@ -173,12 +172,18 @@ def build_routing(
     problems = _Problems()
     built: list[TopicRule] = []
     try:
-        default, default_specs = _build_defaults(defaults, context, problems)
+        default, default_specs = _build_defaults(defaults, context, problems, policy_targets)
         built.append(default)
         rules: list[TopicRule] = []
         for position, entry in enumerate(_entries(topics, problems)):
             rule = _build_topic(
-                position, entry, default, default_specs, context=context, problems=problems
+                position,
+                entry,
+                default,
+                default_specs,
+                context=context,
+                problems=problems,
+                targets=policy_targets,
             )
             if rule is not None:
                 built.append(rule)
@@ -202,24 +207,6 @@ def spelling_hint(key: object, known: Iterable[str]) -> str:
     if close:
         return f"did you mean {close[0]!r}?"
     return f"known: {', '.join(names) or 'none'}"
-
-
-def kind_of(value: object) -> str:
-    """What a value is, in words ("a string"), for "must be a list, not a string". The value
-    itself is not shown: in some sections it is a secret."""
-    if value is None:
-        return "empty"
-    if isinstance(value, bool):
-        return "true or false"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string" if value else "an empty string"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list | tuple):
-        return "a list"
-    return f"a {type(value).__name__}"
 
 
 class _Problems:
@@ -253,7 +240,10 @@ def _entries(topics: Any, problems: _Problems) -> Sequence[Any]:
 
 
 def _build_defaults(
-    defaults: Mapping[str, Any] | None, context: PolicyContext, problems: _Problems
+    defaults: Mapping[str, Any] | None,
+    context: PolicyContext,
+    problems: _Problems,
+    targets: Mapping[str, str] | None,
 ) -> tuple[TopicRule, Any]:
     """The rule of every other topic, and the policies it names (which topics without a
     `policies` key inherit)."""
@@ -266,7 +256,7 @@ def _build_defaults(
     _check_keys(where, defaults, _DEFAULTS_KEYS, problems)
     mode = _mode(where, defaults.get("mode", "enforce"), problems) or Mode.ENFORCE
     specs = defaults.get("policies", list(DEFAULT_POLICIES))
-    policies = _build_policies(where, specs, context, problems)
+    policies = _build_policies(where, specs, context, problems, targets)
     chain = PolicyChain(policies, mode)
     rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=_needs(chain))
     return rule, specs
@@ -280,6 +270,7 @@ def _build_topic(
     *,
     context: PolicyContext,
     problems: _Problems,
+    targets: Mapping[str, str] | None,
 ) -> TopicRule | None:
     """The entry's rule; None when the entry has a problem (then reported in `problems`)."""
     where: KeyPath = ("topics", position)
@@ -317,9 +308,9 @@ def _build_topic(
     elif isinstance(compacted, bool):
         config = TopicConfig(compacted=compacted).over(config)
     if "policies" in entry:
-        policies = _build_policies(where, entry["policies"], context, problems)
+        policies = _build_policies(where, entry["policies"], context, problems, targets)
     else:  # the defaults' problems, if any, are reported where the defaults name them
-        policies = _build_policies(("defaults",), default_specs, context, problems)
+        policies = _build_policies(("defaults",), default_specs, context, problems, targets)
     if matcher is None or mode is None or len(problems.found) > before:
         for policy in policies:
             policy.close()
@@ -352,7 +343,9 @@ def _topic_config(where: KeyPath, section: Any, problems: _Problems) -> TopicCon
 def _needs(chain: PolicyChain, config: TopicConfig = UNKNOWN_TOPIC_CONFIG) -> frozenset[str]:
     """The `TopicConfig` fields the chain's policies read and `config` does not give."""
     read: set[str] = set()
-    for policy in chain.policies:  # empty when the mode is off
+    if Need.TOPIC_CONFIG not in chain.needs:  # no policy declares it (or the mode is off)
+        return frozenset()
+    for policy in chain.policies:
         read |= topic_settings.settings_read_by(policy)
     return frozenset(name for name in read if getattr(config, name, None) is None)
 
@@ -387,7 +380,11 @@ def _matcher(where: KeyPath, pattern: str, problems: _Problems) -> Callable[[str
 
 
 def _build_policies(
-    where: KeyPath, specs: Any, context: PolicyContext, problems: _Problems
+    where: KeyPath,
+    specs: Any,
+    context: PolicyContext,
+    problems: _Problems,
+    targets: Mapping[str, str] | None,
 ) -> list[RecordsPolicy]:
     """The policies of `specs` that build; the others are reported in `problems`."""
     if not isinstance(specs, list | tuple):
@@ -396,7 +393,8 @@ def _build_policies(
     policies: list[RecordsPolicy] = []
     try:
         for index, spec in enumerate(specs):
-            policy = _build_policy((*where, "policies", index), spec, context, problems)
+            at = (*where, "policies", index)
+            policy = plugins.build_policy(at, spec, context, problems, targets)
             if policy is not None:
                 policies.append(policy)
     except BaseException:
@@ -404,133 +402,3 @@ def _build_policies(
             policy.close()
         raise
     return policies
-
-
-def _build_policy(
-    where: KeyPath, spec: Any, context: PolicyContext, problems: _Problems
-) -> RecordsPolicy | None:
-    if isinstance(spec, str):
-        name, options = spec, None
-    elif isinstance(spec, Mapping) and len(spec) == 1:
-        ((name, options),) = spec.items()
-    else:
-        problems.add(
-            where,
-            "a policy is a name or a one-key mapping {name: {options}}, not " + short_repr(spec),
-        )
-        return None
-    if name == "custom":
-        return _build_custom(where, options, context, problems)
-    cls = REGISTRY.get(name)
-    if cls is None:
-        hint = problems.hint(name, [*REGISTRY, "custom"])
-        problems.add(where, f"unknown policy {short_repr(name)}{hint}")
-        return None
-    if options is not None and not isinstance(options, Mapping):
-        problems.add(
-            where, f"policy {name}: options must be a mapping, not {kind_of(options)}", (name,)
-        )
-        return None
-    unknown = [key for key in options or {} if key not in cls.OPTIONS]
-    for key in unknown:
-        hint = problems.hint(key, cls.OPTIONS)
-        problems.add(where, f"policy {name}: unknown option {short_repr(key)}{hint}", (name, key))
-    if unknown:
-        return None
-    try:
-        policy = cls(context)
-        policy.configure(options or {})
-    except PolicyConfigError as exc:
-        problems.add(where, str(exc), (name,))
-        return None
-    return policy
-
-
-def _build_custom(
-    where: KeyPath, options: Any, context: PolicyContext, problems: _Problems
-) -> RecordsPolicy | None:
-    if not isinstance(options, Mapping):
-        problems.add(where, "custom needs {class: 'module:Class', config: {...}}", ("custom",))
-        return None
-    unknown = [key for key in options if key not in _CUSTOM_KEYS]
-    for key in unknown:
-        hint = problems.hint(key, _CUSTOM_KEYS)
-        problems.add((*where, "custom", key), f"unknown key{hint}")
-    target = options.get("class")
-    if not isinstance(target, str):
-        problems.add(where, "custom: class must be 'module:Class'", ("custom", "class"))
-        return None
-    config = options.get("config") or {}
-    if not isinstance(config, Mapping):
-        problems.add(
-            where,
-            f"custom {target}: config must be a mapping, not {kind_of(config)}",
-            ("custom", "config"),
-        )
-        return None
-    try:
-        cls = load_custom_class(target, context.base_dir)
-    except PolicyConfigError as exc:
-        problems.add(where, str(exc), ("custom", "class"))
-        return None
-    if unknown:  # a misspelt `config` would be configured as empty: a misleading second problem
-        return None
-    try:
-        policy = cls()
-        if not getattr(policy, "name", None):
-            policy.name = cls.__name__
-        policy.configure(config)
-    except Exception as exc:
-        problems.add(
-            where, f"custom {target}: configure failed: {cut(repr(exc))}", ("custom", "config")
-        )
-        return None
-    for method in ("configure", "validate", "close"):
-        if not callable(getattr(policy, method, None)):
-            problems.add(where, f"custom {target}: has no {method}() method", ("custom", "class"))
-            return None
-    return policy  # type: ignore[no-any-return]
-
-
-def load_custom_class(target: str, base_dir: Path) -> Any:
-    """Import `module:Class`; when the module is not importable as is, retry from `base_dir`
-    and its parent (so `examples.policies:X` works beside `examples/kvproxy.yaml`)."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise PolicyConfigError(f"custom class {short_repr(target)} must be written 'module:Class'")
-    try:
-        module = _import(module_name, base_dir)
-    except Exception as exc:
-        raise PolicyConfigError(
-            f"custom class {target}: cannot import {module_name}: {exc}"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise PolicyConfigError(f"custom class {target}: {module_name} has no {attr}")
-    if not callable(obj):
-        raise PolicyConfigError(f"custom class {target}: {attr} is not a class")
-    return obj
-
-
-def _import(module_name: str, base_dir: Path) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        top = module_name.split(".", maxsplit=1)[0]
-        if exc.name not in (top, module_name):
-            raise
-        first_error = exc
-    for folder in (Path(base_dir).resolve(), Path(base_dir).resolve().parent):
-        entry = str(folder)
-        if entry in sys.path:
-            continue
-        sys.path.insert(0, entry)
-        try:
-            return importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            sys.path.remove(entry)
-            if exc.name not in (top, module_name):
-                raise
-    raise first_error

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from policies.api import TopicConfig
+from policies.api import Need, TopicConfig, needs_of
 
 __all__ = [
     "CLEANUP_POLICY",
@@ -93,9 +93,9 @@ SETTINGS_READ_BY: Final[Mapping[str, frozenset[str]]] = {
     ),
     "compacted_key": frozenset({"compacted"}),
 }
-"""Built-in policy name -> the `TopicConfig` fields it reads: a topic whose chain holds one of
-them is described by the cluster unless its YAML gives those values. A policy may say so itself
-with a `topic_settings` attribute (custom policies do, to be given the cluster's values)."""
+"""Built-in policy name -> the `TopicConfig` fields it reads (each declares `Need.TOPIC_CONFIG`):
+a topic whose chain holds one of them is described by the cluster unless its YAML gives those
+values. Another policy names them in a `topic_settings` attribute."""
 
 POLICY_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
     "timestamps": {
@@ -124,12 +124,17 @@ _EARLIER_DEFAULTS: Final[Mapping[str, frozenset[object]]] = {
 
 
 def settings_read_by(policy: object) -> frozenset[str]:
-    """The `TopicConfig` fields `policy` reads: its own `topic_settings`, else the table's but
-    those its options set (`options_over_settings`)."""
+    """The `TopicConfig` fields `policy` reads: its own `topic_settings`; for one that needs
+    `Need.TOPIC_CONFIG` without naming them, the table's but those its options set
+    (`options_over_settings`), or every field when the table does not know it."""
     declared = getattr(policy, "topic_settings", None)
     if declared is not None:
         return frozenset(declared)
-    read = SETTINGS_READ_BY.get(str(getattr(policy, "name", "")), frozenset())
+    if Need.TOPIC_CONFIG not in needs_of(policy):
+        return frozenset()
+    read = SETTINGS_READ_BY.get(str(getattr(policy, "name", "")))
+    if read is None:
+        return frozenset(FIELD_NAMES)
     return read - options_over_settings(policy).keys()
 
 

@@ -23,11 +23,10 @@ from policies.api import (
     Verdict,
     parse_records,
 )
-from policies.chain import PolicyChain
+from policies.chain import Mode, PolicyChain
 from policies.config import TopicRouting
 from protocol import error_codes
 from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
-from protocol.compression import Codec
 from protocol.error_codes import ErrorProfile
 from protocol.errors import DecodeError
 from protocol.framing import Frame
@@ -41,7 +40,11 @@ from protocol.messages import (
     make_response,
 )
 from protocol.produce import partition_answer, produce_answer, produce_response_types
-from protocol.records import read_batch
+from proxy.produce_scan import (
+    declared_records,
+    has_transactional_records,
+    refuse_every_partition,
+)
 from settings.errors import profile_code
 
 log = logging.getLogger("kvproxy.produce")
@@ -133,6 +136,9 @@ class ProduceDecision:
     when a reload has replaced them before the broker answers."""
     forward: Frame | None = None
     """What goes upstream: the original frame, a re-encoded one, or nothing."""
+    observing: tuple[tuple[str, PolicyChain], ...] = ()
+    """The topics whose chain shows the broker's answer to a policy (`PolicyChain.observers`),
+    with that chain: usually none, and then the answer is not decoded for them."""
     outcomes: tuple[PartitionOutcome, ...] = field(init=False)
     rejected: tuple[PartitionOutcome, ...] = field(init=False)
     """The partitions whose rejection the client receives."""
@@ -153,7 +159,7 @@ class ProduceDecision:
         return self.engine.answer(self, upstream)
 
     def observe(self, upstream: Frame) -> None:
-        """Feed the broker's answer to the producer-state tracker (`ProduceEngine.observe`)."""
+        """Show the broker's answer to the policies that observe it (`ProduceEngine.observe`)."""
         self.engine.observe(self, upstream)
 
 
@@ -234,9 +240,9 @@ class ProduceEngine:
                 for data in topic_data.partition_data
             ]
             parsed.append((name, partitions))
-        if transactional_id is None and _has_transactional_records(body):
-            parsed = _refuse_every_partition(body, _NO_TRANSACTIONAL_ID_VERDICT)
-        declared = _declared_records(parsed)
+        if transactional_id is None and has_transactional_records(body):
+            parsed = refuse_every_partition(body, _NO_TRANSACTIONAL_ID_VERDICT)
+        declared = declared_records(parsed)
         if (
             allowance is not None
             and allowance.inline
@@ -263,9 +269,12 @@ class ProduceEngine:
                         ),
                     )
                 )
-        else:
+        observing: list[tuple[str, PolicyChain]] = []
+        if too_many is None:
             for name, partitions in parsed:
                 chain = self._view(name, topics).chain
+                if chain.observers:
+                    observing.append((name, chain))
                 topics_out.append(
                     (
                         name,
@@ -276,6 +285,7 @@ class ProduceEngine:
                 )
         decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out), self)
         decision.forward = self._forward(frame, request, decision)
+        decision.observing = tuple(observing)
         return decision
 
     def _parse(
@@ -337,7 +347,7 @@ class ProduceEngine:
         """The partition's outcome: its chain's verdict on what `_parse` read."""
         if isinstance(parsed, Verdict):  # malformed or bad acks: never forwarded, whatever the mode
             return PartitionOutcome(topic, index, parsed, enforced=True, raw=raw)
-        if chain.mode.value == "off":
+        if chain.mode is Mode.OFF:
             return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
         try:
             verdict = chain.check(parsed)
@@ -350,7 +360,7 @@ class ProduceEngine:
             return PartitionOutcome(topic, index, verdict, enforced=True, produced=parsed, raw=raw)
         finally:
             parsed.release()  # what decoding held goes back before the next partition
-        enforced = chain.mode.value == "enforce"
+        enforced = chain.mode is Mode.ENFORCE
         return PartitionOutcome(topic, index, verdict, enforced, produced=parsed, raw=raw)
 
     def _forward(self, frame: Frame, request: Request, decision: ProduceDecision) -> Frame | None:
@@ -377,29 +387,29 @@ class ProduceEngine:
     # ---- answers ----
 
     def observe(self, decision: ProduceDecision, upstream: Frame) -> None:
-        """Feed the producer-state tracker with the idempotent batches the broker accepted."""
-        idempotent = [
-            o
-            for o in decision.outcomes
-            if not o.rejected
-            and o.produced is not None
-            and any(b.producer_id >= 0 for b in o.produced.batches)
-            and "producer_state" in self.routing.chain_for(o.topic).names
-        ]  # decoding the answer costs: only when a producer_state check will read the state
-        if not idempotent:
+        """Show each observing chain the broker's answer to the partitions it let through."""
+        if not decision.observing:  # the answer is decoded only when some policy observes it
+            return
+        chains = dict(decision.observing)
+        passed = [
+            (outcome, chains[name])
+            for name, outcomes in decision.topics
+            if name in chains
+            for outcome in outcomes
+            if not outcome.rejected and outcome.produced is not None
+        ]
+        if not passed:
             return
         body = decode_response(upstream, PRODUCE, decision.api_version).body
-        accepted = {
-            (str(topic.name), int(partition.index))
+        codes = {
+            (str(topic.name), int(partition.index)): int(partition.error_code)
             for topic in body.responses
             for partition in topic.partition_responses
-            if int(partition.error_code) == 0
         }
-        tracker = self.routing.producer_state
-        for outcome in idempotent:
-            if (outcome.topic, outcome.index) in accepted and outcome.produced is not None:
-                for batch in outcome.produced.batches:
-                    tracker.record_batch_success(outcome.topic, outcome.index, batch)
+        for outcome, chain in passed:
+            code = codes.get((outcome.topic, outcome.index))
+            if code is not None and outcome.produced is not None:
+                chain.observe(outcome.produced, code)
 
     def answer(self, decision: ProduceDecision, upstream: Frame | None) -> bytes:
         """The client's answer: local errors merged with the broker's answer, in request order."""
@@ -478,67 +488,6 @@ _ANSWERED_AS_THEY_ARE = frozenset(
     }
 )
 """Codes a broker sends to Produce v0-v2 clients too: never replaced by the legacy code."""
-
-
-def _has_transactional_records(body: Any) -> bool:
-    """Whether the first batch of some partition is transactional, the test of Kafka's
-    `RequestUtils.hasTransactionalRecords` (only batch headers are read)."""
-    for topic_data in body.topic_data:
-        for data in topic_data.partition_data:
-            if not data.records:
-                continue
-            try:
-                first, _ = read_batch(data.records)
-            except DecodeError:
-                continue  # no batch to read: the partition's own checks answer it
-            if first.is_transactional:
-                return True
-    return False
-
-
-def _refuse_every_partition(
-    body: Any, verdict: Verdict
-) -> list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]]:
-    """`verdict` for every partition of the request, with its records as sent (for the journal)."""
-    return [
-        (
-            str(topic_data.name),
-            [
-                (int(data.index), data.records if data.records is not None else b"", verdict)
-                for data in topic_data.partition_data
-            ],
-        )
-        for topic_data in body.topic_data
-    ]
-
-
-def _declared_records(
-    parsed: list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]],
-) -> int:
-    """The records a request declares over all its batches.
-
-    Magic 2 batches declare their count in the header (a negative count adds nothing; the
-    integrity check rejects it). A magic 0/1 message is one record, except a compressed wrapper
-    (Produce v0-v2 only), which has no count but its inner messages: those are counted from their
-    length fields (one wrapper decompressed at a time), and one that does not decode, or would
-    need more memory than the request may hold, counts as one (its partition is rejected anyway).
-    """
-    declared = 0
-    for _, partitions in parsed:
-        for _, _, produced in partitions:
-            if isinstance(produced, Verdict):
-                continue
-            for batch in produced.batches:
-                if batch.magic == 2 or batch.codec is Codec.NONE:
-                    declared += max(batch.record_count, 0)
-                else:
-                    try:
-                        declared += batch.record_count
-                    except (DecodeError, BudgetExhausted):
-                        declared += 1
-                    finally:
-                        batch.release()  # one wrapper's messages held at a time
-    return declared
 
 
 def _too_many(declared: int, limit: int) -> Verdict:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.api import TopicConfig, Verdict, parse_records
+from policies.chain import Mode
 from policies.config import TopicRouting
 from protocol.error_codes import error_name
 from protocol.errors import DecodeError, ProtocolError
@@ -199,7 +200,7 @@ def recheck(
     if isinstance(parsed, Verdict):
         return parsed
     chain = routing.chain_for(entry.topic)
-    if chain.mode.value == "off":
+    if chain.mode is Mode.OFF:
         return Verdict()
     return chain.check(parsed)
 

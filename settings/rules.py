@@ -35,10 +35,19 @@ class RuleSections:
         return cls(document.get("defaults"), document.get("topics"))
 
     def build(
-        self, base_dir: Path, *, producer_state: ProducerStateTracker | None = None
+        self,
+        base_dir: Path,
+        *,
+        producer_state: ProducerStateTracker | None = None,
+        policy_targets: Mapping[str, str] | None = None,
     ) -> TopicRouting:
         """The rules, built (custom classes imported, schema files read); PolicyConfigError
-        lists every problem. Relative paths in policies resolve against `base_dir`."""
+        lists every problem. Relative paths in policies resolve against `base_dir`;
+        `policy_targets` as `build_routing` takes it."""
         return build_routing(
-            self.defaults, self.topics, Path(base_dir), producer_state=producer_state
+            self.defaults,
+            self.topics,
+            Path(base_dir),
+            producer_state=producer_state,
+            policy_targets=policy_targets,
         )

@@ -1,46 +1,8 @@
-"""The built-in policies, by the name used in the YAML config."""
+"""The built-in policies. The YAML finds them by name through the entry points of the
+`kvproxy.policies` group (pyproject.toml, `policies.plugins`), as it finds anyone else's."""
 
 from __future__ import annotations
 
 from policies.builtin.base import BuiltinPolicy, PolicyConfigError, PolicyContext
-from policies.builtin.broker import (
-    BatchIntegrityPolicy,
-    CompactedKeyPolicy,
-    CrcPolicy,
-    MessageFormatPolicy,
-    OffsetsPolicy,
-    TimestampsPolicy,
-)
-from policies.builtin.content import (
-    AvroPolicy,
-    JsonPolicy,
-    JsonSchemaPolicy,
-    KeyPatternPolicy,
-    MaxRecordBytesPolicy,
-    RequiredHeadersPolicy,
-)
-from policies.builtin.producer import ProducerStatePolicy
-from policies.builtin.request import AcksPolicy, CompressionPolicy
 
-__all__ = ["REGISTRY", "BuiltinPolicy", "PolicyConfigError", "PolicyContext"]
-
-REGISTRY: dict[str, type[BuiltinPolicy]] = {
-    cls.name: cls
-    for cls in (
-        BatchIntegrityPolicy,
-        CrcPolicy,
-        OffsetsPolicy,
-        TimestampsPolicy,
-        CompactedKeyPolicy,
-        MessageFormatPolicy,
-        ProducerStatePolicy,
-        MaxRecordBytesPolicy,
-        RequiredHeadersPolicy,
-        KeyPatternPolicy,
-        JsonPolicy,
-        JsonSchemaPolicy,
-        AvroPolicy,
-        CompressionPolicy,
-        AcksPolicy,
-    )
-}
+__all__ = ["BuiltinPolicy", "PolicyConfigError", "PolicyContext"]

@@ -6,9 +6,9 @@ import abc
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from policies.api import ProducedRecords, Verdict
+from policies.api import Need, ProducedRecords, Verdict
 
 if TYPE_CHECKING:
     from policies.producer_state import ProducerStateTracker
@@ -24,6 +24,7 @@ __all__ = [
     "PolicyContext",
     "cut",
     "format_path",
+    "kind_of",
     "short_repr",
 ]
 
@@ -114,6 +115,24 @@ def _repr_pieces(value: object) -> Iterator[str]:
         yield _scalar_repr(item)
 
 
+def kind_of(value: object) -> str:
+    """What a value is, in words ("a string"), for "must be a list, not a string". The value
+    itself is not shown: in some sections it is a secret."""
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string" if value else "an empty string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
 class _Separator:
     __slots__ = ("text",)
 
@@ -199,7 +218,7 @@ def _joined(problems: tuple[ConfigProblem, ...], shown: int = MAX_PROBLEMS_SHOWN
 
 @dataclass(slots=True)
 class PolicyContext:
-    """What `build_routing` hands every built-in policy before `configure`."""
+    """What `build_routing` hands every policy it creates (`create(context, options)`)."""
 
     base_dir: Path = field(default_factory=Path.cwd)
     """Folder that relative file options (schemas) are resolved against: the config file's."""
@@ -215,6 +234,15 @@ class BuiltinPolicy(abc.ABC):
 
     name: str = ""
     OPTIONS: ClassVar[Mapping[str, Any]] = {}
+    needs: ClassVar[frozenset[Need]] = frozenset()
+    """What the policy needs from the proxy (`Need`)."""
+
+    @classmethod
+    def create(cls, context: PolicyContext, options: Mapping[str, Any]) -> Self:
+        """The policy configured with `options`: what `policies.plugins` calls by name."""
+        policy = cls(context)
+        policy.configure(options)
+        return policy
 
     def __init__(self, context: PolicyContext | None = None) -> None:
         self.context = context or PolicyContext()

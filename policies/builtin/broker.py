@@ -10,38 +10,28 @@ embeds a Java `toString()` of a record, `java_record` reproduces it (exactly for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
 from policies.api import (
     ACCEPT,
-    INVALID_RECORD_REJECTION,
     MISSING_KEY,
+    Need,
     ProducedRecords,
     RecordError,
     RecordErrorList,
-    RecordsPolicy,
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.base import BuiltinPolicy, short_repr
+from policies.builtin.base import BuiltinPolicy
 from protocol import error_codes
-from protocol.budget import ResourceLimit
 from protocol.compression import Codec
 from protocol.records import Record, RecordBatch
 
 __all__ = [
-    "BROKER_CHECKS",
     "BatchIntegrityPolicy",
-    "BrokerChecks",
     "CompactedKeyPolicy",
     "CrcPolicy",
     "MessageFormatPolicy",
     "OffsetsPolicy",
-    "PolicyFailed",
-    "TimestampsPolicy",
     "java_record",
-    "merge_record_errors",
     "record_offset",
 ]
 
@@ -135,6 +125,7 @@ class BatchIntegrityPolicy(BuiltinPolicy):
     """
 
     name = "batch_integrity"
+    needs = frozenset({Need.TOPIC_CONFIG})
     OPTIONS = {"check_count": True}
 
     def setup(self) -> None:
@@ -383,119 +374,11 @@ class OffsetsPolicy(BuiltinPolicy):
         return record_errors_verdict(errors) if errors else ACCEPT
 
 
-class TimestampsPolicy(BuiltinPolicy):
-    """LogValidator.validateTimestamp: CreateTime records within [now - before, now + after].
-
-    As in Kafka: records without a timestamp (-1, magic 0) are not range-checked; on a
-    CreateTime topic a LogAppendTime batch is range-checked like any other (its records read
-    the batch's time); on a LogAppendTime topic no range applies but a producer-set
-    LogAppendTime batch is refused.
-
-    The topic's own settings (`ProducedRecords.topic_config`: message.timestamp.type,
-    message.timestamp.before.max.ms, message.timestamp.after.max.ms, learned from the cluster
-    or set in YAML) apply where this policy's options are not set explicitly; the options'
-    defaults are Kafka's.
-
-    Every record is read (`RecordBatch.scan`): the batch header's max timestamp is the producer's
-    claim, and a check that trusted it could be bypassed by a client that lies in it.
-    """
-
-    name = "timestamps"
-    OPTIONS = {"before_max_ms": LONG_MAX, "after_max_ms": 3_600_000, "type": _CREATE_TIME}
-
-    def setup(self) -> None:
-        self.before_max_ms = self._int_option("before_max_ms", minimum=0)
-        self.after_max_ms = self._int_option("after_max_ms", minimum=0)
-        kind = self.options["type"]
-        if kind not in (_CREATE_TIME, _LOG_APPEND_TIME):
-            raise self._error(
-                f"option type must be CreateTime or LogAppendTime, not {short_repr(kind)}"
-            )
-        self.create_time = kind == _CREATE_TIME
-
-    def settings(self, batch: ProducedRecords) -> tuple[bool, int, int]:
-        """(CreateTime?, before max ms, after max ms) in force for `batch`'s topic."""
-        config = batch.topic_config
-        explicit = self.explicit
-        create_time = self.create_time
-        if "type" not in explicit and config.timestamp_type is not None:
-            create_time = config.timestamp_type != _LOG_APPEND_TIME
-        before = self.before_max_ms
-        if "before_max_ms" not in explicit and config.timestamp_before_max_ms is not None:
-            before = config.timestamp_before_max_ms
-        after = self.after_max_ms
-        if "after_max_ms" not in explicit and config.timestamp_after_max_ms is not None:
-            after = config.timestamp_after_max_ms
-        return create_time, before, after
-
-    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
-        errors = self.record_errors(batch)
-        if not errors:
-            return ACCEPT
-        return record_errors_verdict(errors, code=error_codes.INVALID_TIMESTAMP)
-
-    def record_errors(self, batch: ProducedRecords) -> RecordErrorList | None:
-        """The records with a timestamp the topic refuses (INVALID_TIMESTAMP); None if none."""
-        create_time, before_max_ms, after_max_ms = self.settings(batch)
-        now = batch.now_ms
-        low = now - before_max_ms
-        high = now + after_max_ms
-        # Fast path (the common, valid case): each batch's timestamp range from one scan of its
-        # records; `Record`s are decoded only to word a rejection. A range that reaches outside
-        # [low, high] may still be valid (-1 is not range-checked): the exact pass decides.
-        if all(b.timestamp_type == 0 for b in batch.batches):
-            if not create_time:
-                return None  # LogAppendTime topic, no producer-set LogAppendTime
-            in_range = True
-            for b in batch.batches:
-                scan = b.scan()
-                if scan.record_count and (scan.min_timestamp < low or scan.max_timestamp > high):
-                    in_range = False
-                    break
-            if in_range:
-                return None
-        errors = RecordErrorList()
-        if create_time and all(b.magic == 2 and b.timestamp_type == 0 for b in batch.batches):
-            # the common rejection, worded without building a `Record` per record
-            start = 0
-            for b in batch.batches:
-                for index, (delta, ts) in enumerate(b.stamps()):
-                    if ts != -1 and (now - ts > before_max_ms or ts - now > after_max_ms):
-                        errors.append(
-                            RecordError(
-                                start + index,
-                                f"Timestamp {ts} of message with offset {b.base_offset + delta} "
-                                f"is out of range. The timestamp should be within [{low}, {high}]",
-                            )
-                        )
-                start += max(b.record_count, 0)
-            return errors or None
-        for b, record, offset in _iter_with_offsets(batch):
-            ts = record.timestamp
-            if create_time and ts != -1:
-                if now - ts > before_max_ms or ts - now > after_max_ms:
-                    errors.append(
-                        RecordError(
-                            record.index,
-                            f"Timestamp {ts} of message with offset {offset} is out of range. "
-                            f"The timestamp should be within [{low}, {high}]",
-                        )
-                    )
-            elif b.timestamp_type == 1:
-                errors.append(
-                    RecordError(
-                        record.index,
-                        f"Invalid timestamp type in message {java_record(b, record, offset)}. "
-                        "Producer should not set timestamp type to LogAppendTime.",
-                    )
-                )
-        return errors or None
-
-
 class CompactedKeyPolicy(BuiltinPolicy):
     """LogValidator.validateKey: every record of a compacted topic needs a key."""
 
     name = "compacted_key"
+    needs = frozenset({Need.TOPIC_CONFIG})
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         errors = self.record_errors(batch)
@@ -559,149 +442,3 @@ class MessageFormatPolicy(BuiltinPolicy):
                     f"{self.min_magic} of topic partition {batch.topic_partition}"
                 )
         return ACCEPT
-
-
-BROKER_CHECKS = frozenset(
-    {"batch_integrity", "crc", "message_format", "compacted_key", "timestamps", "producer_state"}
-)
-"""The built-in policies a chain runs together, in Kafka's order (`BrokerChecks`)."""
-
-
-class PolicyFailed(Exception):
-    """A check inside `BrokerChecks` raised: the chain answers it as that policy's failure."""
-
-    def __init__(self, policy: str, error: Exception) -> None:
-        super().__init__(f"policy {policy} failed: {error!r}")
-        self.policy = policy
-        self.error = error
-
-
-_RecordCheck = tuple[str, int, str | None, Callable[[ProducedRecords], RecordErrorList | None]]
-
-
-class BrokerChecks:
-    """The broker's own checks of one partition, run in Kafka's order whatever order the
-    configuration lists them in, with the record errors of the record checks merged.
-
-    Kafka's order: the request's rules, the base offset and max.message.bytes
-    (`batch_integrity`), the CRC (`crc`, before any field of the batch is trusted), the batch
-    fields (`batch_integrity`), magic 2 for idempotent and transactional batches
-    (`message_format`), the records against the declared count (`batch_integrity`); then every
-    record, each with its first error in LogValidator's order (inner magic and compression,
-    key on a compacted topic, timestamp), all of them reported together: INVALID_TIMESTAMP
-    when any is a timestamp error, else INVALID_RECORD; then segment.bytes and the producer's
-    epoch and sequence (`producer_state`). The first failing stage is the verdict, named after
-    the policy whose check it is.
-    """
-
-    name = "broker_checks"
-
-    def __init__(self, policies: Mapping[str, RecordsPolicy]) -> None:
-        self.policies = dict(policies)
-        integrity = policies.get("batch_integrity")
-        steps: list[tuple[str, Callable[[ProducedRecords], Verdict]]] = []
-        records: list[_RecordCheck] = []
-        after: list[tuple[str, Callable[[ProducedRecords], Verdict]]] = []
-
-        def whole(policy: RecordsPolicy) -> Callable[[ProducedRecords], Verdict]:
-            return lambda produced: policy.validate(produced.topic, produced.partition, produced)
-
-        if isinstance(integrity, BatchIntegrityPolicy):
-            steps.append(("batch_integrity", integrity.check_request))
-        if "crc" in policies:
-            steps.append(("crc", whole(policies["crc"])))
-        if isinstance(integrity, BatchIntegrityPolicy):
-            steps.append(("batch_integrity", integrity.check_batches))
-        if "message_format" in policies:
-            steps.append(("message_format", whole(policies["message_format"])))
-        if isinstance(integrity, BatchIntegrityPolicy):
-            steps.append(("batch_integrity", integrity.check_count))
-            records.append(
-                (
-                    "batch_integrity",
-                    error_codes.INVALID_RECORD,
-                    INVALID_RECORD_REJECTION,
-                    integrity.record_errors,
-                )
-            )
-        key = policies.get("compacted_key")
-        if isinstance(key, CompactedKeyPolicy):
-            records.append(
-                ("compacted_key", error_codes.INVALID_RECORD, MISSING_KEY, key.record_errors)
-            )
-        timestamps = policies.get("timestamps")
-        if isinstance(timestamps, TimestampsPolicy):
-            records.append(
-                ("timestamps", error_codes.INVALID_TIMESTAMP, None, timestamps.record_errors)
-            )
-        if isinstance(integrity, BatchIntegrityPolicy):
-            after.append(("batch_integrity", integrity.check_append))
-        if "producer_state" in policies:
-            after.append(("producer_state", whole(policies["producer_state"])))
-        self._steps = tuple(steps)
-        self._records = tuple(records)
-        self._after = tuple(after)
-
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """The grouped policies were configured one by one."""
-
-    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
-        name = ""  # the stage running: an exception leaves as `PolicyFailed` naming its policy
-        try:
-            for name, step in self._steps:
-                verdict = step(batch)
-                if verdict.code:
-                    return verdict.with_policy(name)
-            found: list[tuple[str, int, str | None, RecordErrorList]] = []
-            for name, code, rejection, check in self._records:
-                errors = check(batch)
-                if errors:
-                    found.append((name, code, rejection, errors))
-            if found:
-                return merge_record_errors(found)
-            for name, step in self._after:
-                verdict = step(batch)
-                if verdict.code:
-                    return verdict.with_policy(name)
-        except ResourceLimit:
-            raise  # not the policy's failure: the chain's caller answers it
-        except Exception as exc:
-            raise PolicyFailed(name, exc) from exc
-        return ACCEPT
-
-    def close(self) -> None:
-        """The chain closes the grouped policies themselves."""
-
-
-def merge_record_errors(found: Sequence[tuple[str, int, str | None, RecordErrorList]]) -> Verdict:
-    """One verdict from the record errors of several checks (given in Kafka's precedence).
-
-    Each record keeps its first error, as LogValidator.validateRecord stops at a record's first
-    failing check; the errors are listed by record index. Any timestamp error makes the code
-    INVALID_TIMESTAMP (LogValidator.processRecordErrors), else INVALID_RECORD. Past
-    MAX_RECORD_ERRORS kept errors per check, the total counted is the largest check's.
-    """
-    if len(found) == 1:
-        name, code, rejection, errors = found[0]
-        return record_errors_verdict(errors, code=code, rejection=rejection, policy=name)
-    first: dict[int, tuple[RecordError, str, int, str | None]] = {}
-    for name, code, rejection, errors in found:
-        for error in errors:
-            if error.index not in first:
-                named = RecordError(error.index, error.message, name)
-                first[error.index] = (named, name, code, rejection)
-    entries = [first[index] for index in sorted(first)]
-    merged = RecordErrorList()
-    for error, _, _, _ in entries:
-        merged.append(error)
-    merged.total = max(len(first), *(errors.total for _, _, _, errors in found))
-    timestamp = next((e for e in entries if e[2] == error_codes.INVALID_TIMESTAMP), None)
-    if timestamp is not None:
-        return record_errors_verdict(
-            merged, code=error_codes.INVALID_TIMESTAMP, rejection=None, policy=timestamp[1]
-        )
-    rejections = {entry[3] for entry in entries}
-    rejection = MISSING_KEY if rejections == {MISSING_KEY} else INVALID_RECORD_REJECTION
-    return record_errors_verdict(
-        merged, code=error_codes.INVALID_RECORD, rejection=rejection, policy=entries[0][1]
-    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.api import ACCEPT, ProducedRecords, Verdict
+from policies.api import ACCEPT, Need, ProducedRecords, Verdict
 from policies.builtin.base import BuiltinPolicy
 from policies.producer_state import ProducerStateTracker, next_sequence
 from protocol import error_codes
@@ -16,13 +16,14 @@ __all__ = ["ProducerStatePolicy"]
 class ProducerStatePolicy(BuiltinPolicy):
     """ProducerStateManager's checks (`checkProducerEpoch`, `checkSequence`), Kafka's wording.
 
-    The tracker is the routing's shared one (fed by the proxy with the broker's successful
-    answers); `max_producers` bounds it (the largest value any entry sets explicitly; 100,000
+    The tracker is the routing's shared one, fed by `observe` with the batches the broker
+    accepted; `max_producers` bounds it (the largest value any entry sets explicitly; 100,000
     when none does).
     """
 
     name = "producer_state"
     OPTIONS = {"max_producers": 100_000}
+    needs = frozenset({Need.PRODUCER_STATE, Need.BROKER_ANSWER})
 
     def setup(self) -> None:
         self.max_producers = self._int_option("max_producers", minimum=1)
@@ -44,6 +45,16 @@ class ProducerStatePolicy(BuiltinPolicy):
             else:
                 tracker.max_producers = self.max_producers
             tracker.bound_set = True
+
+    def observe(
+        self, topic: str, partition: int, produced: ProducedRecords, error_code: int
+    ) -> None:
+        """Learn the idempotent batches of a partition the broker accepted."""
+        if error_code:
+            return
+        tracker = self.tracker
+        for batch in produced.batches:
+            tracker.record_batch_success(topic, partition, batch)
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for b in batch.batches:

@@ -14,8 +14,9 @@ import cramjam
 import pytest
 
 from policies.api import ProducedRecords, parse_records
-from policies.builtin import REGISTRY, PolicyContext
+from policies.builtin import PolicyContext
 from policies.chain import PolicyChain
+from policies.plugins import find_factory
 from protocol import error_codes
 from protocol.budget import Allowance, BudgetExhausted, OutOfMemory
 from protocol.compression import Codec, compress, decompress
@@ -136,7 +137,7 @@ def test_the_chain_raises_out_of_memory_to_its_caller_instead_of_a_corrupt_verdi
         allowance=Allowance(1 << 20),
     )
     assert isinstance(produced, ProducedRecords), produced
-    policy = REGISTRY["json"](PolicyContext(base_dir=REPO))
+    policy = find_factory("json")(PolicyContext(base_dir=REPO))
     policy.configure({})
     chain = PolicyChain([policy])
     monkeypatch.setattr(

@@ -11,7 +11,8 @@ import crc32c
 import pytest
 
 from policies import PolicyConfigError, Verdict, build_routing
-from policies.builtin import REGISTRY, PolicyContext
+from policies.builtin import PolicyContext
+from policies.plugins import find_factory
 from protocol.compression import Codec, compress
 from protocol.records import build_batch
 from tests.harness.produced import NOW, produced
@@ -24,7 +25,7 @@ REJECTED = "One or more records have been rejected due to"
 def check(
     name: str, raw: bytes | None, options: dict[str, Any] | None = None, **kw: Any
 ) -> Verdict:
-    policy = REGISTRY[name](PolicyContext(base_dir=Path(".")))
+    policy = find_factory(name)(PolicyContext(base_dir=Path(".")))
     policy.configure(options or {})
     return policy.validate("t", 0, produced(raw, **kw))
 
@@ -413,4 +414,4 @@ def test_message_format() -> None:
         "Record batch magic 1 is below the minimum magic version 2 of topic partition t-0",
     )
     with pytest.raises(PolicyConfigError):
-        REGISTRY["message_format"]().configure({"min_magic": 3})
+        find_factory("message_format")().configure({"min_magic": 3})

@@ -17,7 +17,8 @@ from policies import (
     Verdict,
     parse_records,
 )
-from policies.builtin import REGISTRY, PolicyContext
+from policies.builtin import PolicyContext
+from policies.plugins import find_factory
 from protocol.compression import Codec
 from protocol.records import build_batch
 
@@ -42,7 +43,7 @@ def produced(raw: bytes, **kw: Any) -> ProducedRecords:
 
 
 def make(name: str, options: dict | None = None, **context: Any) -> Any:
-    policy = REGISTRY[name](PolicyContext(base_dir=EXAMPLES, **context))
+    policy = find_factory(name)(PolicyContext(base_dir=EXAMPLES, **context))
     policy.configure(options or {})
     return policy
 
@@ -187,7 +188,7 @@ def test_json_schema() -> None:
 
 def test_json_schema_bad_schema(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"type": "no-such-type"}')
-    policy = REGISTRY["json_schema"](PolicyContext(base_dir=tmp_path))
+    policy = find_factory("json_schema")(PolicyContext(base_dir=tmp_path))
     with pytest.raises(PolicyConfigError, match="does not compile"):
         policy.configure({"value": "bad.json"})
 

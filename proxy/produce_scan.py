@@ -1,0 +1,74 @@
+"""What a Produce request holds, read from its batch headers before any policy runs: whether it
+carries transactional records, how many records it declares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.api import ProducedRecords, Verdict
+from protocol.budget import BudgetExhausted
+from protocol.compression import Codec
+from protocol.errors import DecodeError
+from protocol.records import read_batch
+
+__all__ = ["Parsed", "declared_records", "has_transactional_records", "refuse_every_partition"]
+
+Parsed = list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]]
+"""Per topic, each partition's index, records as sent, and batch views or the verdict."""
+
+
+def has_transactional_records(body: Any) -> bool:
+    """Whether the first batch of some partition is transactional, the test of Kafka's
+    `RequestUtils.hasTransactionalRecords` (only batch headers are read)."""
+    for topic_data in body.topic_data:
+        for data in topic_data.partition_data:
+            if not data.records:
+                continue
+            try:
+                first, _ = read_batch(data.records)
+            except DecodeError:
+                continue  # no batch to read: the partition's own checks answer it
+            if first.is_transactional:
+                return True
+    return False
+
+
+def refuse_every_partition(body: Any, verdict: Verdict) -> Parsed:
+    """`verdict` for every partition of the request, with its records as sent (for the journal)."""
+    return [
+        (
+            str(topic_data.name),
+            [
+                (int(data.index), data.records if data.records is not None else b"", verdict)
+                for data in topic_data.partition_data
+            ],
+        )
+        for topic_data in body.topic_data
+    ]
+
+
+def declared_records(parsed: Parsed) -> int:
+    """The records a request declares over all its batches.
+
+    Magic 2 batches declare their count in the header (a negative count adds nothing; the
+    integrity check rejects it). A magic 0/1 message is one record, except a compressed wrapper
+    (Produce v0-v2 only), which has no count but its inner messages: those are counted from their
+    length fields (one wrapper decompressed at a time), and one that does not decode, or would
+    need more memory than the request may hold, counts as one (its partition is rejected anyway).
+    """
+    declared = 0
+    for _, partitions in parsed:
+        for _, _, produced in partitions:
+            if isinstance(produced, Verdict):
+                continue
+            for batch in produced.batches:
+                if batch.magic == 2 or batch.codec is Codec.NONE:
+                    declared += max(batch.record_count, 0)
+                else:
+                    try:
+                        declared += batch.record_count
+                    except (DecodeError, BudgetExhausted):
+                        declared += 1
+                    finally:
+                        batch.release()  # one wrapper's messages held at a time
+    return declared

@@ -1,0 +1,223 @@
+"""`policies.plugins`: every policy found by name through the entry-point group, created with
+`create(context, options)`, its declared `needs` resolved and its `observe` fed by the proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies import plugins
+from policies.api import ACCEPT, Need, PolicyViolation, ProducedRecords, Verdict
+from policies.builtin import PolicyContext
+from policies.config import PolicyConfigError, build_routing
+from policies.topic_settings import FIELD_NAMES
+from protocol.error_codes import ErrorProfile
+from proxy.produce import ProduceEngine, ProduceSettings
+from tests.unit.test_produce_engine import TOPIC, batch, broker_answer, decide
+
+BUILTINS = {
+    "acks",
+    "avro",
+    "batch_integrity",
+    "compacted_key",
+    "compression",
+    "crc",
+    "json",
+    "json_schema",
+    "key_pattern",
+    "max_record_bytes",
+    "message_format",
+    "offsets",
+    "producer_state",
+    "required_headers",
+    "timestamps",
+}
+HERE = "tests.unit.test_plugins"
+
+
+class Loud:
+    """A third-party policy: refuses values in capitals; counts what the broker answered."""
+
+    OPTIONS: Mapping[str, Any] = {"word": "STOP"}
+    needs = frozenset({Need.BROKER_ANSWER})
+    created: list[tuple[PolicyContext, Mapping[str, Any]]] = []
+
+    def __init__(self, word: bytes) -> None:
+        self.word = word
+        self.seen: list[tuple[str, int, int]] = []
+
+    @classmethod
+    def create(cls, context: PolicyContext, options: Mapping[str, Any]) -> Loud:
+        cls.created.append((context, options))
+        return cls(str(options.get("word", "STOP")).encode())
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        if any(self.word in (r.value or b"") for r in batch.records()):
+            raise PolicyViolation("too loud")
+        return ACCEPT
+
+    def observe(self, topic: str, partition: int, produced: ProducedRecords, code: int) -> None:
+        self.seen.append((topic, partition, code))
+
+    def close(self) -> None:
+        pass
+
+
+class Settings:
+    """Reads the topic's settings without naming which: it is given every one."""
+
+    name = "settings"
+    needs = frozenset({Need.TOPIC_CONFIG})
+
+    @classmethod
+    def create(cls, context: PolicyContext, options: Mapping[str, Any]) -> Settings:
+        return cls()
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        return ACCEPT
+
+    def close(self) -> None:
+        pass
+
+
+class Deaf(Loud):
+    """Says it observes, without an `observe`."""
+
+    observe = None  # type: ignore[assignment]
+
+
+class Worded(Settings):
+    needs = frozenset({"topic_config"})  # type: ignore[assignment]
+
+
+TARGETS = {
+    **plugins.entry_point_targets(),
+    "loud": f"{HERE}:Loud",
+    "settings": f"{HERE}:Settings",
+    "deaf": f"{HERE}:Deaf",
+    "worded": f"{HERE}:Worded",
+    "broken": "no_such_module_here:Policy",
+}
+
+
+def routing(*policies: Any, **rule: Any) -> Any:
+    return build_routing(
+        None,
+        [{"match": TOPIC, "policies": list(policies), **rule}],
+        Path("."),
+        policy_targets=TARGETS,
+    )
+
+
+def problem(*policies: Any) -> str:
+    with pytest.raises(PolicyConfigError) as caught:
+        routing(*policies)
+    return str(caught.value)
+
+
+# ---- discovery ----
+
+
+def test_every_builtin_is_an_entry_point_of_kvproxy() -> None:
+    assert set(plugins.policy_names()) >= BUILTINS
+    targets = plugins.entry_point_targets()
+    assert targets["crc"] == "policies.builtin.broker:CrcPolicy"
+    assert all(targets[name].startswith("policies.builtin.") for name in BUILTINS)
+    assert plugins.find_factory("crc").name == "crc"
+    assert plugins.find_factory("no_such_policy") is None
+
+
+def test_missing_metadata_of_kvproxy_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def absent(name: str) -> Any:
+        raise plugins.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(plugins, "_found", None)
+    monkeypatch.setattr(plugins.metadata, "distribution", absent)
+    with pytest.raises(PolicyConfigError, match="reinstall kvproxy"):
+        build_routing({"policies": ["crc"]}, None, Path("."))
+    monkeypatch.setattr(plugins, "_found", None)  # scanned again with the metadata back
+
+
+def test_unknown_names_keep_their_words() -> None:
+    assert problem("jsn") == "topics[0].policies[0]: unknown policy 'jsn' (did you mean 'json'?)"
+    assert problem({"loud": {"wrd": "x"}}) == (
+        "topics[0].policies[0]: policy loud: unknown option 'wrd' (did you mean 'word'?)"
+    )
+
+
+# ---- create ----
+
+
+def test_a_plugin_is_created_with_the_context_and_its_options() -> None:
+    Loud.created.clear()
+    chain = routing("crc", {"loud": {"word": "HALT"}}).chain_for(TOPIC)
+    ((context, options),) = Loud.created
+    assert isinstance(context, PolicyContext) and options == {"word": "HALT"}
+    assert chain.names == ("crc", "loud")  # named after its entry point when it has no name
+
+
+def test_a_plugin_that_cannot_be_loaded_or_is_misshapen_is_reported() -> None:
+    assert problem("broken").startswith(
+        "topics[0].policies[0]: policy broken: cannot load no_such_module_here:Policy: "
+    )
+    assert problem("deaf") == (
+        "topics[0].policies[0]: policy deaf: needs BROKER_ANSWER but has no observe() method"
+    )
+    assert problem("worded") == (
+        "topics[0].policies[0]: policy worded: needs must hold policies.api.Need members, "
+        "not frozenset({'topic_config'})"
+    )
+
+
+# ---- needs ----
+
+
+def test_the_chain_needs_what_its_policies_declare() -> None:
+    assert routing("crc", "json").chain_for(TOPIC).needs == frozenset()
+    keyed = routing("crc", "compacted_key", "loud")
+    assert keyed.chain_for(TOPIC).needs == {Need.TOPIC_CONFIG, Need.BROKER_ANSWER}
+    assert keyed.settings_needed(TOPIC) == {"compacted"}
+    assert routing("settings").settings_needed(TOPIC) == set(FIELD_NAMES)
+    assert routing("loud", mode="off").chain_for(TOPIC).needs == frozenset()
+    state = routing("producer_state").chain_for(TOPIC)
+    assert state.needs == {Need.PRODUCER_STATE, Need.BROKER_ANSWER}
+    assert [p.name for p in state.observers] == ["producer_state"]
+
+
+# ---- observe ----
+
+
+def engine_with(*policies: Any) -> ProduceEngine:
+    return ProduceEngine(
+        routing(*policies), ProduceSettings(profile=ErrorProfile.KAFKA), lambda _: False
+    )
+
+
+def test_observe_sees_the_broker_answer_to_what_the_chain_let_through() -> None:
+    chosen = engine_with("crc", "loud")
+    decision = decide(chosen, 9, [(TOPIC, 0, batch(b"STOP it")), (TOPIC, 1, batch(b"calm"))])
+    (loud,) = [p for p in chosen.routing.chain_for(TOPIC).policies if p.name == "loud"]
+    decision.observe(broker_answer(9, [1]))
+    assert loud.seen == [(TOPIC, 1, 0)]  # the refused partition was never the broker's
+
+
+def test_no_observer_no_decoding_of_the_answer() -> None:
+    decision = decide(engine_with("crc"), 9, [(TOPIC, 0, batch(b"x"))])
+    assert decision.observing == ()
+    decision.observe(b"not a produce answer")  # never decoded: nothing observes it
+
+
+def test_an_observer_that_raises_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    chosen = engine_with("loud")
+    decision = decide(chosen, 9, [(TOPIC, 0, batch(b"calm"))])
+    (loud,) = chosen.routing.chain_for(TOPIC).policies
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("observer down")
+
+    loud.observe = fail
+    decision.observe(broker_answer(9, [0]))
+    assert "policy loud failed to observe the broker's answer" in caplog.text
