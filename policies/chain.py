@@ -111,6 +111,16 @@ class PolicyChain:
                 return verdict.with_policy(policy.name)
         return ACCEPT
 
+    def wants_answer(self, produced: ProducedRecords) -> bool:
+        """Whether an observer wants the broker's answer to `produced`: one with a
+        `wants_answer(produced)` of its own may decline (`producer_state` for a plain
+        producer's batches), so that the answer is decoded only when someone reads it."""
+        for policy in self.observers:
+            wants = getattr(policy, "wants_answer", None)
+            if wants is None or wants(produced):
+                return True
+        return False
+
     def observe(self, produced: ProducedRecords, error_code: int) -> None:
         """Show the observers the broker's answer to a partition the chain let through; one
         that raises is logged (at most once per `CRASH_LOG_INTERVAL_S`) and the others still

@@ -28,7 +28,7 @@ from proxy.produce import DECODE_BUDGET, ProduceDecision, ProduceEngine
 from proxy.reasons import CloseReason, PauseReason
 from proxy.relay_state import ConnectionState
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
-from proxy.slots import Slot, answers_silent, merged
+from proxy.slots import MAX_SILENT_SLOTS, Slot, answers_silent, merged
 
 if TYPE_CHECKING:
     from proxy.upstream_connection import UpstreamConnection
@@ -260,7 +260,10 @@ class ClientConnection(asyncio.BufferedProtocol):
     def _route_produce(self, decision: ProduceDecision, correlation_id: int, version: int) -> None:
         if decision.acks == 0:
             if decision.forward is not None:
-                self._awaiting_upstream.append(Slot(correlation_id, PRODUCE, version, silent=True))
+                awaiting = self._awaiting_upstream
+                if len(awaiting) >= MAX_SILENT_SLOTS and awaiting[0].silent:
+                    awaiting.popleft()
+                awaiting.append(Slot(correlation_id, PRODUCE, version, silent=True))
                 self._send_upstream(decision.forward)
             if decision.rejected:
                 self.abort(

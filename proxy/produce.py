@@ -396,7 +396,9 @@ class ProduceEngine:
             for name, outcomes in decision.topics
             if name in chains
             for outcome in outcomes
-            if not outcome.rejected and outcome.produced is not None
+            if not outcome.rejected
+            and outcome.produced is not None
+            and chains[name].wants_answer(outcome.produced)
         ]
         if not passed:
             return

@@ -54,6 +54,12 @@ def merged(slot: Slot, payload: Frame) -> Frame:
     return decision.answer(payload)
 
 
+MAX_SILENT_SLOTS = 10_000
+"""acks=0 requests remembered per connection in case the broker answers them (Tansu does; Kafka
+never does): past this many, the oldest is forgotten, so a client sending only acks=0 requests
+holds a bounded amount of memory."""
+
+
 def answers_silent(awaiting: collections.deque[Slot], silent: Slot, payload: Frame) -> bool | None:
     """Whether an answer carrying an acks=0 request's correlation id is that request's.
 

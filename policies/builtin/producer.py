@@ -46,6 +46,11 @@ class ProducerStatePolicy(BuiltinPolicy):
                 tracker.max_producers = self.max_producers
             tracker.bound_set = True
 
+    def wants_answer(self, produced: ProducedRecords) -> bool:
+        """Only an idempotent producer's batches change the tracker: a plain producer's
+        answers are not decoded for it."""
+        return any(b.producer_id >= 0 for b in produced.batches)
+
     def observe(
         self, topic: str, partition: int, produced: ProducedRecords, error_code: int
     ) -> None:

@@ -57,6 +57,7 @@ from protocol.compression import MAX_DECOMPRESSED_BYTES, Codec, compress
 from protocol.errors import ProtocolError
 from protocol.messages import API_VERSIONS, PRODUCE, decode_response
 from protocol.records import build_batch
+from proxy.slots import MAX_SILENT_SLOTS
 from tests.harness import fuzz
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
@@ -738,3 +739,33 @@ def test_an_answer_is_not_taken_for_an_earlier_acks0_request_with_the_same_id() 
             answered = [a is not None for f, a in cluster.frames(1) if f[:2] == b"\0\x12"]
             raise AssertionError(f"no answer ({exc}); the stub answered: {answered}") from None
         assert _SIZE.unpack_from(answer)[0] == 7
+
+
+def test_a_client_sending_only_acks0_requests_holds_bounded_memory() -> None:
+    """A broker never answers acks=0 requests (the stub, like Kafka; Tansu does answer them), so
+    the acks=0 requests the proxy remembers in case it does are never matched by an answer. A
+    client that sends nothing else must not make that list grow without end: past
+    `MAX_SILENT_SLOTS` the oldest is forgotten, and the connection goes on serving."""
+    batch = build_batch([(b"k", b"v", None, fuzz.TIMESTAMP_MS)])
+    sent = MAX_SILENT_SLOTS + 500
+    frames = b"".join(
+        _SIZE.pack(len(f)) + f
+        for f in (
+            fuzz.produce_request(9, 100_000 + n, [(fuzz.TOPIC, 0, batch)], acks=0)
+            for n in range(sent)
+        )
+    )
+    with (
+        run_stub_cluster(node_ids=(1,)) as cluster,
+        run_proxy(cluster.bootstrap, topics=[{"match": "*", "compacted": False}]) as proxy,
+        RawKafkaClient(proxy.host, proxy.port) as client,
+    ):
+        client.send_raw(frames)
+        deadline = time.monotonic() + 60
+        while len(cluster.requests(1, PRODUCE)) < sent:
+            assert time.monotonic() < deadline, len(cluster.requests(1, PRODUCE))
+            time.sleep(0.05)
+        (connection,) = proxy.server.listeners._clients
+        assert len(connection._awaiting_upstream) == MAX_SILENT_SLOTS
+        answer = client.request(fuzz.api_versions_request(3, 7), timeout=5)
+        assert _SIZE.unpack_from(answer)[0] == 7  # still served, in order

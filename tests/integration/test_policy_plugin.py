@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from tests.harness import Broker
+from tests.harness.clients import consume
 from tests.harness.policy_plugin import POLICY, install_example_plugin
+from tests.harness.produce import batch, produce, record_errors, stored
 from tests.harness.proxy import run_proxy
-from tests.integration.test_policies_answers import batch, produce, record_errors, stored
-from tests.integration.test_policies_clients import consume
 
 POLICY_VIOLATION = 44
 SPAM = b"buy spam now"
@@ -43,7 +43,7 @@ def test_the_plugin_refuses_by_name_and_observes_what_the_broker_took(
         answers = produce(
             proxy.host, proxy.port, 9, [(topic, 0, batch(FINE, SPAM)), (topic, 1, batch(FINE))]
         )
-        assert proxy.server.rejections == {(topic, POLICY, POLICY_VIOLATION): 1}
+        assert proxy.server.sink.rejections == {(topic, POLICY, POLICY_VIOLATION): 1}
         assert _policy(proxy, topic).accepted == 1  # its observe saw partition 1 accepted
     bad, ok = answers[(topic, 0)], answers[(topic, 1)]
     assert bad.error_code == POLICY_VIOLATION, bad
@@ -57,7 +57,7 @@ def test_the_plugin_refuses_by_name_and_observes_what_the_broker_took(
 def test_the_plugin_through_confluent_kafka(tansu: Broker, make_topic: Any) -> None:
     from confluent_kafka import KafkaError
 
-    from tests.integration.test_policies_clients import confluent_send
+    from tests.harness.clients import confluent_send
 
     topic = make_topic(2)
     with run_proxy(tansu.bootstrap, topics=_chat(topic)) as proxy:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from protocol.records import build_batch
+from tests.harness.audit import audit, write_config
 from tests.harness.policy_plugin import POLICY, install_example_plugin
 from tests.pipeline.segments import assign_offsets, write_segment
-from tests.pipeline.test_audit_segments import audit, write_config
 
 
 def test_the_plugin_policy_by_name_yields_its_violations(spark: Any, tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -10,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.job import AuditRequest, run_audit
 from protocol.compression import Codec
 from protocol.records import build_batch
+from tests.harness.audit import audit, write_config
 from tests.harness.segments import (
     TESTDATA_LOGS,
     assign_offsets,
@@ -29,20 +28,6 @@ README_COUNTS = {
     "__consumer_offsets-14": (89, 89),
 }
 HOUR_MS = 3_600_000
-
-
-def write_config(folder: Path, text: str) -> str:
-    path = folder / "kvproxy.yaml"
-    path.write_text(text)
-    return str(path)
-
-
-def audit(spark: Any, tmp_path: Path, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    output = tmp_path / "out"
-    summary = run_audit(AuditRequest(output=str(output), **kwargs), spark, out=io.StringIO())
-    rows = [row.asDict() for row in spark.read.parquet(str(output / "violations")).collect()]
-    assert json.loads((output / "summary.json").read_text()) == summary
-    return summary, rows
 
 
 def test_testdata_with_compaction_forced(spark: Any, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from policies.config import PolicyConfigError, build_routing
 from policies.topic_settings import FIELD_NAMES
 from protocol.error_codes import ErrorProfile
 from proxy.produce import ProduceEngine, ProduceSettings
-from tests.unit.test_produce_engine import TOPIC, batch, broker_answer, decide
+from tests.harness.engine import TOPIC, batch, broker_answer, decide
 
 BUILTINS = {
     "acks",
@@ -221,3 +221,11 @@ def test_an_observer_that_raises_changes_nothing(caplog: pytest.LogCaptureFixtur
     loud.observe = fail
     decision.observe(broker_answer(9, [0]))
     assert "policy loud failed to observe the broker's answer" in caplog.text
+
+
+def test_producer_state_leaves_a_plain_producers_answer_undecoded() -> None:
+    """`producer_state` declines (`wants_answer`) batches without a producer id: a chain with it
+    costs a plain producer no decoding of the broker's answer."""
+    decision = decide(engine_with("producer_state"), 9, [(TOPIC, 0, batch(b"plain"))])
+    assert decision.observing  # the chain observes ...
+    decision.observe(b"not a produce answer")  # ... but nothing here is an idempotent batch

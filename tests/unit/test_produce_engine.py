@@ -29,6 +29,7 @@ from protocol.messages import (
 from protocol.produce import partition_answer, produce_answer, produce_response_types
 from protocol.records import build_batch
 from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from tests.harness.engine import TOPIC, batch, broker_answer, decide
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import (
     ANOTHER_PARTITION,
@@ -38,28 +39,10 @@ from tests.harness.produce import (
     record_errors,
 )
 
-TOPIC = "orders"
-
 
 def engine(profile: ErrorProfile, **settings: Any) -> ProduceEngine:
     routing = build_routing(None, [{"match": TOPIC, **JSON_ONLY}], Path("."))
     return ProduceEngine(routing, ProduceSettings(profile=profile, **settings), lambda _: False)
-
-
-def batch(value: bytes, **options: Any) -> bytes:
-    return build_batch([(b"k", value, None, None)], **options)
-
-
-def decide(chosen: ProduceEngine, version: int, parts: list[Any], **options: Any) -> Any:
-    frame = produce_request(version, 9, parts, **options)
-    return chosen.decide(frame, decode_request(frame))
-
-
-def broker_answer(version: int, partitions: list[int]) -> bytes:
-    """What a broker answers for the forwarded partitions of TOPIC: success for each."""
-    types = produce_response_types(version)
-    body = produce_answer(types, [(TOPIC, [partition_answer(types, p, 0) for p in partitions])])
-    return encode_response(PRODUCE, version, make_response(PRODUCE, version, 9, body))
 
 
 def answered(decision: ProduceDecision, upstream: bytes | None) -> dict[int, Any]:
