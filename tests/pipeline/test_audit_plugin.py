@@ -10,7 +10,7 @@ from typing import Any
 from protocol.records import build_batch
 from tests.harness.audit import audit, write_config
 from tests.harness.policy_plugin import POLICY, install_example_plugin
-from tests.pipeline.segments import assign_offsets, write_segment
+from tests.harness.segments import assign_offsets, write_segment
 
 
 def test_the_plugin_policy_by_name_yields_its_violations(spark: Any, tmp_path: Path) -> None:

@@ -429,9 +429,10 @@ def test_dockerfile_copies_every_package_pip_installs() -> None:
     """`pip install .` in the image fails on a package named in pyproject but not copied."""
     import tomllib
 
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "packages"
-    ]
+    ]["find"]["include"]
+    packages = {name.split(".")[0] for name in include}
     copies = [args.split() for keyword, args in _dockerfile_instructions() if keyword == "COPY"]
     copied = {PurePosixPath(parts[0]).name for parts in copies if not parts[0].startswith("--")}
     assert set(packages) <= copied, set(packages) - copied

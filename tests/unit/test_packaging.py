@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,27 @@ def test_every_mypy_override_names_a_module_mypy_checks_or_imports() -> None:
         if not any(_matches(pattern, module) for module in seen)
     ]
     assert unused == [], f"mypy reports these as unused sections: {unused}"
+
+
+def test_the_wheel_holds_every_package_and_subpackage(tmp_path: Path) -> None:
+    """What `pip install .` (the Dockerfile's) installs: every folder of the source packages with
+    Python code in it, subpackages such as `protocol/records` and `policies/builtin` too, and
+    the built-in policies' entry points."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packed = {name for name in names if name.endswith(".py")}
+    sources = {
+        path.relative_to(ROOT).as_posix()
+        for package in PYPROJECT["tool"]["importlinter"]["root_packages"]
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert sources - packed == set()
+    (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[kvproxy.policies]" in text and "batch_integrity = " in text
