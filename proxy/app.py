@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from policies.config import TopicRouting
-from proxy.config import ProxyConfig
+from proxy.config import ProxyConfig, build_routing_for
 from proxy.embedded import EmbeddedBroker, run_embedded_broker
 from proxy.listeners import METADATA_RETRY_S
 from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
-from proxy.server import ProxyServer, WorkerRole, build_routing_for
+from proxy.server import ProxyServer, WorkerRole
 from proxy.signals import queue_sighup, take_queued_sighups
 
 log = logging.getLogger("kvproxy")

@@ -25,10 +25,11 @@ from pydantic import (
     model_validator,
 )
 
-from policies.config import PolicyConfigError, TopicRouting
+from policies.config import PolicyConfigError, TopicRouting, build_routing
 from policies.producer_state import ProducerStateTracker
 from policies.topic_patterns import PatternError, compile_pattern
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from proxy.errors import ProxyError
 from settings.addresses import parse_host_port
 from settings.loading import Section, read_document, report, validate
 from settings.rules import RULE_SECTIONS, RuleSections
@@ -405,3 +406,11 @@ def load_config_and_rules(
         routing.close()
         raise report(str(path), problems, lines)
     return config, routing
+
+
+def build_routing_for(config: ProxyConfig, base_dir: Path) -> TopicRouting:
+    """The policy chains of `config`; schema files resolve against `base_dir`."""
+    try:
+        return build_routing(config.defaults, config.topics, base_dir)
+    except PolicyConfigError as exc:
+        raise ProxyError(str(exc)) from None

@@ -243,8 +243,8 @@ def _replay(args: argparse.Namespace) -> int:
 async def _replay_async(
     args: argparse.Namespace, directory: Path, config: ProxyConfig, config_dir: Path
 ) -> int:
+    from proxy.config import build_routing_for  # noqa: PLC0415
     from proxy.errors import ProxyError  # noqa: PLC0415
-    from proxy.server import build_routing_for  # noqa: PLC0415
     from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
 
     try:

@@ -15,11 +15,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies.config import PolicyConfigError, TopicRouting, build_routing
+from policies.config import TopicRouting
 from protocol.budget import MemoryBudget
 from protocol.errors import ProtocolError
 from protocol.framing import BufferPool
-from proxy.config import RELOADABLE_SECTIONS, ProxyConfig
+from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for
 from proxy.connection import ClientConnection
 from proxy.decisions import ProduceDecisions
 from proxy.errors import ProxyError
@@ -289,11 +289,3 @@ class ProxyServer:
             listeners=self.listeners.count,
             pending_tasks=self._tasks.running,
         )
-
-
-def build_routing_for(config: ProxyConfig, base_dir: Path) -> TopicRouting:
-    """The policy chains of `config`; schema files resolve against `base_dir`."""
-    try:
-        return build_routing(config.defaults, config.topics, base_dir)
-    except PolicyConfigError as exc:
-        raise ProxyError(str(exc)) from None

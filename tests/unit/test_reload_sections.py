@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, parse_config
+from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for, parse_config
 from proxy.reload import sections_needing_restart
-from proxy.server import ProxyServer, build_routing_for
+from proxy.server import ProxyServer
 from proxy.topic_configs import UNKNOWN_TTL_S
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
