@@ -179,9 +179,6 @@ class ProduceEngine:
         self._learned = learned
         """The cluster's settings of a topic; None: its compaction alone (`compacted`)."""
 
-    def compaction_for(self, topic: str) -> bool | None:
-        return self.config_for(topic).compacted
-
     def config_for(self, topic: str) -> TopicConfig:
         """The settings a topic's checks read: the YAML's over the cluster's."""
         override = self.routing.config_override(topic)

@@ -384,7 +384,7 @@ def test_the_engine_gives_each_partition_the_yaml_settings_over_the_cluster_ones
         assert seen == expected
         compaction = {o.topic: o.produced.compacted for o in decision.outcomes if o.produced}
         assert compaction == {"orders": True, "logs": None, "new": None}
-    assert engine.compaction_for("orders") is True
+    assert engine.config_for("orders").compacted is True
 
 
 def test_settings_in_force_say_where_each_value_comes_from() -> None:
