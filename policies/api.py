@@ -309,8 +309,8 @@ class Need(enum.Enum):
     cluster for those the YAML leaves unknown before the chain runs. Which ones: the policy's
     `topic_settings` (`TopicConfig` field names), else every one."""
     PRODUCER_STATE = "producer_state"
-    """The routing's `ProducerStateTracker` (`PolicyContext.producer_state`), kept across
-    reloads."""
+    """The routing's `ProducerStateTracker`, kept across reloads: `create` finds it in
+    `PolicyContext.producer_state` (None for a policy that does not declare this)."""
     BROKER_ANSWER = "broker_answer"
     """The broker's answer to each partition the chain let through: the proxy calls the policy's
     `observe(topic, partition, produced, error_code)` once the broker has answered."""

@@ -89,7 +89,7 @@ class PolicyChain:
         self._steps = _steps(self.policies)
         self.crash_counts: dict[str, int] = {}
         self.clock = clock
-        self._last_logged: dict[str, float] = {}
+        self._last_logged: dict[tuple[str, str], float] = {}
 
     def __repr__(self) -> str:
         names = ", ".join(policy.name for policy in self.policies)
@@ -129,7 +129,9 @@ class PolicyChain:
             try:
                 policy.observe(produced.topic, produced.partition, produced, error_code)
             except Exception as exc:
-                self._log_crash(policy.name, exc, "failed to observe the broker's answer")
+                self._log_crash(
+                    policy.name, exc, "failed to observe the broker's answer", key="observe"
+                )
 
     def _failed(self, name: str, exc: Exception, produced: ProducedRecords) -> Verdict:
         """The verdict when policy `name` raised `exc` instead of answering."""
@@ -155,12 +157,13 @@ class PolicyChain:
             policy=name,
         )
 
-    def _log_crash(self, name: str, exc: Exception, what: str) -> None:
-        """Log `exc` with its traceback, at most once per `CRASH_LOG_INTERVAL_S` per policy."""
+    def _log_crash(self, name: str, exc: Exception, what: str, key: str = "validate") -> None:
+        """Log `exc` with its traceback, at most once per `CRASH_LOG_INTERVAL_S` per policy and
+        per `key` (a failed `observe` does not silence the next failed `validate`)."""
         now = self.clock()
-        last = self._last_logged.get(name)
+        last = self._last_logged.get((name, key))
         if last is None or now - last >= CRASH_LOG_INTERVAL_S:
-            self._last_logged[name] = now
+            self._last_logged[(name, key)] = now
             log.error("policy %s %s", name, what, exc_info=exc)
 
     def close(self) -> None:

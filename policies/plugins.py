@@ -10,6 +10,7 @@ docs/adding-a-policy.md.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import sys
@@ -172,6 +173,8 @@ def build_policy(
             )
         if unknown:
             return None
+    if context.producer_state is not None and Need.PRODUCER_STATE not in needs_of(factory):
+        context = dataclasses.replace(context, producer_state=None)  # only to who declares it
     try:
         policy = factory.create(context, options or {})
     except PolicyConfigError as exc:

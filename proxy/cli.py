@@ -235,3 +235,11 @@ def add_commands(subparsers: Any) -> None:
     dump.add_parser(subparsers)
     quarantine_cli.add_parser(subparsers)
     topics_cli.add_parser(subparsers)
+
+
+if (
+    __name__ == "__main__"
+):  # the command is `kvproxy` (kvproxy/cli.py), which puts the parts together
+    sys.exit(
+        "proxy.cli only contributes subcommands: run `kvproxy ...` or `python -m kvproxy.cli ...`"
+    )

@@ -110,3 +110,14 @@ def test_the_wheel_holds_every_package_and_subpackage(tmp_path: Path) -> None:
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[kvproxy.policies]" in text and "batch_integrity = " in text
+
+
+def test_the_proxy_module_run_by_itself_says_which_command_to_run() -> None:
+    """`python -m proxy.cli` once served; the command is `kvproxy` now, and the old way must not
+    exit 0 having done nothing."""
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "-c", "kvproxy.yaml"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done
+    assert "run `kvproxy ...` or `python -m kvproxy.cli ...`" in done.stderr

@@ -229,3 +229,30 @@ def test_producer_state_leaves_a_plain_producers_answer_undecoded() -> None:
     decision = decide(engine_with("producer_state"), 9, [(TOPIC, 0, batch(b"plain"))])
     assert decision.observing  # the chain observes ...
     decision.observe(b"not a produce answer")  # ... but nothing here is an idempotent batch
+
+
+def test_the_producer_state_is_handed_only_to_a_policy_that_declares_it() -> None:
+    Loud.created.clear()
+    built = routing("producer_state", "loud")
+    ((context, _),) = Loud.created
+    assert context.producer_state is None  # Loud needs the broker's answer, not the tracker
+    (state,) = [p for p in built.chain_for(TOPIC).policies if p.name == "producer_state"]
+    assert state.tracker is built.producer_state  # declared: the routing's own, kept on reload
+
+
+def test_a_failed_observe_does_not_silence_the_next_crash_of_validate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chosen = engine_with("loud")
+    decision = decide(chosen, 9, [(TOPIC, 0, batch(b"calm"))])
+    (loud,) = chosen.routing.chain_for(TOPIC).policies
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("down")
+
+    loud.observe = fail
+    decision.observe(broker_answer(9, [0]))
+    loud.validate = fail
+    decide(chosen, 9, [(TOPIC, 0, batch(b"calm"))])
+    assert "policy loud failed to observe the broker's answer" in caplog.text
+    assert "policy loud failed (1 failures so far); rejecting the partition" in caplog.text
