@@ -42,17 +42,17 @@ async def fetch_broker_addresses(
 ) -> dict[int, tuple[str, int]]:
     """node id -> (host, port) of every broker the cluster names."""
     body = admin.metadata_request(_METADATA_VERSION, ())
-    payload = await _round_trip(
+    answer = await _ask(
         host, port, ssl_context, timeout, api_key=METADATA, version=_METADATA_VERSION, body=body
     )
-    return admin.brokers_of(decode_response(payload, METADATA, _METADATA_VERSION).body)
+    return admin.brokers_of(answer)
 
 
 async def list_topics(
     host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float
 ) -> list[str]:
     """The names of every topic the cluster has (Metadata v1 with no topic list: all)."""
-    payload = await _round_trip(
+    answer = await _ask(
         host,
         port,
         ssl_context,
@@ -61,7 +61,6 @@ async def list_topics(
         version=_METADATA_VERSION,
         body=admin.metadata_request(_METADATA_VERSION, None),
     )
-    answer = decode_response(payload, METADATA, _METADATA_VERSION).body
     return sorted(str(t.name) for t in answer.topics if int(t.error_code) in _EXISTS)
 
 
@@ -75,11 +74,15 @@ async def answers_api_versions(
     from protocol.messages import API_VERSIONS  # noqa: PLC0415
 
     try:
-        payload = await _round_trip(
-            host, port, ssl_context, timeout, api_key=API_VERSIONS, version=0,
+        answer = await _ask(
+            host,
+            port,
+            ssl_context,
+            timeout,
+            api_key=API_VERSIONS,
+            version=0,
             body=ApiVersionsRequest(),
-        )  # fmt: skip
-        answer = decode_response(payload, API_VERSIONS, 0).body
+        )
     except (OSError, TimeoutError, ProtocolError):
         return False
     return int(answer.error_code) == 0
@@ -95,11 +98,9 @@ async def topics_exist(
     """topic -> whether the cluster has it (None when it answers another error, e.g. not
     authorized). Metadata v4 with `allow_auto_topic_creation` false: asking creates nothing."""
     body = admin.metadata_request(4, topics)
-    payload = await _round_trip(
-        host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body
-    )
+    answer = await _ask(host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body)
     found: dict[str, bool | None] = {}
-    for entry in decode_response(payload, METADATA, 4).body.topics:
+    for entry in answer.topics:
         code = int(entry.error_code)
         found[str(entry.name)] = True if code in _EXISTS else False if code in _ABSENT else None
     return found
@@ -113,7 +114,7 @@ async def describe_topic_configs(
 ) -> dict[str, tuple[ClusterSetting, ...] | None]:
     """topic -> every setting the cluster reports for it, with its source (None when the
     cluster cannot describe the topic: an error, or no result for it)."""
-    payload = await _round_trip(
+    answer = await _ask(
         host,
         port,
         ssl_context,
@@ -122,7 +123,6 @@ async def describe_topic_configs(
         version=_DESCRIBE_CONFIGS_VERSION,
         body=admin.describe_configs_request(_DESCRIBE_CONFIGS_VERSION, topics),
     )
-    answer = decode_response(payload, DESCRIBE_CONFIGS, _DESCRIBE_CONFIGS_VERSION).body
     return described_topics(answer, topics)
 
 
@@ -139,7 +139,7 @@ def described_topics(
     }  # fmt: skip
 
 
-async def _round_trip(
+async def _ask(
     host: str,
     port: int,
     ssl_context: ssl.SSLContext | None,
@@ -148,6 +148,15 @@ async def _round_trip(
     api_key: int,
     version: int,
     body: object,
+) -> Any:
+    """One request of kvproxy's own, on a connection of its own: the decoded answer's body."""
+    frame = admin.request_frame(api_key, version, 1, "kvproxy", body)
+    payload = await _round_trip(host, port, ssl_context, timeout, frame)
+    return decode_response(payload, api_key, version).body
+
+
+async def _round_trip(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, frame: bytes
 ) -> bytes:
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(
@@ -156,7 +165,7 @@ async def _round_trip(
         timeout,
     )
     try:
-        writer.write(admin.request_frame(api_key, version, 1, "kvproxy", body))
+        writer.write(frame)
         await writer.drain()
         decoder = FrameDecoder()
         while (payload := decoder.next_frame()) is None:
@@ -181,12 +190,11 @@ async def partition_leader(
     body = admin.metadata_request(4, [topic])
     for host, port in bootstrap:
         try:
-            payload = await _round_trip(
+            answer = await _ask(
                 host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body
             )
         except (OSError, TimeoutError, ProtocolError):
             continue
-        answer = decode_response(payload, METADATA, 4).body
         brokers = admin.brokers_of(answer)
         for entry in answer.topics:
             if entry.name != topic or int(entry.error_code) != 0:
@@ -236,7 +244,7 @@ async def produce_batch(
             ),
         ),
     )
-    payload = await _round_trip(
+    answer = await _ask(
         leader[0],
         leader[1],
         ssl_context,
@@ -245,7 +253,6 @@ async def produce_batch(
         version=_PRODUCE_VERSION,
         body=body,
     )
-    answer = decode_response(payload, PRODUCE, _PRODUCE_VERSION).body
     return int(answer.responses[0].partition_responses[0].error_code)
 
 
@@ -280,7 +287,7 @@ async def read_partition_since(
     asked = admin.list_offsets_request(
         _LIST_OFFSETS_VERSION, topic, {partition: since_ms}, timeout_s=timeout
     )
-    payload = await _round_trip(
+    listed = await _ask(
         leader[0],
         leader[1],
         ssl_context,
@@ -289,7 +296,6 @@ async def read_partition_since(
         version=_LIST_OFFSETS_VERSION,
         body=asked,
     )
-    listed = decode_response(payload, LIST_OFFSETS, _LIST_OFFSETS_VERSION).body
     found = admin.listed_offsets(listed, topic).get(partition)
     if found is None:
         raise ConnectionError(f"ListOffsets {topic}-{partition}: the broker answered no partition")
@@ -313,7 +319,7 @@ async def read_partition_since(
             # not 0: Tansu answers a Fetch that may not wait with no partition at all
             max_wait_ms=100,
         )
-        payload = await _round_trip(
+        answered = await _ask(
             leader[0],
             leader[1],
             ssl_context,
@@ -322,7 +328,6 @@ async def read_partition_since(
             version=_FETCH_VERSION,
             body=body,
         )
-        answered = decode_response(payload, FETCH, _FETCH_VERSION).body
         fetched = admin.fetched_partitions(answered, topic).get(partition)
         if fetched is None:
             raise ConnectionError(f"Fetch {topic}-{partition}: the broker answered no partition")
