@@ -74,8 +74,9 @@ def find_factory(name: str) -> Any | None:
 
 def entry_point_targets() -> dict[str, str]:
     """Policy name -> the `module:attr` its entry point names: what a process without the
-    installed metadata (a Spark executor given the code as a zip) loads instead of scanning."""
-    return {name: entry.value for name, entry in _entry_points().items()}
+    installed metadata (a Spark executor given the code as a zip) loads instead of scanning.
+    Scans afresh: a distribution installed since the last scan is what the caller ships."""
+    return {name: entry.value for name, entry in _entry_points(rescan=True).items()}
 
 
 def _entry_points(*, rescan: bool = False) -> dict[str, metadata.EntryPoint]:

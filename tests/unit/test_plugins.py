@@ -130,6 +130,13 @@ def test_every_builtin_is_an_entry_point_of_kvproxy() -> None:
     assert plugins.find_factory("no_such_policy") is None
 
 
+def test_the_targets_shipped_to_executors_include_what_was_installed_since_the_last_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plugins, "_found", {})  # a scan from before anything was installed
+    assert plugins.entry_point_targets()["crc"] == "policies.builtin.broker:CrcPolicy"
+
+
 def test_missing_metadata_of_kvproxy_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     def absent(name: str) -> Any:
         raise plugins.metadata.PackageNotFoundError(name)
