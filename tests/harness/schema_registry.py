@@ -52,7 +52,10 @@ Failure modes (``registry.fail``, settable while running):
   closed with no answer.
 * ``"slow"``: every answer waits ``registry.slow_s`` seconds first.
 * ``"error500"``: HTTP 500 ``{"error_code": 50001, ...}``.
-* ``"garbage"``: HTTP 200 whose body is not JSON.
+* ``"garbage"``: HTTP 200 with the registry's content type and a body that is not JSON.
+
+``error500`` is retriable for confluent-kafka's client (as are connection errors): give it
+``"max.retries": 0`` in tests, or it waits about a second per retry.
 """
 
 from __future__ import annotations

@@ -376,9 +376,11 @@ def test_down_refuses_connections_then_comes_back_on_the_same_port(
     registry.fail = "down"
     with pytest.raises(httpx.ConnectError):
         client.get_subjects()
+    assert registry.count("/subjects") == 0
     registry.fail = None
     assert registry.port == port
     assert client.get_subjects() == ["users-value"]
+    assert registry.count("/subjects") == 1
 
 
 def test_hangup_and_slow(registry: TestRegistry) -> None:
