@@ -1,0 +1,134 @@
+"""HTTP to the registry: its URLs in turn, authentication, TLS, a time limit per request and a
+size limit per answer. One `httpx.AsyncClient` (connection reuse) per `RegistryClient`."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from registry.answers import RegistryError, read_error
+from settings.schema_registry import SchemaRegistryConfig
+
+__all__ = ["Answer", "RegistryClient", "Unreachable"]
+
+ACCEPT = "application/vnd.schemaregistry.v1+json, application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A 2xx answer's body."""
+
+    body: bytes
+
+
+class Unreachable(Exception):
+    """No URL gave an answer that counts: each was down, too slow, failed (5xx) or garbled."""
+
+
+RequestObserver = Callable[[str, float], None]
+"""Called with the outcome ("ok", "not_found", "error", "timeout", "unreachable",
+"too_large") and the seconds one HTTP request took."""
+
+
+class RegistryClient:
+    """GETs against the registry. A 4xx answer is the registry's word (`RegistryError`); a
+    connection failure, time-out, 5xx or an oversized answer moves on to the next URL, and when
+    none is left raises `Unreachable` naming what each did."""
+
+    def __init__(
+        self, config: SchemaRegistryConfig, observe: RequestObserver | None = None
+    ) -> None:
+        self.config = config
+        self._observe = observe or (lambda outcome, seconds: None)
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            config = self.config
+            headers = {"Accept": ACCEPT}
+            auth: httpx.Auth | None = None
+            if config.basic_auth is not None:
+                auth = httpx.BasicAuth(
+                    config.basic_auth.username, config.basic_auth.password.get_secret_value()
+                )
+            if config.bearer_token is not None:
+                headers["Authorization"] = f"Bearer {config.bearer_token.get_secret_value()}"
+            self._client = httpx.AsyncClient(
+                headers=headers,
+                auth=auth,
+                verify=tls_context(config),
+                timeout=httpx.Timeout(config.timeout_ms / 1000),
+                follow_redirects=False,
+                trust_env=False,
+            )
+        return self._client
+
+    async def get(self, path: str) -> Answer | RegistryError:
+        failures = []
+        for base in self.config.url:
+            try:
+                return await self._get(base + path)
+            except _Failed as failed:
+                failures.append(f"{base}: {failed}")
+        raise Unreachable("; ".join(failures))
+
+    async def _get(self, url: str) -> Answer | RegistryError:
+        started = time.perf_counter()
+        outcome = "error"
+        limit = self.config.max_schema_bytes
+        try:
+            async with asyncio.timeout(self.config.timeout_ms / 1000):
+                async with self._http().stream("GET", url) as response:
+                    body = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > limit:
+                            outcome = "too_large"
+                            raise _Failed(f"the answer is over max_schema_bytes ({limit})")
+            status = response.status_code
+            if status >= 500:
+                raise _Failed(str(read_error(status, bytes(body))))
+            if 200 <= status < 300:
+                outcome = "ok"
+                return Answer(bytes(body))
+            outcome = "not_found" if status == 404 else "error"
+            return read_error(status, bytes(body))
+        except TimeoutError:
+            outcome = "timeout"
+            raise _Failed(f"no answer within {self.config.timeout_ms} ms") from None
+        except httpx.HTTPError as exc:
+            outcome = "unreachable"
+            raise _Failed(f"{type(exc).__name__}: {str(exc)[:200] or 'no detail'}") from None
+        finally:
+            self._observe(outcome, time.perf_counter() - started)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class _Failed(Exception):
+    """This URL gave nothing that counts; the next one is tried."""
+
+
+def tls_context(config: SchemaRegistryConfig) -> ssl.SSLContext | bool:
+    """The context that verifies the registry (the system's CAs when no `tls.ca_file`)."""
+    tls = config.tls
+    if tls is None:
+        return True
+    context = ssl.create_default_context(
+        cafile=str(tls.ca_file) if tls.ca_file is not None else None
+    )
+    if tls.cert_file is not None and tls.key_file is not None:
+        context.load_cert_chain(
+            str(tls.cert_file),
+            str(tls.key_file),
+            tls.key_password.get_secret_value() if tls.key_password is not None else None,
+        )
+    return context
