@@ -91,6 +91,13 @@ class RegistryCatalog:
         self.observer.cache_hit()
         return held[0]
 
+    def answers(self) -> dict[int, RegisteredSchema | UnknownSchema | RegistryUnavailable]:
+        """What the registry said about each id held, as values that pickle (`StaticCatalog`)."""
+        out: dict[int, RegisteredSchema | UnknownSchema | RegistryUnavailable] = {}
+        for schema_id, (entry, _expires) in list(self._entries.items()):
+            out[schema_id] = entry.registered if isinstance(entry, ResolvedSchema) else entry
+        return out
+
     def exhausted(self) -> SchemaCatalog:
         """This catalog for a request that may look up nothing more: an id still missing is
         answered as the registry unavailable."""
