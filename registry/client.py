@@ -107,6 +107,24 @@ class RegistryClient:
         finally:
             self._observe(outcome, time.perf_counter() - started)
 
+    async def check(self) -> list[tuple[bool, str]]:
+        """Per URL: whether it answers `GET /subjects` (reachable, the credentials accepted),
+        and a line saying so and how long it took; for `kvproxy check`."""
+        lines = []
+        for base in self.config.url:
+            started = time.perf_counter()
+            try:
+                answer = await self._get(base + "/subjects")
+            except _Failed as failed:
+                lines.append((False, f"{base}: unreachable: {failed}"))
+                continue
+            took = (time.perf_counter() - started) * 1000
+            if isinstance(answer, RegistryError):
+                lines.append((False, f"{base}: refused: {answer}"))
+            else:
+                lines.append((True, f"{base}: ok ({took:.0f} ms)"))
+        return lines
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
