@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from policies.config import TopicRouting
-from policies.schemas.model import LookupNeeded, SchemaCatalog
+from policies.schemas.model import LookupNeeded, SchemaCatalog, SchemaEntry
 from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
 from protocol.error_codes import ErrorProfile
 from protocol.framing import Frame
@@ -98,17 +98,18 @@ class ProduceDecisions:
         if topics:
             await self.describe_topics(topics)
         schemas: SchemaCatalog | None = self.schemas
+        fetched: dict[int, SchemaEntry] = {}
         for lookup_round in range(LOOKUP_ROUNDS + 1):
-            if lookup_round == LOOKUP_ROUNDS and self.schemas is not None:
-                schemas = self.schemas.exhausted()  # a missing id is now the registry's failure
             try:
                 decision = self._decide_inline_or_lookup(engine, payload, request, schemas)
                 if decision is None:
                     decision = await self._decide_off_loop(engine, payload, request, schemas)
             except LookupNeeded as needed:
                 if self.schemas is None or lookup_round == LOOKUP_ROUNDS:
-                    raise RuntimeError("a schema policy runs without a schema registry") from None
-                await self.schemas.fetch(needed.schema_ids)
+                    raise RuntimeError("schema lookups without a registry, or too late") from None
+                fetched.update(await self.schemas.fetch(needed.schema_ids))
+                last = lookup_round + 1 == LOOKUP_ROUNDS  # then a missing id is a failure
+                schemas = self.schemas.with_answers(fetched, exhausted=last)
                 continue
             return decision
         raise AssertionError("the last round raises or returns")

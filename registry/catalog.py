@@ -78,7 +78,7 @@ class RegistryCatalog:
         self.accept_unavailable = config.on_error == "accept"
         self.recheck_ms = config.negative_cache_ttl_ms
         self._entries: OrderedDict[int, tuple[SchemaEntry, float]] = OrderedDict()
-        self._lookups: dict[int, asyncio.Task[None]] = {}
+        self._lookups: dict[int, asyncio.Task[SchemaEntry]] = {}
         self._last_failure_log = 0.0
 
     def __len__(self) -> int:
@@ -98,14 +98,23 @@ class RegistryCatalog:
             out[schema_id] = entry.registered if isinstance(entry, ResolvedSchema) else entry
         return out
 
-    def exhausted(self) -> SchemaCatalog:
-        """This catalog for a request that may look up nothing more: an id still missing is
-        answered as the registry unavailable."""
-        return _Exhausted(self)
+    def with_answers(
+        self, answers: dict[int, SchemaEntry], *, exhausted: bool = False
+    ) -> SchemaCatalog:
+        """This catalog with `answers` (what this request's lookups returned) over it; when
+        `exhausted`, an id still missing is answered as the registry unavailable (the request
+        may look up nothing more)."""
+        return _RequestView(self, answers, exhausted)
 
-    async def fetch(self, schema_ids: Iterable[int]) -> None:
+    def exhausted(self) -> SchemaCatalog:
+        """This catalog for a request that may look up nothing more."""
+        return _RequestView(self, {}, exhausted=True)
+
+    async def fetch(self, schema_ids: Iterable[int]) -> dict[int, SchemaEntry]:
         """Look up `schema_ids` (at most `max_lookups_per_request` of them), each once however
-        many callers wait for it; what the registry said is then in the catalog."""
+        many callers wait for it. What the registry said goes into the catalog and is returned:
+        the caller decides with it (`with_answers`) even when the catalog may no longer hold it
+        (a negative TTL of 0, or evicted meanwhile)."""
         wanted = sorted(set(schema_ids))[: self.config.max_lookups_per_request]
         waits = []
         for schema_id in wanted:
@@ -115,13 +124,13 @@ class RegistryCatalog:
                 self._lookups[schema_id] = task
                 task.add_done_callback(functools.partial(self._looked_up, schema_id))
             waits.append(asyncio.shield(task))  # a caller that goes away cancels only its wait
-        if waits:
-            await asyncio.gather(*waits)
+        entries = await asyncio.gather(*waits)
+        return {entry.schema_id: entry for entry in entries}
 
-    def _looked_up(self, schema_id: int, _task: asyncio.Task[None]) -> None:
+    def _looked_up(self, schema_id: int, _task: asyncio.Task[SchemaEntry]) -> None:
         self._lookups.pop(schema_id, None)
 
-    async def _lookup(self, schema_id: int) -> None:
+    async def _lookup(self, schema_id: int) -> SchemaEntry:
         fetched_ms = int(time.time() * 1000)
         try:
             registered = await resolve(self.client, schema_id)
@@ -136,6 +145,7 @@ class RegistryCatalog:
                 # compiling (fastjsonschema writes and runs code) stays off the event loop
                 entry = await asyncio.to_thread(compiled, registered, fetched_ms)
         self._store(entry)
+        return entry
 
     def _store(self, entry: SchemaEntry) -> None:
         config = self.config
@@ -174,17 +184,24 @@ class RegistryCatalog:
         await self.client.aclose()
 
 
-class _Exhausted:
-    """A catalog view in which nothing more will be fetched."""
+class _RequestView:
+    """The catalog as one request sees it: what its own lookups returned comes first."""
 
-    def __init__(self, catalog: RegistryCatalog) -> None:
+    def __init__(
+        self, catalog: RegistryCatalog, answers: dict[int, SchemaEntry], exhausted: bool
+    ) -> None:
         self._catalog = catalog
+        self._answers = answers
+        self._exhausted = exhausted
         self.accept_unavailable = catalog.accept_unavailable
-        self.recheck_ms = 1 << 62  # no more lookups: a missing subject is the answer
+        # a subject missing from an answer this request fetched is the registry's last word
+        self.recheck_ms = 1 << 62 if exhausted else catalog.recheck_ms
 
     def entry(self, schema_id: int) -> SchemaEntry | None:
-        found = self._catalog.entry(schema_id)
+        found = self._answers.get(schema_id)
         if found is None:
+            found = self._catalog.entry(schema_id)
+        if found is None and self._exhausted:
             limit = self._catalog.config.max_lookups_per_request
             return RegistryUnavailable(
                 schema_id, f"the request needs more than {limit} schema ids looked up"
