@@ -21,8 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from policies.api import Need
-from policies.config import ConfigProblem, PolicyConfigError, TopicRouting, build_routing
+from policies.config import PolicyConfigError, TopicRouting, build_routing
 from policies.producer_state import ProducerStateTracker
 from policies.topic_patterns import PatternError, compile_pattern
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
@@ -30,7 +29,7 @@ from proxy.errors import ProxyError
 from settings.addresses import parse_host_port
 from settings.loading import Section, read_document, report, validate
 from settings.rules import RULE_SECTIONS, RuleSections
-from settings.schema_registry import SchemaRegistryConfig
+from settings.schema_registry import REGISTRY_MISSING, SchemaRegistryConfig, registry_missing
 from settings.secrets import Secret
 from settings.sections import ErrorsConfig
 
@@ -382,22 +381,15 @@ def load_config_and_rules(
         # build_routing says what is wrong with `defaults` and `topics` in its own words
         problems = [p for p in problems if (*p.path, *p.at)[:1] not in RULE_SECTIONS]
         raise report(str(path), [*problems, *exc.problems], lines) from None
-    if (
-        config is not None
-        and config.schema_registry is None
-        and routing.rules_needing(Need.SCHEMAS)
-    ):
-        problems = [*problems, REGISTRY_MISSING]
-        config = None
+    if config is not None and config.schema_registry is None:
+        missing = registry_missing(routing)
+        if missing is not None:
+            problems = [*problems, missing]
+            config = None
     if config is None:
         routing.close()
         raise report(str(path), problems, lines)
     return config, routing
-
-
-REGISTRY_MISSING = ConfigProblem(
-    (), "the schema policy needs a schema_registry section (its url at least)", ("schema_registry",)
-)
 
 
 def build_routing_for(config: ProxyConfig, base_dir: Path) -> TopicRouting:
@@ -406,7 +398,7 @@ def build_routing_for(config: ProxyConfig, base_dir: Path) -> TopicRouting:
         routing = build_routing(config.defaults, config.topics, base_dir)
     except PolicyConfigError as exc:
         raise ProxyError(str(exc)) from None
-    if config.schema_registry is None and routing.rules_needing(Need.SCHEMAS):
+    if config.schema_registry is None and registry_missing(routing) is not None:
         routing.close()
-        raise ProxyError(REGISTRY_MISSING.message)
+        raise ProxyError(REGISTRY_MISSING)
     return routing

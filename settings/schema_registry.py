@@ -11,10 +11,18 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from policies.api import Need
+from policies.config import ConfigProblem, TopicRouting
 from settings.loading import Section
 from settings.secrets import Secret
 
-__all__ = ["RegistryBasicAuth", "RegistryTls", "SchemaRegistryConfig"]
+__all__ = [
+    "REGISTRY_MISSING",
+    "RegistryBasicAuth",
+    "RegistryTls",
+    "SchemaRegistryConfig",
+    "registry_missing",
+]
 
 
 class RegistryBasicAuth(Section):
@@ -88,3 +96,17 @@ class SchemaRegistryConfig(Section):
         if self.basic_auth is not None and self.bearer_token is not None:
             raise ValueError("basic_auth and bearer_token: set one, not both")
         return self
+
+
+REGISTRY_MISSING = "the schema policy needs a schema_registry section (its url at least)"
+
+
+def registry_missing(routing: TopicRouting) -> ConfigProblem | None:
+    """The problem of rules that check schemas with no registry to ask: at the first such
+    topic rule (or `defaults`), for the file's report."""
+    for position, rule in enumerate(routing.rules):
+        if Need.SCHEMAS in rule.chain.needs:
+            return ConfigProblem(("topics", position), REGISTRY_MISSING)
+    if Need.SCHEMAS in routing.default.chain.needs:
+        return ConfigProblem(("defaults",), REGISTRY_MISSING)
+    return None
