@@ -81,9 +81,12 @@ class RegistryClient:
         started = time.perf_counter()
         outcome = "error"
         limit = self.config.max_schema_bytes
+        # made before the clock starts: building the client (its TLS context) blocks for tens
+        # of milliseconds, which would count against the first request's timeout
+        http = self._http()
         try:
             async with asyncio.timeout(self.config.timeout_ms / 1000):
-                async with self._http().stream("GET", url) as response:
+                async with http.stream("GET", url) as response:
                     body = bytearray()
                     async for chunk in response.aiter_bytes():
                         body += chunk
