@@ -4,6 +4,7 @@ size limit per answer. One `httpx.AsyncClient` (connection reuse) per `RegistryC
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import httpx
 from registry.answers import RegistryError, read_error
 from settings.schema_registry import SchemaRegistryConfig
 
-__all__ = ["Answer", "RegistryClient", "Unreachable"]
+__all__ = ["Answer", "RegistryClient", "Unreachable", "transport_failure"]
 
 ACCEPT = "application/vnd.schemaregistry.v1+json, application/json"
 
@@ -88,7 +89,9 @@ class RegistryClient:
         started = time.perf_counter()
         outcome = "error"
         limit = self.config.max_schema_bytes
-        http = self._http()  # built before the clock starts: loading CAs takes a while
+        # made before the clock starts: building the client (its TLS context) blocks for tens
+        # of milliseconds, which would count against the first request's timeout
+        http = self._http()
         try:
             async with asyncio.timeout(self.config.timeout_ms / 1000):
                 async with http.stream("GET", url) as response:
@@ -111,7 +114,7 @@ class RegistryClient:
             raise _Failed(f"no answer within {self.config.timeout_ms} ms") from None
         except httpx.HTTPError as exc:
             outcome = "unreachable"
-            raise _Failed(f"{type(exc).__name__}: {str(exc)[:200] or 'no detail'}") from None
+            raise _Failed(transport_failure(exc)) from None
         finally:
             self._observe(outcome, time.perf_counter() - started)
 
@@ -141,6 +144,20 @@ class RegistryClient:
 
 class _Failed(Exception):
     """This URL gave nothing that counts; the next one is tried."""
+
+
+def transport_failure(exc: httpx.HTTPError) -> str:
+    """What went wrong on the connection, with the system's word for it when an OS error is
+    behind it: httpx says only "All connection attempts failed" for a refused connection."""
+    text = f"{type(exc).__name__}: {str(exc)[:200] or 'no detail'}"
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return f"{text} ({os.strerror(cause.errno)})"
+        cause = cause.__cause__ or cause.__context__
+    return text
 
 
 def tls_context(config: SchemaRegistryConfig) -> ssl.SSLContext | bool:

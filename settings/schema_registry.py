@@ -65,7 +65,7 @@ class SchemaRegistryConfig(Section):
     """How long "no such id", "not registered under this subject" and a failed lookup are
     trusted before the registry is asked again."""
     cache_max_schemas: int = Field(default=10_000, ge=1, le=1_000_000)
-    """Ids held at most (the least recently used go first)."""
+    """Ids held at most (the answers stored longest ago go first)."""
     max_lookups_per_request: int = Field(default=64, ge=1, le=10_000)
     """Distinct unknown ids one Produce request may make the proxy look up; records with more
     are answered as if the registry were unavailable (`on_error`)."""
