@@ -54,6 +54,7 @@ class RegistryClient:
         self.config = config
         self._observe = observe or (lambda outcome, seconds: None)
         self._client: httpx.AsyncClient | None = None
+        self._http()  # now, when the proxy starts: loading a CA bundle takes tens of ms
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:

@@ -334,6 +334,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the real service (Jetty) does
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
     server: _Server
 
     def setup(self) -> None:
