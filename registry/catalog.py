@@ -48,6 +48,9 @@ __all__ = ["CatalogObserver", "RegistryCatalog", "StaticCatalog", "resolve"]
 
 log = logging.getLogger("kvproxy.registry")
 
+LOOKUPS_AT_ONCE = 16
+"""Ids looked up at the same time, for all clients together: a client sending ids the registry
+has never heard of makes its own requests wait, not the registry drown."""
 MAX_REFERENCES = 64
 """Schemas one schema may lead to through its references, transitively."""
 FAILURE_LOG_INTERVAL_S = 10.0
@@ -79,6 +82,7 @@ class RegistryCatalog:
         self.recheck_ms = config.negative_cache_ttl_ms
         self._entries: OrderedDict[int, tuple[SchemaEntry, float]] = OrderedDict()
         self._lookups: dict[int, asyncio.Task[SchemaEntry]] = {}
+        self._lookups_at_once: asyncio.Semaphore | None = None
         self._last_failure_log = 0.0
 
     def __len__(self) -> int:
@@ -131,6 +135,12 @@ class RegistryCatalog:
         self._lookups.pop(schema_id, None)
 
     async def _lookup(self, schema_id: int) -> SchemaEntry:
+        if self._lookups_at_once is None:
+            self._lookups_at_once = asyncio.Semaphore(LOOKUPS_AT_ONCE)  # on the running loop
+        async with self._lookups_at_once:
+            return await self._lookup_now(schema_id)
+
+    async def _lookup_now(self, schema_id: int) -> SchemaEntry:
         fetched_ms = int(time.time() * 1000)
         try:
             registered = await resolve(self.client, schema_id)

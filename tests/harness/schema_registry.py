@@ -316,6 +316,7 @@ def _schema_from_body(body: Any) -> StoredSchema:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a burst of connections is queued, not dropped (SYN retried 1 s on)
     registry: TestRegistry
     tls_context: ssl.SSLContext | None = None
 
@@ -364,6 +365,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve("DELETE")
 
     def _serve(self, method: str) -> None:
+        registry = self.server.registry
+        registry._request_started()
+        try:
+            self._serve_now(method)
+        finally:
+            registry._request_ended()
+
+    def _serve_now(self, method: str) -> None:
         registry = self.server.registry
         length = int(self.headers.get("Content-Length") or 0)
         raw_body = self.rfile.read(length) if length else b""
@@ -436,6 +445,9 @@ class TestRegistry:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # the request log, connections and the listener
+        self._in_flight = 0
+        self.most_in_flight = 0
+        """The most requests being answered at the same time so far."""
         self._requests: list[tuple[str, str]] = []
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
@@ -496,6 +508,15 @@ class TestRegistry:
         """(method, path with query) of every request read so far, oldest first."""
         with self._lock:
             return list(self._requests)
+
+    def _request_started(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self._in_flight)
+
+    def _request_ended(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def count(self, path: str, method: str | None = None) -> int:
         """How many requests went to ``path`` (compared without the query string)."""

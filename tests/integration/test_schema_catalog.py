@@ -35,7 +35,7 @@ from policies.schemas.model import (
 from policies.schemas.wire import read_schema_id, write_message_indexes
 from protocol import error_codes
 from protocol.records.writer import build_batch
-from registry.catalog import RegistryCatalog
+from registry.catalog import LOOKUPS_AT_ONCE, RegistryCatalog
 from registry.client import RegistryClient
 from settings.schema_registry import SchemaRegistryConfig
 from tests.harness.protobuf_messages import Order
@@ -369,6 +369,21 @@ async def test_a_cancelled_waiter_does_not_cancel_the_lookup_for_the_others(
         assert leaving.cancelled()
         assert isinstance(catalog.entry(schema_id), ResolvedSchema)
         assert slow.count(f"/schemas/ids/{schema_id}") == 1
+
+
+async def test_lookups_of_many_ids_at_once_are_bounded_for_the_whole_process(
+    catalogs: list[RegistryCatalog],
+) -> None:
+    with TestRegistry(slow_s=0.1) as slow:
+        slow.fail = "slow"  # unknown ids, each answered after a while
+        catalog = open_catalog(catalogs, slow.url, max_lookups_per_request=100)
+        first, second = await asyncio.gather(
+            catalog.fetch(range(1000, 1040)), catalog.fetch(range(2000, 2040))
+        )
+        assert {type(entry) for entry in [*first.values(), *second.values()]} == {UnknownSchema}
+        assert slow.count("/schemas/ids/1000") == 1
+        # two requests per id (the schema and its subjects), for at most LOOKUPS_AT_ONCE ids
+        assert 2 * LOOKUPS_AT_ONCE >= slow.most_in_flight > LOOKUPS_AT_ONCE
 
 
 # -- the cache ------------------------------------------------------------------------------------
