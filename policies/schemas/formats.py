@@ -291,6 +291,8 @@ class ProtobufSchema:
 
     def __init__(self, registered: RegisteredSchema) -> None:
         main = _file_proto(registered.schema, "Protobuf schema")
+        if not main.message_type:
+            raise SchemaCompileError("Protobuf schema has no message types")
         if not main.name:
             main.name = f"schema-{registered.schema_id}.proto"
         references: dict[str, descriptor_pb2.FileDescriptorProto] = {}
@@ -384,9 +386,10 @@ class ProtobufSchema:
             field = descriptor.fields_by_number.get(number)
             if field is None:
                 return f"{descriptor.full_name} has no field {number} (wire type {wire_name})"
+            field_type = _FIELD_TYPES.get(field.type, field.type)
             return (
-                f"field {number} ({field.name}) of {descriptor.full_name} has wire type "
-                f"{wire_name}, wrong for a {_FIELD_TYPES.get(field.type, field.type)} field"
+                f"field {number} ({field.name}, {field_type}) of {descriptor.full_name} "
+                f"has wire type {wire_name}"
             )
         for name, kind in self._fields_holding_messages(descriptor):
             if kind == "one":
