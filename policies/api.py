@@ -17,13 +17,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from protocol import error_codes
 from protocol.budget import Allowance
 from protocol.errors import BufferUnderflow, DecodeError
 from protocol.records import Record, RecordBatch, read_batches
 from protocol.records.readers import first_batch_incomplete
+
+if TYPE_CHECKING:
+    from policies.schemas.model import SchemaCatalog
 
 __all__ = [
     "ACCEPT",
@@ -223,6 +226,8 @@ class ProducedRecords:
     empty batches), so the checks of what only a producer's batch must satisfy are relaxed."""
     topic_config: TopicConfig = UNKNOWN_TOPIC_CONFIG
     """The topic's settings as far as they are known (`compacted` above is its compaction)."""
+    schemas: SchemaCatalog | None = field(default=None, repr=False)
+    """What the schema registry said about the ids the records carry (`Need.SCHEMAS`)."""
     _records: tuple[Record, ...] | None = field(default=None, repr=False)
     allowance: Allowance | None = field(default=None, repr=False)
     """Where decoding memory is counted (the proxy's per-request budget); None: not counted."""
@@ -314,6 +319,10 @@ class Need(enum.Enum):
     BROKER_ANSWER = "broker_answer"
     """The broker's answer to each partition the chain let through: the proxy calls the policy's
     `observe(topic, partition, produced, error_code)` once the broker has answered."""
+    SCHEMAS = "schemas"
+    """What the schema registry says about the schema ids the records carry
+    (`ProducedRecords.schemas`): a policy that finds an id missing raises
+    `policies.schemas.model.LookupNeeded`; the proxy fetches the ids and runs the chain again."""
 
 
 def needs_of(policy: object) -> frozenset[Need]:
@@ -338,6 +347,7 @@ def parse_records(
     stored: bool = False,
     allowance: Allowance | None = None,
     topic_config: TopicConfig | None = None,
+    schemas: SchemaCatalog | None = None,
 ) -> ProducedRecords | Verdict:
     """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse.
 
@@ -384,5 +394,6 @@ def parse_records(
         now_ms=now_ms,
         stored=stored,
         topic_config=UNKNOWN_TOPIC_CONFIG if topic_config is None else topic_config,
+        schemas=schemas,
         allowance=allowance,
     )

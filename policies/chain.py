@@ -19,6 +19,7 @@ from policies.api import (
 )
 from policies.builtin.base import BuiltinPolicy
 from policies.builtin.broker_checks import BROKER_CHECKS, BrokerChecks, PolicyFailed
+from policies.schemas.model import LookupNeeded
 from protocol import error_codes
 from protocol.budget import ResourceLimit
 from protocol.errors import DecodeError, InvalidRecords
@@ -54,7 +55,8 @@ class PolicyChain:
     that turn out not to decode become CORRUPT_MESSAGE; any other exception fails closed
     with INVALID_RECORD (87), is counted in `crash_counts` and logged with its traceback at most
     once per `CRASH_LOG_INTERVAL_S` per policy. A `ResourceLimit` (decoding would need more memory
-    than the request may hold) is raised to the caller, which answers it.
+    than the request may hold) is raised to the caller, which answers it; so is `LookupNeeded`
+    (schema ids to fetch before the chain runs again).
     """
 
     __slots__ = (
@@ -101,8 +103,8 @@ class PolicyChain:
         for policy in self._steps:
             try:
                 verdict = policy.validate(topic, partition, produced)
-            except ResourceLimit:
-                raise  # not the policy's failure: the caller answers it (or decodes elsewhere)
+            except (ResourceLimit, LookupNeeded):
+                raise  # not the policy's failure: the caller answers it, or fetches and asks again
             except PolicyFailed as failed:
                 return self._failed(failed.policy, failed.error, produced)
             except Exception as exc:

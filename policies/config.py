@@ -140,6 +140,10 @@ class TopicRouting:
         yield from self.rules
         yield self.default
 
+    def rules_needing(self, need: Need) -> list[TopicRule]:
+        """The rules with a policy that declares `need` (`Need.SCHEMAS`: a registry is needed)."""
+        return [rule for rule in self.all_rules() if need in rule.chain.needs]
+
     def crash_counts(self) -> dict[str, int]:
         """Crashes per policy name, summed over every rule's chain."""
         out: dict[str, int] = {}

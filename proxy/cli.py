@@ -53,7 +53,8 @@ def _add_check(subparsers: Any) -> None:
         "--connect",
         action="store_true",
         help="also ask the cluster for its brokers and show the proxy port of each (exit 2 when "
-        "a node would have none, as serve would refuse to start)",
+        "a node would have none, as serve would refuse to start), and ask the schema registry "
+        "(exit 1 when a URL does not answer or refuses the credentials)",
     )
     parser.set_defaults(func=_check)
 
@@ -153,6 +154,26 @@ def describe(config: ProxyConfig) -> list[str]:
         f"{limits.idle_timeout_ms} ms idle or {limits.request_timeout_ms} ms stalled inside a "
         "request",
         f"shutdown: drain in-flight requests for up to {config.shutdown.drain_timeout_ms} ms",
+        *_describe_registry(config),
+    ]
+
+
+def _describe_registry(config: ProxyConfig) -> list[str]:
+    registry = config.schema_registry
+    if registry is None:
+        return []
+    auth = (
+        "basic auth"
+        if registry.basic_auth is not None
+        else "bearer token"
+        if registry.bearer_token is not None
+        else "no auth"
+    )
+    return [
+        f"schema registry: {', '.join(registry.url)} ({auth}), {registry.timeout_ms} ms per "
+        f"request, answers kept {registry.cache_ttl_ms} ms (failures "
+        f"{registry.negative_cache_ttl_ms} ms) for up to {registry.cache_max_schemas} ids, "
+        f"on_error {registry.on_error}"
     ]
 
 
@@ -178,8 +199,34 @@ def _check(args: argparse.Namespace) -> int:
         )
     routing.close()
     if getattr(args, "connect", False):
-        return _check_cluster(config)
+        return max(_check_cluster(config), _check_registry(config))
     return 0
+
+
+def _check_registry(config: ProxyConfig) -> int:
+    """Each registry URL asked once (`GET /subjects`): 0 when every one answers, 1 otherwise."""
+    import asyncio  # noqa: PLC0415
+
+    from registry.client import RegistryClient  # noqa: PLC0415
+
+    if config.schema_registry is None:
+        return 0
+
+    async def ask() -> list[tuple[bool, str]]:
+        client = RegistryClient(config.schema_registry)  # type: ignore[arg-type]
+        try:
+            return await client.check()
+        finally:
+            await client.aclose()
+
+    answers = asyncio.run(ask())
+    print("  schema registry:")
+    for _ok, line in answers:
+        print(f"    {line}")
+    if all(ok for ok, _line in answers):
+        return 0
+    print("kvproxy: the schema registry did not answer on every URL", file=sys.stderr)
+    return 1
 
 
 def _check_cluster(config: ProxyConfig) -> int:

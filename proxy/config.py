@@ -11,16 +11,12 @@ on. `docs/configuration.md` documents every key.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BeforeValidator,
     Field,
-    SecretStr,
     field_validator,
     model_validator,
 )
@@ -33,6 +29,8 @@ from proxy.errors import ProxyError
 from settings.addresses import parse_host_port
 from settings.loading import Section, read_document, report, validate
 from settings.rules import RULE_SECTIONS, RuleSections
+from settings.schema_registry import REGISTRY_MISSING, SchemaRegistryConfig, registry_missing
+from settings.secrets import Secret
 from settings.sections import ErrorsConfig
 
 
@@ -47,26 +45,6 @@ def shared_port_problem(owner: int, node_id: int, port: int, max_brokers: int) -
         f"{node_id} are equal modulo max_brokers {max_brokers}); set listen.lowest_node_id "
         "and listen.max_brokers so that every node id fits"
     )
-
-
-_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _secret_from_env(value: Any) -> Any:
-    """A secret written as `${NAME}` is read from environment variable NAME, so the file (and
-    whatever copies it: config maps, repositories) need not hold it. Only the whole value is a
-    reference; a missing variable is an error that names the variable."""
-    if isinstance(value, str) and (match := _ENV_REFERENCE.fullmatch(value.strip())):
-        name = match.group(1)
-        if name not in os.environ:
-            raise ValueError(f"environment variable {name} is not set")
-        return os.environ[name]
-    return value
-
-
-Secret = Annotated[SecretStr, BeforeValidator(_secret_from_env)]
-"""A password or other secret: `${NAME}` reads it from the environment, and it prints as
-`**********` (repr, str, logs, error messages); `.get_secret_value()` is the only way to it."""
 
 
 class ListenerTls(Section):
@@ -350,6 +328,7 @@ class ProxyConfig(Section):
     metrics: MetricsConfig = MetricsConfig()
     quarantine: QuarantineConfig = QuarantineConfig()
     logs: LogsConfig = LogsConfig()
+    schema_registry: SchemaRegistryConfig | None = None
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -402,6 +381,11 @@ def load_config_and_rules(
         # build_routing says what is wrong with `defaults` and `topics` in its own words
         problems = [p for p in problems if (*p.path, *p.at)[:1] not in RULE_SECTIONS]
         raise report(str(path), [*problems, *exc.problems], lines) from None
+    if config is not None and config.schema_registry is None:
+        missing = registry_missing(routing)
+        if missing is not None:
+            problems = [*problems, missing]
+            config = None
     if config is None:
         routing.close()
         raise report(str(path), problems, lines)
@@ -411,6 +395,10 @@ def load_config_and_rules(
 def build_routing_for(config: ProxyConfig, base_dir: Path) -> TopicRouting:
     """The policy chains of `config`; schema files resolve against `base_dir`."""
     try:
-        return build_routing(config.defaults, config.topics, base_dir)
+        routing = build_routing(config.defaults, config.topics, base_dir)
     except PolicyConfigError as exc:
         raise ProxyError(str(exc)) from None
+    if config.schema_registry is None and registry_missing(routing) is not None:
+        routing.close()
+        raise ProxyError(REGISTRY_MISSING)
+    return routing

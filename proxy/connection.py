@@ -212,15 +212,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         topics: list[str],
         started: float,
     ) -> None:
-        """Describe the topics the checks need, then decide: on the loop if it is cheap, else
-        on the decoding thread; then handle the requests held meanwhile, in order."""
-        decisions = self._state.decisions
+        """Describe the topics and look up the schema ids the checks need, then decide (on the
+        loop if it is cheap, else on the decoding thread); then handle the requests held
+        meanwhile, in order."""
         try:
-            if topics:
-                await decisions.describe_topics(topics)
-            decision = decisions.decide_inline(engine, payload, request)
-            if decision is None:
-                decision = await decisions.decide_off_loop(engine, payload, request)
+            decision = await self._state.decisions.decide_later(engine, payload, request, topics)
         except ProtocolError as exc:
             self.abort(
                 f"client {self.peer} sent an undecodable frame: {exc}", reason=CloseReason.MALFORMED

@@ -2,7 +2,8 @@
 
 A request cheap to check is decided on the event loop; one that needs more decoding memory than
 `INLINE_DECODE_BYTES` (or more records than the engine decides inline) is decided on the decoding
-thread. The topic settings a check reads are described first when the cache lacks them. A
+thread. The topic settings a check reads are described first when the cache lacks them, and
+the schema ids a `schema` policy finds missing are looked up before it is decided again. A
 reload swaps the rules (`replace`): a request already decided keeps its verdict.
 """
 
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from policies.config import TopicRouting
+from policies.schemas.model import LookupNeeded, SchemaCatalog, SchemaEntry
 from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
 from protocol.error_codes import ErrorProfile
 from protocol.framing import Frame
@@ -23,6 +25,7 @@ from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 from proxy.topic_configs import TopicConfigCache
+from registry.catalog import RegistryCatalog
 
 T = TypeVar("T")
 
@@ -30,6 +33,9 @@ INLINE_DECODE_BYTES = 4 * 1024 * 1024
 """Decoding memory a Produce request may use on the event loop (a few milliseconds of work);
 one that needs more is decided again on the decoding thread."""
 DECODING_SWITCH_INTERVAL_S = 0.0005
+LOOKUP_ROUNDS = 2
+"""Rounds of schema lookups one request may cause; after them a missing id counts as the
+registry unavailable (ids evicted meanwhile, or more ids than one round fetches)."""
 
 
 class ProduceDecisions:
@@ -42,8 +48,12 @@ class ProduceDecisions:
         topic_configs: TopicConfigCache,
         decode_memory: MemoryBudget,
         metrics: ProxyMetrics,
+        *,
+        schemas: RegistryCatalog | None = None,
     ) -> None:
         self.config = config
+        self.schemas = schemas
+        """The registry's answers (`schema_registry` section), kept across reloads."""
         self.routing = routing
         self.topic_configs = topic_configs
         self.decode_memory = decode_memory
@@ -74,16 +84,58 @@ class ProduceDecisions:
     ) -> ProduceDecision | None:
         """The decision, made on the event loop, or None when it needs more than
         `INLINE_DECODE_BYTES` of decoding or more than the engine's inline record count."""
+        try:
+            return self._decide_inline_or_lookup(engine, payload, request, self.schemas)
+        except LookupNeeded:
+            return None
+
+    async def decide_later(
+        self, engine: ProduceEngine, payload: Frame, request: Request, topics: list[str]
+    ) -> ProduceDecision:
+        """The decision of a request `decide_inline` could not make: the topics described,
+        missing schema ids looked up (at most `LOOKUP_ROUNDS` times), then decided on the loop
+        if that is cheap, else on the decoding thread."""
+        if topics:
+            await self.describe_topics(topics)
+        schemas: SchemaCatalog | None = self.schemas
+        fetched: dict[int, SchemaEntry] = {}
+        for lookup_round in range(LOOKUP_ROUNDS + 1):
+            try:
+                decision = self._decide_inline_or_lookup(engine, payload, request, schemas)
+                if decision is None:
+                    decision = await self._decide_off_loop(engine, payload, request, schemas)
+            except LookupNeeded as needed:
+                if self.schemas is None or lookup_round == LOOKUP_ROUNDS:
+                    raise RuntimeError("schema lookups without a registry, or too late") from None
+                fetched.update(await self.schemas.fetch(needed.schema_ids))
+                last = lookup_round + 1 == LOOKUP_ROUNDS  # then a missing id is a failure
+                schemas = self.schemas.with_answers(fetched, exhausted=last)
+                continue
+            return decision
+        raise AssertionError("the last round raises or returns")
+
+    def _decide_inline_or_lookup(
+        self,
+        engine: ProduceEngine,
+        payload: Frame,
+        request: Request,
+        schemas: SchemaCatalog | None,
+    ) -> ProduceDecision | None:
+        """`decide_inline`, but a missing schema id raises `LookupNeeded`."""
         allowance = Allowance(INLINE_DECODE_BYTES, self.decode_memory, inline=True)
         try:
-            return engine.decide(payload, request, allowance=allowance)
+            return engine.decide(payload, request, allowance=allowance, schemas=schemas)
         except InlineLimitReached:
             return None
         finally:
             allowance.release()
 
-    async def decide_off_loop(
-        self, engine: ProduceEngine, payload: Frame, request: Request
+    async def _decide_off_loop(
+        self,
+        engine: ProduceEngine,
+        payload: Frame,
+        request: Request,
+        schemas: SchemaCatalog | None,
     ) -> ProduceDecision:
         """The decision, made on the decoding thread with the full per-request allowance."""
         topics = engine.topic_view(request)  # the routing's caches are read on the loop only
@@ -92,7 +144,9 @@ class ProduceDecisions:
 
         def decide() -> ProduceDecision:
             try:
-                return engine.decide(payload, request, allowance=allowance, topics=topics)
+                return engine.decide(
+                    payload, request, allowance=allowance, topics=topics, schemas=schemas
+                )
             finally:
                 allowance.release()
 

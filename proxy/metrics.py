@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
+from registry.catalog import CatalogObserver
 
 log = logging.getLogger("kvproxy")
 
@@ -207,6 +208,36 @@ class ProxyMetrics:
             "Produce requests decided off the event loop (too much to decode on it)",
             registry=r,
         )
+        self.schema_lookups = Counter(
+            "kvproxy_schema_lookups",
+            "Schema ids looked up in the registry, by outcome (found, unknown, unavailable)",
+            ["outcome"],
+            registry=r,
+        )
+        self.schema_cache_hits = Counter(
+            "kvproxy_schema_cache_hits",
+            "Schema ids a partition's check found in the cache (counted once per partition)",
+            registry=r,
+        )
+        self.schema_registry_requests = Histogram(
+            "kvproxy_schema_registry_request_seconds",
+            "HTTP requests to the schema registry and their time, by outcome (ok, not_found, "
+            "error, timeout, unreachable, too_large)",
+            ["outcome"],
+            buckets=_REGISTRY_BUCKETS,
+            registry=r,
+        )
+
+    def registry_observer(self) -> CatalogObserver:
+        """What the schema catalog reports, into these metrics."""
+        hits = self.schema_cache_hits
+        return CatalogObserver(
+            lookup=lambda outcome: self.child(self.schema_lookups, outcome).inc(),
+            cache_hit=hits.inc,
+            request=lambda outcome, seconds: self.child(
+                self.schema_registry_requests, outcome
+            ).observe(seconds),
+        )
 
     def watch_policy_crashes(self, source: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_CrashCollector(source))
@@ -234,6 +265,8 @@ class ProxyMetrics:
         await self.topic_labels.flush(LABEL_FLUSH_TIMEOUT_S)
         return self.exposition()
 
+
+_REGISTRY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 Exposition = Callable[[], Awaitable[bytes]]

@@ -25,6 +25,7 @@ from policies.api import (
 )
 from policies.chain import Mode, PolicyChain
 from policies.config import TopicRouting
+from policies.schemas.model import SchemaCatalog
 from protocol import error_codes
 from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from protocol.error_codes import ErrorProfile
@@ -200,6 +201,8 @@ class ProduceEngine:
         now_ms: int | None = None,
         allowance: Allowance | None = None,
         topics: Mapping[str, TopicView] | None = None,
+        *,
+        schemas: SchemaCatalog | None = None,
     ) -> ProduceDecision:
         """Every partition's outcome and what goes upstream.
 
@@ -208,7 +211,9 @@ class ProduceEngine:
         need more than the allowance has is answered MESSAGE_TOO_LARGE; an inline allowance that
         runs out raises `InlineLimitReached` (nothing is decided: the caller decides again with
         a larger allowance, off the event loop). `topics` (from `topic_view`) replaces every
-        lookup of a topic's chain and settings: a decision made off the loop needs it.
+        lookup of a topic's chain and settings: a decision made off the loop needs it. `schemas`
+        is what the registry said so far; a `schema` policy that finds an id missing raises
+        `LookupNeeded` (nothing is decided: the caller fetches the ids and decides again).
         """
         header, body = request.header, request.body
         version = header.api_version
@@ -233,6 +238,7 @@ class ProduceEngine:
                     now=now,
                     allowance=allowance,
                     config=config,
+                    schemas=schemas,
                 )
                 for data in topic_data.partition_data
             ]
@@ -296,6 +302,7 @@ class ProduceEngine:
         now: int,
         allowance: Allowance | None,
         config: TopicConfig,
+        schemas: SchemaCatalog | None = None,
     ) -> tuple[int, bytes | memoryview, ProducedRecords | Verdict]:
         """One partition's batch views (headers only), or the verdict that needs none."""
         index = int(data.index)
@@ -318,6 +325,7 @@ class ProduceEngine:
             now_ms=now,
             allowance=allowance,
             topic_config=config,
+            schemas=schemas,
         )
         return index, raw, parsed
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from policies.api import Need
 from policies.builtin.base import MAX_PROBLEMS_SHOWN, cut
 from policies.config import TopicRouting
 from policies.producer_state import ProducerStateTracker
@@ -291,6 +292,13 @@ class ConfigReloader:
 
     def _apply(self, config: ProxyConfig, routing: TopicRouting, trigger: str) -> bool:
         """Swap the rules in (on the event loop, between two requests)."""
+        if self.server.schemas is None and routing.rules_needing(Need.SCHEMAS):
+            routing.close()
+            return self._refuse(
+                "the schema policy needs the schema_registry section, which takes effect at "
+                "the next start: restart the proxy to add it",
+                trigger,
+            )
         restart = sections_needing_restart(self.server.config, config)
         if restart:
             log.warning(

@@ -31,6 +31,7 @@ from proxy.relay_state import ConnectionState, ReceiveWaiters, ResponseTap, Task
 from proxy.tls_context import client_side_ssl, upstream_side_ssl
 from proxy.topic_configs import TopicConfigCache
 from proxy.upstream_client import describe_failure, topics_exist
+from registry.catalog import RegistryCatalog
 
 log = logging.getLogger("kvproxy")
 
@@ -113,8 +114,19 @@ class ProxyServer:
             config.upstream.connect_timeout_ms / 1000,
         )
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
+        self.schemas = (
+            None
+            if config.schema_registry is None
+            else RegistryCatalog(config.schema_registry, self.metrics.registry_observer())
+        )
+        """The schema registry's answers: per process, kept across reloads."""
         self.decisions = ProduceDecisions(
-            config, routing, self.topic_configs, self.decode_memory, self.metrics
+            config,
+            routing,
+            self.topic_configs,
+            self.decode_memory,
+            self.metrics,
+            schemas=self.schemas,
         )
         self.metrics.decode_memory.set_function(lambda: self.decode_memory.in_use)
         self.metrics.receive_memory.set_function(lambda: self.receive_memory.in_use)
@@ -279,6 +291,8 @@ class ProxyServer:
             await asyncio.sleep(0.01)
         self.metrics.topic_labels.close()  # after the drain: its requests were counted
         self.decisions.close()
+        if self.schemas is not None:
+            await self.schemas.aclose()
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
 

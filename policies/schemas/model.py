@@ -93,6 +93,10 @@ class ResolvedSchema:
     compiled: CompiledSchema | None
     """None when the schema could not be compiled (`problem` says why)."""
     problem: str | None = None
+    fetched_ms: int = 0
+    """When the registry gave `subjects` (epoch ms): a subject missing from an older answer is
+    asked again (`SchemaCatalog.recheck_ms`), since the same schema may have been registered
+    under it since."""
 
     @property
     def schema_id(self) -> int:
@@ -126,12 +130,17 @@ class SchemaCatalog(Protocol):
     fetched on its driver. Read-only and synchronous; what it lacks is fetched before the chain
     runs again (`LookupNeeded`)."""
 
+    accept_unavailable: bool
+    """`on_error: accept`: records whose id the registry could not be asked about pass."""
+    recheck_ms: int
+    """How old an answer may be before a subject missing from it is asked about again."""
+
     def entry(self, schema_id: int) -> SchemaEntry | None:
         """The answer for `schema_id`, or None when it is not known (or no longer fresh)."""
         ...
 
 
-class LookupNeeded(Exception):  # noqa: N818 - a request for work, not an error
+class LookupNeeded(Exception):
     """Raised by a policy whose catalog lacks schema ids: the caller fetches `schema_ids` and
     decides the request again. The chain lets it through (it is not a policy crash)."""
 

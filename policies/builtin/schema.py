@@ -1,0 +1,215 @@
+"""`schema`: every record carries a schema id the registry knows, registered under the subject
+the topic's naming strategy gives, and (optionally) a payload that decodes with that schema.
+
+What Confluent Server calls schema ID validation (`confluent.value.schema.validation`), on the
+proxy. The records are read in Confluent's wire format (magic byte 0, a 4-byte schema id; for
+Protobuf the message indexes follow). The registry's answers come in `ProducedRecords.schemas`;
+an id it lacks makes the policy raise `LookupNeeded`, and the proxy fetches it before asking
+again, so the check itself never waits on the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from policies.api import (
+    ACCEPT,
+    Need,
+    ProducedRecords,
+    RecordError,
+    RecordErrorList,
+    Verdict,
+    record_errors_verdict,
+)
+from policies.builtin.base import BuiltinPolicy, short_repr
+from policies.schemas.model import (
+    LookupNeeded,
+    RegistryUnavailable,
+    ResolvedSchema,
+    SchemaCatalog,
+    UnknownSchema,
+)
+from policies.schemas.wire import WireFormatError, read_schema_id
+from protocol import error_codes
+
+__all__ = ["SchemaPolicy"]
+
+_SIDE_MODES = ("required", "optional", "off")
+_STRATEGIES = ("topic_name", "record_name", "topic_record_name")
+_HEADER = 5
+"""Magic byte and schema id."""
+
+
+class SchemaPolicy(BuiltinPolicy):
+    """Keys and values in Confluent's wire format, with ids the registry knows for the subject.
+
+    Per side (`value`, `key`): `required` (every record's bytes carry a valid id; a null value
+    passes only on a compacted topic, as a tombstone), `optional` (bytes that start with the
+    magic byte must carry a valid id; others pass) or `off`. `strategy` names the subject as
+    Confluent's serializers do: `topic_name` (`<topic>-value`), `record_name` (the record type's
+    full name), `topic_record_name` (`<topic>-<record type>`). `validate_payload` decodes the
+    bytes after the header with the schema (Avro, JSON Schema, Protobuf).
+    """
+
+    name = "schema"
+    OPTIONS: ClassVar[dict[str, Any]] = {
+        "value": "required",
+        "key": "off",
+        "strategy": "topic_name",
+        "validate_payload": False,
+    }
+    needs = frozenset({Need.SCHEMAS})
+
+    def setup(self) -> None:
+        self.value_mode = self._choice("value", _SIDE_MODES)
+        self.key_mode = self._choice("key", _SIDE_MODES)
+        self.strategy = self._choice("strategy", _STRATEGIES)
+        self.validate_payload = self._bool_option("validate_payload")
+        self.sides: tuple[tuple[str, bool], ...] = tuple(
+            (side, mode == "required")
+            for side, mode in (("value", self.value_mode), ("key", self.key_mode))
+            if mode != "off"
+        )
+        # Tombstones pass on compacted topics only: the check reads the topic's compaction.
+        self.topic_settings: tuple[str, ...] | None = (
+            ("compacted",) if self.value_mode == "required" else None
+        )
+
+    def _choice(self, key: str, allowed: tuple[str, ...]) -> str:
+        value = self.options[key]
+        if value not in allowed:
+            raise self._error(
+                f"option {key} must be one of {', '.join(allowed)}, not {short_repr(value)}"
+            )
+        return str(value)
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        catalog = batch.schemas
+        if catalog is None:
+            raise RuntimeError("no schema registry answers were given (schema_registry section)")
+        check = _PartitionCheck(self, topic, batch, catalog)
+        for record in batch.records():
+            for side, required in self.sides:
+                data = record.value if side == "value" else record.key
+                message = check.record(side, required, data)
+                if message is not None:
+                    check.errors.append(RecordError(record.index, message))
+        if check.missing:
+            raise LookupNeeded(frozenset(check.missing))
+        if check.unavailable is not None:
+            return Verdict(
+                error_codes.REQUEST_TIMED_OUT,
+                f"schema registry unavailable: {check.unavailable}",
+                policy=self.name,
+            )
+        if not check.errors:
+            return ACCEPT
+        return record_errors_verdict(check.errors)
+
+
+class _PartitionCheck:
+    """One partition's records against the catalog, each id's outcome worked out once."""
+
+    __slots__ = (
+        "batch",
+        "catalog",
+        "errors",
+        "missing",
+        "per_id",
+        "per_subject",
+        "policy",
+        "topic",
+        "unavailable",
+    )
+
+    def __init__(
+        self, policy: SchemaPolicy, topic: str, batch: ProducedRecords, catalog: SchemaCatalog
+    ) -> None:
+        self.policy = policy
+        self.topic = topic
+        self.batch = batch
+        self.catalog = catalog
+        self.errors: RecordErrorList = RecordErrorList()
+        self.missing: set[int] = set()
+        self.unavailable: str | None = None
+        self.per_id: dict[int, ResolvedSchema | str | None] = {}
+        """id -> the schema, or the error every record with it gets, or None (skip: missing,
+        or unavailable under on_error accept)."""
+        self.per_subject: dict[tuple[int, str], str | None] = {}
+
+    def record(self, side: str, required: bool, data: bytes | None) -> str | None:
+        """The error of one side of one record, or None."""
+        prefix = "" if side == "value" else "key: "
+        if data is None:
+            if not required or (side == "value" and self.batch.compacted):
+                return None
+            return f"{prefix}no schema id: the {side} is null"
+        if not required and (not data or data[0] != 0):
+            return None  # optional: bytes without the magic byte are not framed
+        try:
+            schema_id = read_schema_id(data)
+        except WireFormatError as exc:
+            return f"{prefix}no schema id: {exc}"
+        schema = self.per_id.get(schema_id, _UNSEEN)
+        if schema is _UNSEEN:
+            schema = self.per_id[schema_id] = self._schema(schema_id)
+        if schema is None:
+            return None
+        if isinstance(schema, str):
+            return prefix + schema
+        assert isinstance(schema, ResolvedSchema)
+        subject_error = self._subject_error(schema, side, data)
+        if subject_error is not None:
+            return prefix + subject_error
+        if self.policy.validate_payload:
+            mismatch = _mismatch(schema, data)
+            if mismatch is not None:
+                return f"{prefix}does not match schema {schema_id}: {mismatch}"
+        return None
+
+    def _schema(self, schema_id: int) -> ResolvedSchema | str | None:
+        entry = self.catalog.entry(schema_id)
+        if entry is None:
+            self.missing.add(schema_id)
+            return None
+        if isinstance(entry, UnknownSchema):
+            return f"unknown schema id {schema_id}"
+        if isinstance(entry, RegistryUnavailable):
+            if not self.catalog.accept_unavailable and self.unavailable is None:
+                self.unavailable = f"schema id {schema_id}: {entry.reason}"
+            return None
+        if entry.compiled is None and (
+            self.policy.validate_payload or self.policy.strategy != "topic_name"
+        ):
+            return f"schema {schema_id} cannot be used: {entry.problem}"
+        return entry
+
+    def _subject_error(self, schema: ResolvedSchema, side: str, data: bytes) -> str | None:
+        strategy = self.policy.strategy
+        if strategy == "topic_name":
+            subject = f"{self.topic}-{side}"
+        else:
+            assert schema.compiled is not None
+            try:
+                record_name = schema.compiled.record_name(data, _HEADER)
+            except ValueError as exc:
+                return f"schema {schema.schema_id} names no record type: {exc}"
+            subject = record_name if strategy == "record_name" else f"{self.topic}-{record_name}"
+        key = (schema.schema_id, subject)
+        if key in self.per_subject:
+            return self.per_subject[key]
+        error: str | None = None
+        if subject not in schema.subjects:
+            if self.batch.now_ms - schema.fetched_ms > self.catalog.recheck_ms:
+                self.missing.add(schema.schema_id)  # registered since? ask again
+            error = f"schema {schema.schema_id} is not registered under {subject}"
+        self.per_subject[key] = error
+        return error
+
+
+def _mismatch(schema: ResolvedSchema, data: bytes) -> str | None:
+    assert schema.compiled is not None
+    return schema.compiled.mismatch(data, _HEADER)
+
+
+_UNSEEN: Any = object()
