@@ -27,14 +27,14 @@ from policies.schemas.model import (
     SchemaType,
 )
 from policies.schemas.wire import SCHEMA_ID_HEADER
-from tests.harness.protobuf_messages import Header, Order, OrderLine
-from tests.harness.schema_registry import (
+from tests.harness.mock_registry import (
     SERIALIZER_CONF,
     VALUE,
     mock_registry,
     register,
     registered_for,
 )
+from tests.harness.protobuf_messages import Header, Order, OrderLine
 
 START = SCHEMA_ID_HEADER
 
