@@ -37,7 +37,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from policies.schemas.model import CompiledSchema, RegisteredSchema, SchemaType
-from policies.schemas.wire import WireFormatError, read_message_indexes
+from policies.schemas.wire import read_message_indexes
 
 __all__ = [
     "PROTOBUF_TEXT_NOT_SUPPORTED",
@@ -208,7 +208,7 @@ class JsonSchema:
 
     def mismatch(self, data: bytes, start: int) -> str | None:
         try:
-            document = orjson.loads(memoryview(data)[start:])
+            document = orjson.loads(data[start:])
         except orjson.JSONDecodeError as exc:
             return f"not JSON: {exc}"
         try:
@@ -271,7 +271,7 @@ def _message_paths(
 
 
 _MessageFields = tuple[tuple[str, str], ...]
-"""A message type's fields that hold messages: (name, field, "one" | "repeated" | "map")."""
+"""A message type's fields that hold messages: (name, "one" | "repeated" | "map")."""
 
 
 class ProtobufSchema:
@@ -284,13 +284,16 @@ class ProtobufSchema:
     (google/protobuf/*.proto) that are not references come from the protobuf runtime.
 
     Fields the schema does not know are a mismatch: the parser keeps them silently, and a field
-    sent with the wrong wire type is one of them.
+    sent with the wrong wire type is one of them. Whether there are any is one recursive discard
+    in C (the encoded size shrinks); only then is the message walked to name the field.
     """
 
-    __slots__ = ("_classes", "_message_fields", "_names")
+    __slots__ = ("_classes", "_message_fields")
 
     def __init__(self, registered: RegisteredSchema) -> None:
         main = _file_proto(registered.schema, "Protobuf schema")
+        if not main.message_type:
+            raise SchemaCompileError("Protobuf schema has no message types")
         if not main.name:
             main.name = f"schema-{registered.schema_id}.proto"
         references: dict[str, descriptor_pb2.FileDescriptorProto] = {}
@@ -325,10 +328,9 @@ class ProtobufSchema:
             added.add(proto.name)
 
         add(main, ())
-        self._names = dict(_message_paths(main.message_type, main.package))
         self._classes: dict[tuple[int, ...], type[Message]] = {
             path: message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
-            for path, name in self._names.items()
+            for path, name in _message_paths(main.message_type, main.package)
         }
         self._message_fields: dict[str, _MessageFields] = {}
 
@@ -346,16 +348,20 @@ class ProtobufSchema:
     def mismatch(self, data: bytes, start: int) -> str | None:
         try:
             message_class, offset = self._message_class(data, start)
-        except WireFormatError as exc:
+        except ValueError as exc:  # WireFormatError, or indexes naming no message
             return str(exc)
-        except ValueError as exc:
-            return str(exc)
+        payload = data[offset:]
         message = message_class()
         try:
-            message.ParseFromString(memoryview(data)[offset:])
+            message.ParseFromString(payload)
         except DecodeError as exc:
             return str(exc)
-        return self._unknown_field(message)
+        size = message.ByteSize()
+        message.DiscardUnknownFields()  # recursive, in C: the cheap test that there are none
+        if message.ByteSize() == size:
+            return None
+        named = self._unknown_field(message_class.FromString(payload))
+        return named or f"{message_class.DESCRIPTOR.full_name} has fields the schema lacks"
 
     def _fields_holding_messages(self, descriptor: Descriptor) -> _MessageFields:
         known = self._message_fields.get(descriptor.full_name)
@@ -384,9 +390,10 @@ class ProtobufSchema:
             field = descriptor.fields_by_number.get(number)
             if field is None:
                 return f"{descriptor.full_name} has no field {number} (wire type {wire_name})"
+            field_type = _FIELD_TYPES.get(field.type, field.type)
             return (
-                f"field {number} ({field.name}) of {descriptor.full_name} has wire type "
-                f"{wire_name}, wrong for a {_FIELD_TYPES.get(field.type, field.type)} field"
+                f"field {number} ({field.name}, {field_type}) of {descriptor.full_name} "
+                f"has wire type {wire_name}"
             )
         for name, kind in self._fields_holding_messages(descriptor):
             if kind == "one":

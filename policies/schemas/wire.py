@@ -73,7 +73,14 @@ def read_message_indexes(data: bytes, offset: int) -> tuple[tuple[int, ...], int
     file's messages, then their nested messages), and the offset of the message bytes.
 
     A count of 0 (the single byte 0) means `(0,)`, the file's first message."""
-    if offset < len(data) and data[offset] == 0:
+    if offset + 1 < len(data):
+        first = data[offset]
+        if first == 0:
+            return _FIRST_MESSAGE, offset + 1
+        index = data[offset + 1]
+        if first == 2 and index < 0x80 and not index & 1:  # one index under 64: most values
+            return (index >> 1,), offset + 2
+    elif offset < len(data) and data[offset] == 0:
         return _FIRST_MESSAGE, offset + 1
     count, position = _read_zigzag(data, offset)
     if count == 0:
