@@ -18,6 +18,7 @@ COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY policies ./policies
 COPY settings ./settings
+COPY registry ./registry
 COPY proxy ./proxy
 COPY pipeline ./pipeline
 COPY producer ./producer
