@@ -38,6 +38,8 @@ _SIDE_MODES = ("required", "optional", "off")
 _STRATEGIES = ("topic_name", "record_name", "topic_record_name")
 _HEADER = 5
 """Magic byte and schema id."""
+_REASON_CHARS = 200
+"""A decoder's reason is cut to this many characters (it goes into every answer and log line)."""
 
 
 class SchemaPolicy(BuiltinPolicy):
@@ -164,7 +166,7 @@ class _PartitionCheck:
         if self.policy.validate_payload:
             mismatch = _mismatch(schema, data)
             if mismatch is not None:
-                return f"{prefix}does not match schema {schema_id}: {mismatch}"
+                return f"{prefix}does not match schema {schema_id}: {mismatch[:_REASON_CHARS]}"
         return None
 
     def _schema(self, schema_id: int) -> ResolvedSchema | str | None:

@@ -101,6 +101,12 @@ class AvroSchema:
             raise SchemaCompileError(
                 f"Avro schema does not parse: {type(exc).__name__}: {exc}"
             ) from None
+        if _array_of_nothing(self._schema, named, set()):
+            raise SchemaCompileError(
+                "Avro schema has an array whose items take no bytes (null, an empty record or "
+                "a zero-size fixed): a payload could declare billions of them and hold the "
+                "decoder, so its payloads are not decoded (validate_payload: false checks ids)"
+            )
         self._name: str | None = None
         if isinstance(self._schema, dict) and self._schema.get("type") in _NAMED_AVRO_TYPES:
             self._name = str(self._schema["name"])
@@ -131,6 +137,56 @@ class AvroSchema:
         if extra:
             return f"{extra} byte{'' if extra == 1 else 's'} after the record"
         return None
+
+
+def _takes_no_bytes(schema: Any, named: dict[str, Any], seen: set[str]) -> bool:
+    """Whether a datum of `schema` may encode to zero bytes (parsed fastavro form)."""
+    if isinstance(schema, str):
+        if schema == "null":
+            return True
+        if schema in named and schema not in seen:
+            return _takes_no_bytes(named[schema], named, seen | {schema})
+        return False
+    if isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind in {"record", "error"}:
+            return all(
+                _takes_no_bytes(field["type"], named, seen) for field in schema.get("fields", ())
+            )
+        if kind == "fixed":
+            return int(schema.get("size", 1)) == 0
+        if isinstance(kind, str | list | dict) and kind not in _COMPLEX_AVRO_TYPES:
+            return _takes_no_bytes(kind, named, seen)  # {"type": "null"} and the like
+    return False  # a union (its branch index), and every other type, takes at least a byte
+
+
+def _array_of_nothing(schema: Any, named: dict[str, Any], seen: set[str]) -> bool:
+    """Whether `schema` holds, anywhere, an array whose items may take no bytes: fastavro
+    would build as many items as a block count says, with nothing left to read."""
+    if isinstance(schema, list):
+        return any(_array_of_nothing(branch, named, seen) for branch in schema)
+    if isinstance(schema, str):
+        if schema in named and schema not in seen:
+            return _array_of_nothing(named[schema], named, seen | {schema})
+        return False
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "array":
+        items = schema.get("items")
+        return _takes_no_bytes(items, named, set()) or _array_of_nothing(items, named, seen)
+    if kind == "map":
+        return _array_of_nothing(schema.get("values"), named, seen)
+    if kind in ("record", "error"):
+        name = schema.get("name")
+        inner = seen | ({str(name)} if name else set())
+        return any(_array_of_nothing(field["type"], named, inner) for field in schema["fields"])
+    if isinstance(kind, list | dict):
+        return _array_of_nothing(kind, named, seen)
+    return False
+
+
+_COMPLEX_AVRO_TYPES = frozenset({"record", "error", "enum", "array", "map", "fixed"})
 
 
 # --- JSON Schema --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ serializers against its in-memory registry, and on values those serializers woul
 from __future__ import annotations
 
 import base64
+import json
 import struct
 from typing import Any
 
@@ -516,3 +517,39 @@ def test_compiled_schemas_are_reused_across_many_calls(
     compiled, values = protobuf
     value = values["shop.Order"]
     assert all(compiled.mismatch(value, START) is None for _ in range(1000))
+
+
+# ---- a payload cannot hold the decoder ----
+
+_ARRAYS_OF_NOTHING = {
+    "null items": {"type": "array", "items": "null"},
+    "empty records": {"type": "array", "items": {"type": "record", "name": "E", "fields": []}},
+    "zero-size fixed in a union": [
+        "null",
+        {"type": "array", "items": {"type": "fixed", "name": "F", "size": 0}},
+    ],
+    "in a map's values": {"type": "map", "values": {"type": "array", "items": "null"}},
+}
+
+
+@pytest.mark.parametrize("field_type", _ARRAYS_OF_NOTHING.values(), ids=_ARRAYS_OF_NOTHING.keys())
+def test_an_avro_array_of_items_that_take_no_bytes_is_not_decoded(field_type: object) -> None:
+    # a block count of 2**62 with nothing after it would keep fastavro building items for ever
+    schema = {"type": "record", "name": "A", "fields": [{"name": "x", "type": field_type}]}
+    with pytest.raises(SchemaCompileError, match="an array whose items take no bytes"):
+        compile_schema(RegisteredSchema(1, SchemaType.AVRO, json.dumps(schema)))
+
+
+def test_recursive_and_ordinary_avro_arrays_are_decoded() -> None:
+    schema = {
+        "type": "record",
+        "name": "Node",
+        "fields": [
+            {"name": "next", "type": ["null", "Node"]},
+            {"name": "children", "type": {"type": "array", "items": "Node"}},
+            {"name": "counts", "type": {"type": "array", "items": "long"}},
+        ],
+    }
+    compiled = compile_schema(RegisteredSchema(1, SchemaType.AVRO, json.dumps(schema)))
+    # next: null; children: none; counts: [2]
+    assert compiled.mismatch(b"\x00\x00\x00\x00\x01" + b"\x00\x00\x02\x04\x00", 5) is None
