@@ -17,8 +17,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from policies.builtin.schema import SchemaPolicy
 from policies.topic_patterns import any_of
 from protocol.budget import Allowance, MemoryBudget, OutOfMemory
+from protocol.error_codes import REQUEST_TIMED_OUT
 from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import ProxyConfig, QuarantineConfig
 from proxy.dead_letter import dead_letter_records, send_dead_letter
@@ -135,10 +137,13 @@ class RejectionSink:
         """Keep what was refused (or, in warn mode, would have been) and copy it to the
         dead-letter topic when configured. Neither ever changes the client's answer.
 
-        A batch the proxy had no memory to decompress is neither: its client is told to send it
-        again (`OutOfMemory`), and a kept copy would be a second one once it does."""
+        A batch the proxy had no memory to decompress is neither, nor one whose schema ids the
+        registry could not be asked about: its client is told to send it again (`OutOfMemory`,
+        REQUEST_TIMED_OUT), and a kept copy would be a second one once it does."""
         verdict = outcome.verdict
         if verdict.policy == DECODE_BUDGET and verdict.code == OutOfMemory.error_code:
+            return
+        if verdict.policy == SchemaPolicy.name and verdict.code == REQUEST_TIMED_OUT:
             return
         if self.journal is not None:
             self.journal.append(

@@ -23,12 +23,14 @@ from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSe
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from proxy.quarantine import JournalReader
 from tests.harness import Broker
 from tests.harness.clients import consume
 from tests.harness.metrics import scrape, value
 from tests.harness.produce import batch, produce, record_errors, stored
 from tests.harness.protobuf_messages import Order
 from tests.harness.proxy import run_proxy
+from tests.harness.quarantine import journal_settings
 from tests.harness.schema_registry import TestRegistry
 
 INVALID_RECORD = 87
@@ -226,6 +228,37 @@ def test_an_unavailable_registry_is_a_retriable_refusal_or_lets_through(
     assert let_through[(topic, 0)].error_code == 0
     assert stored(tansu, topic) == [record]
     assert value(samples, "kvproxy_schema_lookups_total", outcome="unavailable") == 1
+
+
+def test_a_short_outage_delays_records_and_loses_none(
+    tansu: Broker, make_topic: Any, registry: TestRegistry, tmp_path: Any
+) -> None:
+    topic = make_topic(1)
+    good_id = registry.register(f"{topic}-value", json.dumps(ORDER_AVRO))
+    record = _framed(good_id, b"\x02a\x0a")
+    registry.fail = "down"
+    journal = tmp_path / "journal"
+    section = _registry_section(registry, negative_cache_ttl_ms=200)
+    with run_proxy(
+        tansu.bootstrap,
+        topics=_rules(topic),
+        schema_registry=section,
+        quarantine=journal_settings(journal),
+    ) as proxy:
+        threading.Timer(1.0, lambda: setattr(registry, "fail", None)).start()
+        # librdkafka retries REQUEST_TIMED_OUT until message.timeout.ms (10 s here)
+        (delivered,) = _send(proxy.bootstrap, topic, [record])
+        (refused,) = _send(proxy.bootstrap, topic, [_framed(99, b"")])
+        samples = scrape(proxy)
+        assert proxy.server.journal is not None and proxy.server.journal.flush(10)
+    assert delivered is None
+    assert refused is not None and refused.code() == KafkaError.INVALID_RECORD
+    assert stored(tansu, topic) == [record]
+    assert value(samples, "kvproxy_schema_lookups_total", outcome="unavailable") >= 1
+    assert value(samples, "kvproxy_schema_lookups_total", outcome="found") == 1
+    # what was refused for the outage comes again and is not kept; the unknown id is
+    kept = [(e.policy, e.code) for e in JournalReader(journal).entries()]
+    assert kept == [("schema", INVALID_RECORD)]
 
 
 def test_a_slow_registry_holds_only_the_requests_that_need_it(
