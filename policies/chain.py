@@ -56,7 +56,8 @@ class PolicyChain:
     with INVALID_RECORD (87), is counted in `crash_counts` and logged with its traceback at most
     once per `CRASH_LOG_INTERVAL_S` per policy. A `ResourceLimit` (decoding would need more memory
     than the request may hold) is raised to the caller, which answers it; so is `LookupNeeded`
-    (schema ids to fetch before the chain runs again).
+    (schema ids to fetch before the chain runs again) when the records came with a catalog to
+    fetch into, and is a failure of the policy otherwise.
     """
 
     __slots__ = (
@@ -103,8 +104,12 @@ class PolicyChain:
         for policy in self._steps:
             try:
                 verdict = policy.validate(topic, partition, produced)
-            except (ResourceLimit, LookupNeeded):
-                raise  # not the policy's failure: the caller answers it, or fetches and asks again
+            except ResourceLimit:
+                raise  # not the policy's failure: the caller answers it
+            except LookupNeeded as needed:
+                if produced.schemas is None:  # nobody to fetch them: the policy fails closed
+                    return self._failed(policy.name, needed, produced)
+                raise  # the caller fetches the ids and asks again
             except PolicyFailed as failed:
                 return self._failed(failed.policy, failed.error, produced)
             except Exception as exc:
