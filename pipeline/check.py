@@ -18,16 +18,17 @@ from typing import Any
 from pipeline import files
 from pipeline.segments import CorruptRegion, JournalSegment, SegmentRange
 from pipeline.task_data import AuditSettings, PartitionStats, Violation, routing_for
-from policies.api import ProducedRecords, RecordError, Verdict, parse_records
+from policies.api import Need, ProducedRecords, RecordError, Verdict, needs_of, parse_records
 from policies.builtin.broker import record_offset
 from policies.chain import Mode, PolicyChain
+from policies.schemas.model import LookupNeeded
 from protocol import error_codes
 from protocol.errors import DecodeError
 from protocol.journal import iter_entries
 from protocol.records import Record, RecordBatch, read_batch
 from settings.errors import profile_code
 
-__all__ = ["bucket_size_ms", "check_unit", "key_preview"]
+__all__ = ["LATEST_PRODUCE_VERSION", "batch_frames", "bucket_size_ms", "check_unit", "key_preview"]
 
 LATEST_PRODUCE_VERSION = 12
 """The request a stored magic 2 batch is checked as (the newest that names topics by name)."""
@@ -95,6 +96,22 @@ class _Task:
         if topic in self.settings.compaction or not self.settings.bootstrap:
             return self.settings.compaction.get(topic)
         return _cluster_compaction(self.settings.bootstrap, topic)
+
+    def check(self, chain: PolicyChain, produced: ProducedRecords) -> Verdict:
+        """The chain's verdict. The driver looked up every schema id the records carry, so a
+        policy still asking for ids (`LookupNeeded`) is answered as the registry unavailable
+        would be, not with a crash of the job."""
+        try:
+            return chain.check(produced)
+        except LookupNeeded as needed:
+            ids = ", ".join(map(str, sorted(needed.schema_ids)[:5]))
+            more = ", ..." if len(needed.schema_ids) > 5 else ""
+            names = [p.name for p in chain.policies if Need.SCHEMAS in needs_of(p)]
+            return Verdict(
+                error_codes.REQUEST_TIMED_OUT,
+                f"schema registry unavailable: schema ids not looked up: {ids}{more}",
+                policy=names[0] if names else None,
+            )
 
     def code_of(self, verdict: Verdict) -> int:
         return profile_code(self.profile, verdict)
@@ -183,7 +200,7 @@ def check_unit(
     rows: list[Violation] = []
     if isinstance(unit, SegmentRange):
         data = files.read_range(unit.uri, unit.start, unit.end)
-        rows.extend(_scan_log(task, unit.topic, unit.partition, _frames(data, unit.start),
+        rows.extend(_scan_log(task, unit.topic, unit.partition, batch_frames(data, unit.start),
                               source=unit.uri))  # fmt: skip
     elif isinstance(unit, CorruptRegion):
         rows.append(_corrupt_region(task, unit))
@@ -200,7 +217,7 @@ def check_unit(
     return rows, list(task.stats.values())
 
 
-def _frames(data: bytes, base_position: int) -> Iterator[tuple[int, memoryview]]:
+def batch_frames(data: bytes, base_position: int) -> Iterator[tuple[int, memoryview]]:
     """(byte position in the file, batch bytes) of every batch of a planned range."""
     view = memoryview(data)
     pos = 0
@@ -290,11 +307,12 @@ def _scan_log(
             now_ms=task.settings.now_ms,
             stored=True,
             topic_config=topic_config,
+            schemas=task.settings.schemas,
         )
         counted = _count_records(produced, batch, window, stats)
         if task.budget is not None:
             task.budget -= counted
-        verdict = chain.check(produced)
+        verdict = task.check(chain, produced)
         if verdict.ok:
             continue
         fallback_ts = batch.max_timestamp if batch.max_timestamp >= 0 else None
@@ -375,6 +393,7 @@ def _check_entry(
         compacted=task.compacted(topic),
         now_ms=task.settings.now_ms,
         topic_config=task.routing.config_override(topic),
+        schemas=task.settings.schemas,
     )
     if isinstance(parsed, Verdict):  # the entry's records do not even parse
         verdict, produced = parsed, None
@@ -390,7 +409,7 @@ def _check_entry(
         stats.records += count
         if task.budget is not None:
             task.budget -= count
-        verdict = rule.chain.check(parsed)
+        verdict = task.check(rule.chain, parsed)
         if verdict.ok:
             return
     rows = task.violations(

@@ -20,8 +20,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import BaseModel, ConfigDict
+
 from pipeline import files
 from pipeline.check import bucket_size_ms, check_unit
+from pipeline.schema_ids import (
+    MAX_SCHEMA_IDS,
+    SchemaLookups,
+    fetch_answers,
+    merge_ids,
+    needs_ids,
+    schema_ids_of_units,
+)
 from pipeline.segments import (
     RANGE_BYTES,
     CorruptRegion,
@@ -33,11 +43,14 @@ from pipeline.segments import (
 )
 from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
 from policies import plugins
+from policies.api import Need
 from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
+from registry.catalog import StaticCatalog
 from settings.errors import read_profile
-from settings.loading import ConfigError, read_document
+from settings.loading import ConfigError, read_document, validate
 from settings.rules import RuleSections
+from settings.schema_registry import SchemaRegistryConfig, registry_missing
 from settings.yaml_file import locate
 
 __all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
@@ -89,6 +102,8 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     problems: list[ConfigProblem] = []
     profile, wrong = read_profile(document)
     problems.extend(wrong)
+    registry, wrong = _registry_section(document)
+    problems.extend(wrong)
     rules = RuleSections.of(document)
     settings = AuditSettings(
         defaults=rules.defaults,
@@ -97,14 +112,37 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
         profile=profile,
         now_ms=now_ms,
         policies=_policy_targets(),
+        schema_registry=registry,
     )
     try:
-        routing_for(settings)
+        routing = routing_for(settings)
     except PolicyConfigError as exc:
         problems.extend(exc.problems)
+    else:
+        missing = None if registry is not None or wrong else registry_missing(routing)
+        if missing is not None:
+            problems.append(missing)
     if problems:
         raise AuditError(locate(config, problems, lines)[0])
     return settings
+
+
+class _RegistrySection(BaseModel):
+    """The section of the proxy's file the audit reads besides the rules (the rest is ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_registry: SchemaRegistryConfig | None = None
+
+
+def _registry_section(
+    document: Mapping[str, Any],
+) -> tuple[SchemaRegistryConfig | None, list[ConfigProblem]]:
+    """The `schema_registry` section, checked as the proxy checks it, or its problems."""
+    if "schema_registry" not in document:
+        return None, []
+    section, problems = validate(_RegistrySection, {"schema_registry": document["schema_registry"]})
+    return (None if section is None else section.schema_registry), problems
 
 
 def _policy_targets() -> dict[str, str]:
@@ -263,6 +301,11 @@ def _run_on_spark(
     if request.sample is not None:
         per_unit = max(1, math.ceil(request.sample / max(len(units), 1)))
         settings = replace(settings, sample_per_unit=per_unit)
+    registry = settings.schema_registry
+    settings = replace(settings, schema_registry=None)  # its credentials stay on the driver
+    lookups: SchemaLookups | None = None
+    if registry is not None and routing_for(settings).rules_needing(Need.SCHEMAS):
+        settings, lookups = _look_up_schema_ids(sc, units, settings, registry, out)
 
     checked = (
         sc.parallelize(units, max(len(units), 1))
@@ -296,7 +339,9 @@ def _run_on_spark(
         checked.unpersist()
 
     frame = spark.read.parquet(violations_dir)
-    summary = _summarise(frame, F, request, settings, stats=stats, errors=errors, started=started)
+    summary = _summarise(
+        frame, F, request, settings, stats=stats, errors=errors, lookups=lookups, started=started
+    )
     samples = [
         row.asDict()
         for row in frame.orderBy("topic", "partition", "offset", "position")
@@ -308,6 +353,44 @@ def _run_on_spark(
     return summary
 
 
+def _look_up_schema_ids(
+    sc: Any,
+    units: Sequence[Any],
+    settings: AuditSettings,
+    registry: SchemaRegistryConfig,
+    out: IO[str],
+) -> tuple[AuditSettings, SchemaLookups]:
+    """A first pass collects the distinct schema ids of the records the schema policies read;
+    the driver looks each up once and the settings carry the answers to the executors."""
+    routing = routing_for(settings)
+    readable = [unit for unit in units if needs_ids(unit, routing)]
+    ids: frozenset[int] = frozenset()
+    if readable:
+        _log(out, f"schema ids: reading the record headers of {len(readable)} units")
+        ids = (
+            sc.parallelize(readable, len(readable))
+            .mapPartitions(lambda part: [schema_ids_of_units(part, settings)])
+            .treeReduce(merge_ids)
+        )
+    if len(ids) > MAX_SCHEMA_IDS:
+        raise AuditError(
+            f"the records of the topics the schema policy checks carry more than "
+            f"{MAX_SCHEMA_IDS} distinct schema ids: they are not framed by a schema registry "
+            "(check the topics that rule matches, or audit fewer at a time)"
+        )
+    _log(out, f"schema registry: looking up {len(ids)} schema ids at {registry.url[0]}")
+    answers = fetch_answers(registry, ids)
+    lookups = SchemaLookups.of(answers, registry.on_error)
+    if lookups.unavailable:
+        _log(
+            out,
+            f"schema registry: {lookups.unavailable} of {lookups.ids} schema ids could not be "
+            f"looked up (on_error: {lookups.on_error}): {lookups.first_failure}",
+        )
+    catalog = StaticCatalog(answers, accept_unavailable=registry.on_error == "accept")
+    return replace(settings, schemas=catalog), lookups
+
+
 def _summarise(
     frame: Any,
     F: Any,  # noqa: N803
@@ -316,6 +399,7 @@ def _summarise(
     *,
     stats: Mapping[tuple[str, int], PartitionStats],
     errors: list[str],
+    lookups: SchemaLookups | None,
     started: float,
 ) -> dict[str, Any]:
     routing = routing_for(settings)
@@ -387,6 +471,7 @@ def _summarise(
         "time_range": {"first_ms": first_ms, "last_ms": last_ms},
         "timeline": timeline,
         "errors": errors,
+        "schema_registry": None if lookups is None else lookups.as_json(),
     }
 
 
@@ -419,6 +504,18 @@ def _print_summary(out: IO[str], summary: Mapping[str, Any], output: str) -> Non
         lines.append(f"    {name} ({item['code']}): {item['count']}")
     if summary["sample"] is not None:
         lines.append(f"  sampled: about {summary['sample']} records checked")
+    lookups = summary.get("schema_registry")
+    if lookups is not None:
+        lines.append(
+            f"  schema registry: {lookups['ids']} schema ids looked up, {lookups['found']} found, "
+            f"{lookups['unknown']} unknown"
+        )
+        if lookups["unavailable"]:
+            action = "records with them pass" if lookups["on_error"] == "accept" else "rejected"
+            lines.append(
+                f"    {lookups['unavailable']} could not be looked up ({action}, on_error: "
+                f"{lookups['on_error']}): {lookups['first_failure']}"
+            )
     for error in summary["errors"]:
         lines.append(f"  input error: {error}")
     lines.append(f"  written: {output}/violations/ (Parquet), summary.json, report.html")

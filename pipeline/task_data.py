@@ -9,10 +9,14 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.config import TopicRouting
 from settings.rules import RuleSections
+
+if TYPE_CHECKING:
+    from registry.catalog import StaticCatalog
+    from settings.schema_registry import SchemaRegistryConfig
 
 __all__ = [
     "VIOLATION_FIELDS",
@@ -63,6 +67,12 @@ class AuditSettings:
     """Policy name -> `module:attr`, from the driver's installed entry points
     (`plugins.entry_point_targets`): executors given the code as a zip have no such metadata.
     None: scan the installed entry points."""
+    schema_registry: SchemaRegistryConfig | None = None
+    """The `schema_registry` section: read on the driver only, and dropped from the settings
+    before they ship (its credentials stay on the driver)."""
+    schemas: StaticCatalog | None = None
+    """What the registry said about every schema id the records carry, asked once on the
+    driver (`pipeline.schema_ids`); what `schema` policies read on the executors."""
 
     def key(self) -> str:
         return json.dumps([self.defaults, self.topics, self.base_dir], sort_keys=True, default=str)

@@ -1,0 +1,173 @@
+"""Backtesting the `schema` policy: the audit looks every schema id of the data up once, on the
+driver, and the executors check the records against those answers as the proxy would."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+
+from pipeline.job import AuditError, load_settings
+from protocol.records import build_batch
+from tests.harness.audit import audit, write_config
+from tests.harness.schema_registry import TestRegistry
+from tests.harness.segments import assign_offsets, write_segment
+
+ORDER = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}],
+}
+REFUND = {
+    "type": "record",
+    "name": "Refund",
+    "namespace": "shop",
+    "fields": [{"name": "order", "type": "long"}],
+}
+
+
+def framed(schema_id: int, payload: bytes) -> bytes:
+    return struct.pack(">bI", 0, schema_id) + payload
+
+
+def avro(schema: dict[str, Any], value: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
+    return out.getvalue()
+
+
+def rule_config(url: str, on_error: str = "reject") -> str:
+    return (
+        f"schema_registry:\n  url: {url}\n  timeout_ms: 10000\n  on_error: {on_error}\n"
+        "topics:\n"
+        "  - match: orders\n"
+        "    policies: [{schema: {validate_payload: true}}]\n"
+    )
+
+
+@pytest.fixture
+def registry() -> Iterator[TestRegistry]:
+    with TestRegistry() as started:
+        yield started
+
+
+def write_orders(logs: Path, now_ms: int, order_id: int, refund_id: int) -> None:
+    """orders-0 and orders-1 (both with `order_id`), and a `logs` topic no rule checks."""
+    good = framed(order_id, avro(ORDER, {"id": 1, "item": "tea"}))
+    key_with_id = framed(88, b"")  # keys are not checked (key: off): never looked up
+    write_segment(
+        logs,
+        "orders",
+        0,
+        assign_offsets(
+            [
+                build_batch(
+                    [
+                        (key_with_id, good, None, now_ms),
+                        (b"unknown", framed(99, b"\x02"), None, now_ms),
+                        (b"plain", b"plain text", None, now_ms),
+                        (b"refund", framed(refund_id, avro(REFUND, {"order": 1})), None, now_ms),
+                        (b"bad", framed(order_id, b"\x02\x06"), None, now_ms),
+                    ]
+                )
+            ]
+        ),
+    )
+    write_segment(logs, "orders", 1, assign_offsets([build_batch([(b"k", good, None, now_ms)])]))
+    write_segment(
+        logs, "logs", 0, assign_offsets([build_batch([(b"k", framed(77, b"x"), None, now_ms)])])
+    )
+
+
+def test_each_record_is_checked_against_ids_looked_up_once(
+    spark: Any, tmp_path: Path, registry: TestRegistry
+) -> None:
+    order_id = registry.register("orders-value", json.dumps(ORDER))
+    refund_id = registry.register("refunds-value", json.dumps(REFUND))
+    now_ms = int(time.time() * 1000)
+    write_orders(tmp_path / "logs", now_ms, order_id, refund_id)
+    config = write_config(tmp_path, rule_config(registry.url))
+
+    summary, rows = audit(
+        spark, tmp_path, inputs=(str(tmp_path / "logs"),), config=config, now_ms=now_ms
+    )
+
+    found = sorted(
+        (r["topic"], r["partition"], r["offset"], r["policy"], r["message"]) for r in rows
+    )
+    assert found == [
+        ("orders", 0, 1, "schema", "unknown schema id 99"),
+        ("orders", 0, 2, "schema", "no schema id: magic byte 0x70, expected 0x00"),
+        ("orders", 0, 3, "schema", f"schema {refund_id} is not registered under orders-value"),
+        ("orders", 0, 4, "schema", f"does not match schema {order_id}: truncated at byte 7"),
+    ]
+    assert {r["error_code"] for r in rows} == {87}
+    looked_up = {i: registry.count(f"/schemas/ids/{i}") for i in (order_id, refund_id, 99, 77, 88)}
+    assert looked_up == {order_id: 1, refund_id: 1, 99: 1, 77: 0, 88: 0}
+    assert summary["schema_registry"] == {
+        "ids": 3,
+        "found": 2,
+        "unknown": 1,
+        "unavailable": 0,
+        "on_error": "reject",
+        "first_failure": None,
+    }
+
+
+def test_a_registry_that_cannot_be_reached_rejects_each_batch_as_retriable(
+    spark: Any, tmp_path: Path, registry: TestRegistry
+) -> None:
+    order_id = registry.register("orders-value", json.dumps(ORDER))
+    now_ms = int(time.time() * 1000)
+    write_orders(tmp_path / "logs", now_ms, order_id, order_id)
+    config = write_config(tmp_path, rule_config(registry.url))
+    registry.fail = "down"
+
+    summary, rows = audit(
+        spark, tmp_path, inputs=(str(tmp_path / "logs"),), config=config, now_ms=now_ms
+    )
+
+    assert sorted((r["partition"], r["offset"], r["error_code"]) for r in rows) == [
+        (0, 0, 7),
+        (1, 0, 7),
+    ]
+    assert all(
+        r["message"].startswith(f"schema registry unavailable: schema id {order_id}: ")
+        for r in rows
+    ), rows
+    assert summary["schema_registry"]["unavailable"] == 2
+    assert summary["schema_registry"]["first_failure"].startswith(registry.url)
+
+
+def test_a_schema_rule_without_the_registry_section_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "topics:\n  - match: orders\n    policies: [{schema: {}}]\n")
+
+    with pytest.raises(AuditError) as refused:
+        load_settings(config, 0)
+
+    assert "the schema policy needs a schema_registry section (its url at least)" in str(
+        refused.value
+    )
+
+
+def test_a_wrong_registry_section_is_reported_by_line(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        "topics:\n  - match: orders\n    policies: [{schema: {}}]\n"
+        "schema_registry:\n  url: ftp://registry\n  timeout: 5\n",
+    )
+
+    with pytest.raises(AuditError) as refused:
+        load_settings(config, 0)
+
+    message = str(refused.value)
+    assert f"{config}:5: schema_registry.url" in message, message
+    assert f"{config}:6: schema_registry.timeout: unknown key" in message, message
