@@ -17,9 +17,12 @@ def write_config(folder: Path, text: str) -> str:
     return str(path)
 
 
-def audit(spark: Any, tmp_path: Path, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def audit(
+    spark: Any, tmp_path: Path, *, out: io.StringIO | None = None, **kwargs: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the audit; what it prints goes to `out` when given."""
     output = tmp_path / "out"
-    summary = run_audit(AuditRequest(output=str(output), **kwargs), spark, out=io.StringIO())
+    summary = run_audit(AuditRequest(output=str(output), **kwargs), spark, out=out or io.StringIO())
     rows = [row.asDict() for row in spark.read.parquet(str(output / "violations")).collect()]
     assert json.loads((output / "summary.json").read_text()) == summary
     return summary, rows

@@ -8,13 +8,16 @@ import json
 import struct
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
 
+from pipeline.check import check_unit
 from pipeline.job import AuditError, load_settings
+from pipeline.segments import SegmentRange
 from protocol.records import build_batch
 from tests.harness.audit import audit, write_config
 from tests.harness.schema_registry import TestRegistry
@@ -122,29 +125,70 @@ def test_each_record_is_checked_against_ids_looked_up_once(
     }
 
 
-def test_a_registry_that_cannot_be_reached_rejects_each_batch_as_retriable(
-    spark: Any, tmp_path: Path, registry: TestRegistry
+@pytest.mark.parametrize("on_error", ["reject", "accept"])
+def test_a_registry_that_cannot_be_reached_fails_as_on_error_says(
+    spark: Any, tmp_path: Path, registry: TestRegistry, on_error: str
 ) -> None:
     order_id = registry.register("orders-value", json.dumps(ORDER))
     now_ms = int(time.time() * 1000)
     write_orders(tmp_path / "logs", now_ms, order_id, order_id)
-    config = write_config(tmp_path, rule_config(registry.url))
+    config = write_config(tmp_path, rule_config(registry.url, on_error))
     registry.fail = "down"
+    printed = io.StringIO()
 
     summary, rows = audit(
-        spark, tmp_path, inputs=(str(tmp_path / "logs"),), config=config, now_ms=now_ms
+        spark,
+        tmp_path,
+        out=printed,
+        inputs=(str(tmp_path / "logs"),),
+        config=config,
+        now_ms=now_ms,
     )
 
-    assert sorted((r["partition"], r["offset"], r["error_code"]) for r in rows) == [
-        (0, 0, 7),
-        (1, 0, 7),
-    ]
-    assert all(
-        r["message"].startswith(f"schema registry unavailable: schema id {order_id}: ")
-        for r in rows
-    ), rows
-    assert summary["schema_registry"]["unavailable"] == 2
+    if on_error == "reject":  # one retriable rejection per batch, as the proxy answers
+        assert sorted((r["partition"], r["offset"], r["error_code"]) for r in rows) == [
+            (0, 0, 7),
+            (1, 0, 7),
+        ]
+        prefix = f"schema registry unavailable: schema id {order_id}: {registry.url}: "
+        assert all(r["message"].startswith(prefix) for r in rows), rows
+    else:  # records whose id could not be looked up pass; a record without one still does not
+        assert [(r["partition"], r["offset"], r["message"]) for r in rows] == [
+            (0, 2, "no schema id: magic byte 0x70, expected 0x00")
+        ]
+    assert summary["schema_registry"]["unavailable"] == 2  # ids 1 and 99
     assert summary["schema_registry"]["first_failure"].startswith(registry.url)
+    action = "rejected" if on_error == "reject" else "records with them pass"
+    assert f"2 could not be looked up ({action}, on_error: {on_error})" in printed.getvalue()
+
+
+class MissingEverything:
+    """A catalog that knows no id: the schema policy asks for lookups (`LookupNeeded`)."""
+
+    accept_unavailable = False
+    recheck_ms = 0
+
+    def entry(self, schema_id: int) -> None:
+        return None
+
+
+def test_ids_still_missing_on_an_executor_are_answered_as_the_registry_unavailable(
+    tmp_path: Path, registry: TestRegistry
+) -> None:
+    order_id = registry.register("orders-value", json.dumps(ORDER))
+    write_orders(tmp_path / "logs", 0, order_id, order_id)
+    settings = replace(
+        load_settings(write_config(tmp_path, rule_config(registry.url)), 0),
+        schemas=MissingEverything(),
+    )
+    segment = tmp_path / "logs" / "orders-1" / "00000000000000000000.log"
+    unit = SegmentRange(str(segment), "orders", 1, 0, segment.stat().st_size)
+
+    rows, _ = check_unit(unit, settings)
+
+    assert [(r[2], r[6], r[7], r[9]) for r in rows] == [
+        (0, "schema", 7, f"schema registry unavailable: schema ids not looked up: {order_id}")
+    ]
 
 
 def test_a_schema_rule_without_the_registry_section_is_refused(tmp_path: Path) -> None:
