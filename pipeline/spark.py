@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = ["SparkUnavailable", "find_java", "ship_packages", "start_session"]
 
-PACKAGES = ("protocol", "policies", "settings", "pipeline")
+PACKAGES = ("protocol", "policies", "settings", "registry", "pipeline")
 """What executors import; shipped as one zip when they do not share the driver's install."""
 
 
