@@ -102,8 +102,8 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     problems: list[ConfigProblem] = []
     profile, wrong = read_profile(document)
     problems.extend(wrong)
-    registry, wrong = _registry_section(document)
-    problems.extend(wrong)
+    registry, registry_problems = _registry_section(document)
+    problems.extend(registry_problems)
     rules = RuleSections.of(document)
     settings = AuditSettings(
         defaults=rules.defaults,
@@ -119,7 +119,7 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     except PolicyConfigError as exc:
         problems.extend(exc.problems)
     else:
-        missing = None if registry is not None or wrong else registry_missing(routing)
+        missing = None if registry is not None or registry_problems else registry_missing(routing)
         if missing is not None:
             problems.append(missing)
     if problems:
