@@ -160,6 +160,15 @@ def _header(summary: Mapping[str, Any], title: str) -> str:
             f'<p class="notice"><strong>Sampled run:</strong> only the first {esc(num(sample))} '
             "records were checked; every figure below covers those records only.</p>\n"
         )
+    lookups = summary.get("schema_registry")
+    if isinstance(lookups, Mapping) and lookups.get("unavailable"):
+        passed = "passed unchecked" if lookups.get("on_error") == "accept" else "were refused"
+        out += (
+            f'<p class="notice"><strong>Schema registry:</strong> '
+            f"{esc(num(lookups['unavailable']))} of {esc(num(lookups.get('ids')))} schema ids "
+            f"could not be looked up; records with them {passed} (on_error: "
+            f"{esc(lookups.get('on_error'))}): {esc(lookups.get('first_failure'))}</p>\n"
+        )
     return out + "</header>\n"
 
 

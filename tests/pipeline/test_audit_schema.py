@@ -160,6 +160,8 @@ def test_a_registry_that_cannot_be_reached_fails_as_on_error_says(
     assert summary["schema_registry"]["first_failure"].startswith(registry.url)
     action = "rejected" if on_error == "reject" else "records with them pass"
     assert f"2 could not be looked up ({action}, on_error: {on_error})" in printed.getvalue()
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "2 of 2 schema ids could not be looked up" in report
 
 
 class MissingEverything:
