@@ -199,9 +199,10 @@ def test_a_schema_rule_without_the_registry_section_is_refused(tmp_path: Path) -
     with pytest.raises(AuditError) as refused:
         load_settings(config, 0)
 
-    assert "the schema policy needs a schema_registry section (its url at least)" in str(
-        refused.value
-    )
+    assert (
+        f"{config}:2: topics[0]: the schema policy needs a schema_registry section "
+        "(its url at least)"
+    ) in str(refused.value)
 
 
 def test_a_wrong_registry_section_is_reported_by_line(tmp_path: Path) -> None:
