@@ -376,7 +376,7 @@ async def test_lookups_of_many_ids_at_once_are_bounded_for_the_whole_process(
 ) -> None:
     with TestRegistry(slow_s=0.1) as slow:
         slow.fail = "slow"  # unknown ids, each answered after a while
-        catalog = open_catalog(catalogs, slow.url, max_lookups_per_request=100)
+        catalog = open_catalog(catalogs, slow.url, max_lookups_per_request=100, timeout_ms=10_000)
         first, second = await asyncio.gather(
             catalog.fetch(range(1000, 1040)), catalog.fetch(range(2000, 2040))
         )
