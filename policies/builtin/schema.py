@@ -10,6 +10,7 @@ again, so the check itself never waits on the network.
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -42,6 +43,8 @@ _STRATEGIES = ("topic_name", "record_name", "topic_record_name")
 _HEADER = 5
 """Magic byte and schema id."""
 _unpack_id: Callable[[bytes], tuple[int]] = struct.Struct(">xI").unpack
+_head: Callable[[Any], bytes] = operator.itemgetter(slice(0, _HEADER))
+"""A value's first 5 bytes (TypeError for a null value)."""
 
 
 class SchemaPolicy(BuiltinPolicy):
@@ -117,10 +120,12 @@ class SchemaPolicy(BuiltinPolicy):
         """The values (the only side checked), read without building `Record`s: each distinct
         header is worked out once by `check.record`.
 
-        The common case runs at the rate of reading the values: a header (magic byte and id)
-        that passed once passes again without a call, unless the payload must be decoded; under
-        `topic_name` the subject does not depend on the record, so the header says it all.
-        Every other value goes through `check.record`, as with the key side on."""
+        The common case runs at the rate of reading the values: under `topic_name` the subject
+        does not depend on the record, so without payload checks the header (magic byte and
+        id) decides, and a batch whose distinct headers all pass is accepted without a step
+        per record. Otherwise a header that passed once passes again without a call (its
+        payload still decoded when asked); every other value goes through `check.record`, as
+        with the key side on, in record order."""
         required = self.value_mode == "required"
         memo_headers = self.strategy == "topic_name"
         validate_payload = self.validate_payload
@@ -130,7 +135,11 @@ class SchemaPolicy(BuiltinPolicy):
         errors = check.errors
         index = 0
         for part in batch.batches:
-            for value in part.values():
+            values = list(part.values())
+            if memo_headers and not validate_payload and _heads_pass(check, values, passed):
+                index += len(values)
+                continue
+            for value in values:
                 if value is not None:
                     head = value[:_HEADER]
                     if head in passed:
@@ -151,6 +160,30 @@ class SchemaPolicy(BuiltinPolicy):
                         elif schema.compiled is not None:
                             decoders[head] = schema.compiled
                 index += 1
+
+
+def _heads_pass(check: _PartitionCheck, values: list[bytes | None], passed: set[bytes]) -> bool:
+    """True when every value carries a header that passes (ids only, `topic_name`: a value of
+    5 bytes or more fares as its first 5 bytes do); `passed` gains the headers found to pass.
+    The distinct headers are checked in the order they first appear, and `check.record` may be
+    asked again about each (it keeps what it learnt), so a False leaves the record-by-record
+    check with nothing to redo differently."""
+    try:
+        heads = dict.fromkeys(map(_head, values))
+    except TypeError:  # a null value
+        return False
+    required = check.policy.value_mode == "required"
+    for head in heads:
+        if head in passed:
+            continue
+        if len(head) != _HEADER or head[0]:
+            return False
+        if check.record("value", required, head) is not None:
+            return False
+        if not isinstance(check.per_id.get(_unpack_id(head)[0]), ResolvedSchema):
+            return False
+        passed.add(head)
+    return True
 
 
 class _PartitionCheck:
