@@ -10,13 +10,24 @@ batch.size=1 MiB) sends `--mib` MiB to a fresh single-partition topic on Tansu, 
   checked by compacted_key, max_record_bytes and json (every record has a key and a ~1 KiB JSON
   value, so every record is decoded and parsed).
 
-Every variant sends the same keys and values. Both proxies start once, before the rounds; each
-variant first sends a small unmeasured warm-up, then the variants alternate round by round and the
-median of `--rounds` rounds is taken. A run only counts when flush() returned 0, no delivery
-callback reported an error and every record was acknowledged (offsets 0 to records - 1);
-otherwise the benchmark stops with an error. Before the rounds, one non-JSON record is sent to an
-`rl-` topic through the record-level proxy and must be refused, so that the policies are known to
-be active.
+With `--schema`, a fourth variant:
+
+- `schema`: through a third `kvproxy serve` whose `sc-*` topics are checked by the default
+  checks and `{schema: {value: required}}` (ids only, `topic_name` strategy), against a test
+  registry (tests/harness/schema_registry.py) started in this process. Each value is the same
+  1 KiB as the others' with its first 5 bytes replaced by Confluent's header (magic byte 0, the
+  id of a JSON schema registered under every `sc-` topic's `<topic>-value` before the proxy
+  starts, so one lookup at the warm-up serves every round). Before the rounds, an unframed
+  value is shown to be refused. The summary adds `schema / default`, the ratio to the default
+  checks' median from the same run (target >= 0.9).
+
+Every variant sends the same keys and values (framed for `schema`). The proxies start once,
+before the rounds; each variant first sends a small unmeasured warm-up, then the variants
+alternate round by round and the median of `--rounds` rounds is taken. A run only counts when
+flush() returned 0, no delivery callback reported an error and every record was acknowledged
+(offsets 0 to records - 1); otherwise the benchmark stops with an error. Before the rounds, one
+non-JSON record is sent to an `rl-` topic through the record-level proxy and must be refused, so
+that the policies are known to be active.
 
 How to read it: MB/s is the producer's client-side rate (value bytes, 10^6 bytes per MB, from the
 first produce() to flush() returning). The ratios divide each median by direct's median from the
@@ -28,7 +39,7 @@ librdkafka's threads included): CPU seconds per GiB / 1.07 = cores busy at 1 GB/
 shared by all three, so whatever the proxy burns is taken from the broker and the producer. Figures
 go to bench/results/throughput.json.
 
-    .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick]
+    .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick] [--schema]
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ from _common import (
     write_results,
 )
 
+from tests.harness.schema_registry import TestRegistry
 from tests.harness.tansu import TansuServer
 
 RECORD_BYTES = 1024
@@ -71,6 +83,24 @@ WARM_UP_MIB = 4
 FLUSH_TIMEOUT = 120.0
 RECORD_LEVEL_PREFIX = "rl-"
 TARGETS = {"default": 0.9, "record-level": 0.8}
+SCHEMA_PREFIX = "sc-"
+SCHEMA_TARGET = 0.9
+"""`schema` (ids only) against `default`, same run."""
+SCHEMA_RULE = """\
+topics:
+  - match: "{pattern}"
+    policies:
+      - batch_integrity
+      - crc
+      - timestamps
+      - compacted_key
+      - {{schema: {{value: required}}}}
+"""
+"""The `schema` variant's topic rule: the default checks, then every value's schema id."""
+SCHEMA_TEXT = '{"type": "object", "title": "bench.Order"}'
+"""The JSON schema every `sc-` topic's values are framed with (payloads are not checked)."""
+RUN_TOKEN = uuid.uuid4().hex[:8]
+"""Names this run's `schema` topics, so their subjects can be registered before the rounds."""
 PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
     "linger.ms": 5,
@@ -111,7 +141,13 @@ def source_state() -> dict[str, Any]:
 
 def announce_source() -> dict[str, Any]:
     """`source_state()`, printed: which code the figures are for."""
-    source = announce_source()
+    source = source_state()
+    changed = len(source["changed_files"])
+    print(
+        f"source: commit {source['commit'][:10]}, {changed} file{'s' * (changed != 1)} changed "
+        "in the working tree",
+        flush=True,
+    )
     return source
 
 
@@ -136,6 +172,12 @@ def json_value(index: int) -> bytes:
 
 
 VALUES: list[bytes] = [json_value(i) for i in range(DISTINCT_VALUES)]
+
+
+def framed_values(schema_id: int) -> list[bytes]:
+    """VALUES with their first 5 bytes replaced by Confluent's header (same size)."""
+    header = b"\x00" + schema_id.to_bytes(4, "big")
+    return [header + value[len(header) :] for value in VALUES]
 
 
 def records_for(mib: float) -> int:
@@ -166,9 +208,15 @@ class ProduceRun:
 
 
 def produce(
-    bootstrap: str, topic: str, records: int, *, ready: Callable[[], object] | None = None
+    bootstrap: str,
+    topic: str,
+    records: int,
+    *,
+    ready: Callable[[], object] | None = None,
+    values: list[bytes] | None = None,
 ) -> ProduceRun:
-    """Send `records` keyed JSON records of 1 KiB to partition 0 of `topic`, wait for every ack.
+    """Send `records` keyed JSON records of 1 KiB to partition 0 of `topic`, wait for every ack
+    (`values`: other 1 KiB values to cycle through instead).
 
     The producer connects (metadata for `topic`) before the clock starts; `ready` is called
     then, before the clock starts (several processes wait on a barrier there to start together).
@@ -191,7 +239,7 @@ def produce(
     producer.list_topics(topic, timeout=10)
     if ready is not None:
         ready()
-    values = VALUES
+    values = VALUES if values is None else values
     count = len(values)
     cpu0 = time.process_time()
     started_at = time.monotonic()
@@ -247,8 +295,36 @@ def check_run(run: ProduceRun, label: str) -> None:
 
 
 def topic_name(variant: str, label: str) -> str:
+    if variant == "schema":  # known in advance: its subject is registered before the rounds
+        return f"{SCHEMA_PREFIX}{variant}-{label}-{RUN_TOKEN}"
     prefix = RECORD_LEVEL_PREFIX if variant == "record-level" else "tp-"
     return f"{prefix}{variant}-{label}-{uuid.uuid4().hex[:8]}"
+
+
+def register_schema_subjects(registry: TestRegistry, labels: list[str]) -> int:
+    """SCHEMA_TEXT under `<topic>-value` of every `schema` topic the run will use; its id."""
+    ids = {
+        registry.register(f"{topic_name('schema', label)}-value", SCHEMA_TEXT, "JSON")
+        for label in labels
+    }
+    if len(ids) != 1:
+        raise RuntimeError(f"the registry gave several ids for one schema: {sorted(ids)}")
+    return ids.pop()
+
+
+def check_schema_active(broker: Broker, proxy: ProxyProcess) -> str:
+    """The schema proxy must refuse an unframed value on an `sc-` topic; returns its error."""
+    topic = create_topic(broker.bootstrap, topic_name("schema", "refused"), 1, None)
+    outcome: list[KafkaError | None] = []
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
+    producer.produce(
+        topic, b"no header", b"k", partition=0, on_delivery=lambda err, _m: outcome.append(err)
+    )
+    if producer.flush(30) != 0 or not outcome:
+        raise RuntimeError("schema check: no answer for the unframed record")
+    if outcome[0] is None:
+        raise RuntimeError("schema proxy accepted an unframed value: policy not active")
+    return str(outcome[0])
 
 
 def check_policies_active(broker: Broker, proxy: ProxyProcess) -> str:
@@ -290,13 +366,14 @@ def measure(
     records: int,
     label: str,
     rnd: int,
+    values: list[bytes] | None = None,
 ) -> VariantRun:
     """One checked run of `variant` to a fresh topic; the proxy's and broker's CPU during it."""
     topic = create_topic(broker.bootstrap, topic_name(variant, label), 1, None)
     bootstrap = proxy.bootstrap if proxy else broker.bootstrap
     cpu0 = proxy.cpu_seconds() if proxy else 0.0
     broker_cpu0 = broker.cpu_seconds()
-    run = produce(bootstrap, topic, records)
+    run = produce(bootstrap, topic, records, values=values)
     broker_cpu = broker.cpu_seconds() - broker_cpu0
     proxy_cpu = proxy.cpu_seconds() - cpu0 if proxy else None
     check_run(run, f"{variant} {label}")
@@ -379,11 +456,46 @@ def print_table(
     )
 
 
+def schema_vs_default(runs: dict[str, list[VariantRun]]) -> dict[str, Any]:
+    """`schema` against `default` in the same run: medians and round by round."""
+    schema_mbs = median([r.mb_per_s for r in runs["schema"]])
+    default_mbs = median([r.mb_per_s for r in runs["default"]])
+    pairs = zip(runs["schema"], runs["default"], strict=True)
+    round_ratios = [run.mb_per_s / base.mb_per_s for run, base in pairs]
+    ratio = schema_mbs / default_mbs
+    cpu = [r.proxy_cpu_s_per_gib for r in runs["schema"] if r.proxy_cpu_s_per_gib is not None]
+    return {
+        "ratio": ratio,
+        "round_ratios": round_ratios,
+        "median_round_ratio": median(round_ratios),
+        "target": SCHEMA_TARGET,
+        "meets_target": ratio >= SCHEMA_TARGET,
+        "median_proxy_cpu_s_per_gib": median(cpu) if cpu else None,
+    }
+
+
+def print_schema_ratio(extra: dict[str, Any]) -> None:
+    figures = extra["schema_vs_default"]
+    print(
+        f"\nschema / default: {figures['ratio']:.2f} (target >= {SCHEMA_TARGET:g}: "
+        f"{'met' if figures['meets_target'] else 'NOT MET'}); round ratios "
+        f"{' '.join(f'{x:.2f}' for x in figures['round_ratios'])} "
+        f"({figures['median_round_ratio']:.2f}); registry requests: "
+        f"{extra['registry_requests']} by the end of the warm-up, "
+        f"{extra['registry_requests_after_rounds']} after the rounds"
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=200, help="MiB sent per run (default 200)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the three (default 5)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 20 MiB, 2 rounds")
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="add the `schema` variant (schema ids checked against a test registry)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.mib, args.rounds = 20, 2
@@ -391,17 +503,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     print(
         f"throughput: {records:,} records of {RECORD_BYTES} B ({args.mib:g} MiB) per run, "
-        f"{args.rounds} rounds of direct / default / record-level",
+        f"{args.rounds} rounds of direct / default / record-level" + " / schema" * args.schema,
         flush=True,
     )
-    source = source_state()
-    changed = len(source["changed_files"])
-    print(
-        f"source: commit {source['commit'][:10]}, {changed} file{'s' * (changed != 1)} changed "
-        "in the working tree",
-        flush=True,
-    )
+    source = announce_source()
     runs: dict[str, list[VariantRun]] = {"direct": [], "default": [], "record-level": []}
+    values: dict[str, list[bytes]] = {}
+    schema_extra: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         broker = Broker.of(stack.enter_context(tansu()))
         default_proxy = stack.enter_context(start_proxy(broker.bootstrap))
@@ -414,11 +522,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         refusal = check_policies_active(broker, record_proxy)
         print(f"record-level proxy refuses a non-JSON value: {refusal}", flush=True)
+        if args.schema:
+            registry = stack.enter_context(TestRegistry())
+            labels = ["warmup", *(f"r{rnd}" for rnd in range(1, args.rounds + 1))]
+            schema_id = register_schema_subjects(registry, labels)
+            values["schema"] = framed_values(schema_id)
+            schema_rule = SCHEMA_RULE.format(pattern=f"{SCHEMA_PREFIX}*")
+            schema_proxy = stack.enter_context(
+                start_proxy(
+                    broker.bootstrap,
+                    rules=schema_rule,
+                    extra_yaml=f"schema_registry: {{url: '{registry.url}'}}\n",
+                )
+            )
+            proxies["schema"] = schema_proxy
+            runs["schema"] = []
+            schema_refusal = check_schema_active(broker, schema_proxy)
+            print(f"schema proxy refuses an unframed value: {schema_refusal}", flush=True)
+            schema_extra = {"schema_rule": schema_rule, "schema_id": schema_id}
+            schema_extra["schema_refusal"] = schema_refusal
         for name, proxy in proxies.items():
-            measure(name, broker, proxy, records=records_for(WARM_UP_MIB), label="warmup", rnd=0)
+            measure(
+                name,
+                broker,
+                proxy,
+                records=records_for(WARM_UP_MIB),
+                label="warmup",
+                rnd=0,
+                values=values.get(name),
+            )
+        if args.schema:
+            schema_extra["registry_requests"] = len(registry.requests)
         for rnd in range(1, args.rounds + 1):
             for name, proxy in proxies.items():
-                run = measure(name, broker, proxy, records=records, label=f"r{rnd}", rnd=rnd)
+                run = measure(
+                    name,
+                    broker,
+                    proxy,
+                    records=records,
+                    label=f"r{rnd}",
+                    rnd=rnd,
+                    values=values.get(name),
+                )
                 runs[name].append(run)
                 cpu = (
                     f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB"
@@ -433,6 +578,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = summarize(runs, TARGETS, "direct")
     elapsed = time.monotonic() - started
     print_table(runs, summary, "direct")
+    if args.schema:
+        schema_extra["schema_vs_default"] = schema_vs_default(runs)
+        schema_extra["registry_requests_after_rounds"] = len(registry.requests)
+        print_schema_ratio(schema_extra)
     print(f"\ntook {elapsed:.0f} s")
     results: dict[str, Any] = {
         "settings": {
@@ -452,6 +601,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summary,
         "elapsed_seconds": round(elapsed, 1),
     }
+    if args.schema:
+        results["schema"] = schema_extra
     write_results("throughput", results)
     return results
 

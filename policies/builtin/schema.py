@@ -10,6 +10,9 @@ again, so the check itself never waits on the network.
 
 from __future__ import annotations
 
+import operator
+import struct
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from policies.api import (
@@ -23,6 +26,7 @@ from policies.api import (
 )
 from policies.builtin.base import BuiltinPolicy, short_repr
 from policies.schemas.model import (
+    CompiledSchema,
     LookupNeeded,
     RegistryUnavailable,
     ResolvedSchema,
@@ -40,6 +44,9 @@ _HEADER = 5
 """Magic byte and schema id."""
 _REASON_CHARS = 200
 """A decoder's reason is cut to this many characters (it goes into every answer and log line)."""
+_unpack_id: Callable[[bytes], tuple[int]] = struct.Struct(">xI").unpack
+_head: Callable[[Any], bytes] = operator.itemgetter(slice(0, _HEADER))
+"""A value's first 5 bytes (TypeError for a null value)."""
 
 
 class SchemaPolicy(BuiltinPolicy):
@@ -90,12 +97,15 @@ class SchemaPolicy(BuiltinPolicy):
         if catalog is None:
             raise RuntimeError("no schema registry answers were given (schema_registry section)")
         check = _PartitionCheck(self, topic, batch, catalog)
-        for record in batch.records():
-            for side, required in self.sides:
-                data = record.value if side == "value" else record.key
-                message = check.record(side, required, data)
-                if message is not None:
-                    check.errors.append(RecordError(record.index, message))
+        if self.key_mode == "off" and self.value_mode != "off":
+            self._check_values(check, batch)
+        else:
+            for record in batch.records():
+                for side, required in self.sides:
+                    data = record.value if side == "value" else record.key
+                    message = check.record(side, required, data)
+                    if message is not None:
+                        check.errors.append(RecordError(record.index, message))
         if check.missing:
             raise LookupNeeded(frozenset(check.missing))
         if check.unavailable is not None:
@@ -107,6 +117,75 @@ class SchemaPolicy(BuiltinPolicy):
         if not check.errors:
             return ACCEPT
         return record_errors_verdict(check.errors)
+
+    def _check_values(self, check: _PartitionCheck, batch: ProducedRecords) -> None:
+        """The values (the only side checked), read without building `Record`s: each distinct
+        header is worked out once by `check.record`.
+
+        The common case runs at the rate of reading the values: under `topic_name` the subject
+        does not depend on the record, so without payload checks the header (magic byte and
+        id) decides, and a batch whose distinct headers all pass is accepted without a step
+        per record. Otherwise a header that passed once passes again without a call (its
+        payload still decoded when asked); every other value goes through `check.record`, as
+        with the key side on, in record order."""
+        required = self.value_mode == "required"
+        memo_headers = self.strategy == "topic_name"
+        validate_payload = self.validate_payload
+        passed: set[bytes] = set()  # headers whose every record passes (no payload check)
+        decoders: dict[bytes, CompiledSchema] = {}  # headers whose payloads must decode
+        per_id = check.per_id
+        errors = check.errors
+        index = 0
+        for part in batch.batches:
+            values = list(part.values())
+            if memo_headers and not validate_payload and _heads_pass(check, values, passed):
+                index += len(values)
+                continue
+            for value in values:
+                if value is not None:
+                    head = value[:_HEADER]
+                    if head in passed:
+                        index += 1
+                        continue
+                    compiled = decoders.get(head)
+                    if compiled is not None and compiled.mismatch(value, _HEADER) is None:
+                        index += 1
+                        continue
+                message = check.record("value", required, value)
+                if message is not None:
+                    errors.append(RecordError(index, message))
+                elif memo_headers and value is not None and len(head) == _HEADER and not head[0]:
+                    schema = per_id.get(_unpack_id(head)[0])
+                    if isinstance(schema, ResolvedSchema):
+                        if not validate_payload:
+                            passed.add(head)
+                        elif schema.compiled is not None:
+                            decoders[head] = schema.compiled
+                index += 1
+
+
+def _heads_pass(check: _PartitionCheck, values: list[bytes | None], passed: set[bytes]) -> bool:
+    """True when every value carries a header that passes (ids only, `topic_name`: a value of
+    5 bytes or more fares as its first 5 bytes do); `passed` gains the headers found to pass.
+    The distinct headers are checked in the order they first appear, and `check.record` may be
+    asked again about each (it keeps what it learnt), so a False leaves the record-by-record
+    check with nothing to redo differently."""
+    try:
+        heads = dict.fromkeys(map(_head, values))
+    except TypeError:  # a null value
+        return False
+    required = check.policy.value_mode == "required"
+    for head in heads:
+        if head in passed:
+            continue
+        if len(head) != _HEADER or head[0]:
+            return False
+        if check.record("value", required, head) is not None:
+            return False
+        if not isinstance(check.per_id.get(_unpack_id(head)[0]), ResolvedSchema):
+            return False
+        passed.add(head)
+    return True
 
 
 class _PartitionCheck:

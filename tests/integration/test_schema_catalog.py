@@ -566,6 +566,34 @@ async def test_policy_record_errors(
     ]
 
 
+async def test_policy_numbers_record_errors_across_the_partitions_batches(
+    registry: TestRegistry, catalogs: list[RegistryCatalog]
+) -> None:
+    schema_id = registry.register("orders-value", ORDER_AVRO)
+    registry.register("orders-key", ORDER_AVRO)
+    catalog = open_catalog(catalogs, registry.url)
+    await catalog.fetch({schema_id})
+    good = framed(schema_id, avro_order())
+    first = [(good, good, None, None)] * 3
+    second = [(good, good, None, None), (good, b"\x01plain", None, None), (good, good, None, None)]
+    raw = build_batch(first) + build_batch(second, base_offset=3)
+    for options in ({}, {"key": "required"}, {"validate_payload": True}):
+        batch = parse_records(
+            TOPIC,
+            0,
+            raw,
+            produce_version=9,
+            acks=-1,
+            transactional_id=None,
+            compacted=False,
+            now_ms=int(time.time() * 1000),
+            schemas=catalog,
+        )
+        assert not isinstance(batch, Verdict), batch
+        verdict = schema_policy(**options).validate(TOPIC, 0, batch)
+        assert errors(verdict) == [(4, "no schema id: magic byte 0x01, expected 0x00")], options
+
+
 async def test_policy_tombstones_pass_on_a_compacted_topic(
     registry: TestRegistry, catalogs: list[RegistryCatalog]
 ) -> None:

@@ -55,6 +55,30 @@ def test_run_all_quick_engine_writes_its_figures(tmp_path: Path) -> None:
     assert "record-level checks" in report
 
 
+def test_schema_bench_quick_writes_every_row(tmp_path: Path) -> None:
+    """bench/schema.py (not in `make bench`) on the schema policy and a StaticCatalog."""
+    result = subprocess.run(
+        [sys.executable, "bench/schema.py", "--quick"],
+        cwd=ROOT,
+        env={**os.environ, "KVPROXY_BENCH_RESULTS": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads((tmp_path / "schema.json").read_text())
+    rows = {(row["name"], row["input"].split(",")[0]) for row in figures["rows"]}
+    assert rows == {
+        ("schema ids", "16 KiB"),
+        ("schema ids", "1 MiB"),
+        ("schema payload avro", "16 KiB"),
+        ("schema payload json", "16 KiB"),
+        ("schema payload protobuf", "16 KiB"),
+    }
+    assert all(row["records_per_s"] > 0 for row in figures["rows"])
+
+
 # ---- bench/hostile.py: its hand-built inputs are what they claim, its readings parse ----
 
 
