@@ -38,6 +38,7 @@ from protocol.records.writer import build_batch
 from registry.catalog import LOOKUPS_AT_ONCE, RegistryCatalog
 from registry.client import RegistryClient
 from settings.schema_registry import SchemaRegistryConfig
+from tests.harness.avro_schemas import MONEY_AVRO, PAYMENT_AVRO
 from tests.harness.protobuf_messages import Order
 from tests.harness.schema_registry import Reference, TestRegistry
 from tests.harness.tls import make_tls_files
@@ -49,22 +50,6 @@ ORDER_AVRO = json.dumps(
         "name": "Order",
         "namespace": "shop",
         "fields": [{"name": "id", "type": "string"}, {"name": "units", "type": "long"}],
-    }
-)
-MONEY_AVRO = json.dumps(
-    {
-        "type": "record",
-        "name": "Money",
-        "namespace": "shop",
-        "fields": [{"name": "currency", "type": "string"}, {"name": "units", "type": "long"}],
-    }
-)
-PAYMENT_AVRO = json.dumps(
-    {
-        "type": "record",
-        "name": "Payment",
-        "namespace": "shop",
-        "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "shop.Money"}],
     }
 )
 ORDER_JSON = json.dumps(

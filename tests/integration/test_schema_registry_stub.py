@@ -27,6 +27,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, Proto
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2
 
+from tests.harness.avro_schemas import MONEY_AVRO, PAYMENT_AVRO
 from tests.harness.protobuf_messages import Order
 from tests.harness.schema_registry import CONTENT_TYPE, Reference, TestRegistry
 from tests.harness.tls import make_tls_files
@@ -42,22 +43,6 @@ USER_AVRO_V2 = json.dumps(
             {"name": "name", "type": "string"},
             {"name": "age", "type": "int", "default": 0},
         ],
-    }
-)
-MONEY_AVRO = json.dumps(
-    {
-        "type": "record",
-        "name": "Money",
-        "namespace": "shop",
-        "fields": [{"name": "currency", "type": "string"}, {"name": "units", "type": "long"}],
-    }
-)
-PAYMENT_AVRO = json.dumps(
-    {
-        "type": "record",
-        "name": "Payment",
-        "namespace": "shop",
-        "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "shop.Money"}],
     }
 )
 USER_JSON = json.dumps(
