@@ -20,8 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import BaseModel, ConfigDict
-
 from pipeline import files
 from pipeline.check import bucket_size_ms, check_unit
 from pipeline.schema_ids import (
@@ -48,9 +46,13 @@ from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
 from registry.catalog import StaticCatalog
 from settings.errors import read_profile
-from settings.loading import ConfigError, read_document, validate
+from settings.loading import ConfigError, read_document
 from settings.rules import RuleSections
-from settings.schema_registry import SchemaRegistryConfig, registry_missing
+from settings.schema_registry import (
+    SchemaRegistryConfig,
+    read_registry_section,
+    registry_missing,
+)
 from settings.yaml_file import locate
 
 __all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
@@ -102,7 +104,7 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     problems: list[ConfigProblem] = []
     profile, wrong = read_profile(document)
     problems.extend(wrong)
-    registry, registry_problems = _registry_section(document)
+    registry, registry_problems = read_registry_section(document)
     problems.extend(registry_problems)
     rules = RuleSections.of(document)
     settings = AuditSettings(
@@ -125,24 +127,6 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
     if problems:
         raise AuditError(locate(config, problems, lines)[0])
     return settings
-
-
-class _RegistrySection(BaseModel):
-    """The section of the proxy's file the audit reads besides the rules (the rest is ignored)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    schema_registry: SchemaRegistryConfig | None = None
-
-
-def _registry_section(
-    document: Mapping[str, Any],
-) -> tuple[SchemaRegistryConfig | None, list[ConfigProblem]]:
-    """The `schema_registry` section, checked as the proxy checks it, or its problems."""
-    if "schema_registry" not in document:
-        return None, []
-    section, problems = validate(_RegistrySection, {"schema_registry": document["schema_registry"]})
-    return (None if section is None else section.schema_registry), problems
 
 
 def _policy_targets() -> dict[str, str]:

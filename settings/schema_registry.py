@@ -6,14 +6,15 @@ driver fetches the ids the data holds, once, before the executors check it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.api import Need
 from policies.config import ConfigProblem, TopicRouting
-from settings.loading import Section
+from settings.loading import Section, validate
 from settings.secrets import Secret
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "RegistryBasicAuth",
     "RegistryTls",
     "SchemaRegistryConfig",
+    "read_registry_section",
     "registry_missing",
 ]
 
@@ -96,6 +98,25 @@ class SchemaRegistryConfig(Section):
         if self.basic_auth is not None and self.bearer_token is not None:
             raise ValueError("basic_auth and bearer_token: set one, not both")
         return self
+
+
+class _RegistrySection(BaseModel):
+    """The `schema_registry` section alone, out of a whole file (the audit reads no other)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_registry: SchemaRegistryConfig | None = None
+
+
+def read_registry_section(
+    document: Mapping[str, Any],
+) -> tuple[SchemaRegistryConfig | None, list[ConfigProblem]]:
+    """The `schema_registry` section of a file, checked as the proxy checks it, or its
+    problems (by key path, for the file's report)."""
+    if "schema_registry" not in document:
+        return None, []
+    section, problems = validate(_RegistrySection, {"schema_registry": document["schema_registry"]})
+    return (None if section is None else section.schema_registry), problems
 
 
 REGISTRY_MISSING = "the schema policy needs a schema_registry section (its url at least)"
