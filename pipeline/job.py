@@ -42,18 +42,13 @@ from pipeline.segments import (
 from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
 from policies import plugins
 from policies.api import Need
-from policies.builtin.base import ConfigProblem
 from policies.config import PolicyConfigError
 from registry.catalog import StaticCatalog
-from settings.errors import read_profile
-from settings.loading import ConfigError, read_document
-from settings.rules import RuleSections
+from settings.audit_file import read_audit_file
+from settings.loading import ConfigError
 from settings.schema_registry import (
     SchemaRegistryConfig,
-    read_registry_section,
-    registry_missing,
 )
-from settings.yaml_file import locate
 
 __all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
 
@@ -94,39 +89,21 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
             now_ms=now_ms,
             policies=_policy_targets(),
         )
-    path = Path(config)
+    targets = _policy_targets()
     try:
-        document, lines = read_document(path)
+        read = read_audit_file(Path(config), targets)
     except ConfigError as exc:
         raise AuditError(str(exc)) from None
-    if document is None:
-        document = {}
-    problems: list[ConfigProblem] = []
-    profile, wrong = read_profile(document)
-    problems.extend(wrong)
-    registry, registry_problems = read_registry_section(document)
-    problems.extend(registry_problems)
-    rules = RuleSections.of(document)
-    settings = AuditSettings(
-        defaults=rules.defaults,
-        topics=rules.topics,
-        base_dir=str(path.resolve().parent),
-        profile=profile,
+    read.routing.close()  # the executors build their own (`routing_for`)
+    return AuditSettings(
+        defaults=read.rules.defaults,
+        topics=read.rules.topics,
+        base_dir=str(read.base_dir),
+        profile=read.profile,
         now_ms=now_ms,
-        policies=_policy_targets(),
-        schema_registry=registry,
+        policies=targets,
+        schema_registry=read.schema_registry,
     )
-    try:
-        routing = routing_for(settings)
-    except PolicyConfigError as exc:
-        problems.extend(exc.problems)
-    else:
-        missing = None if registry is not None or registry_problems else registry_missing(routing)
-        if missing is not None:
-            problems.append(missing)
-    if problems:
-        raise AuditError(locate(config, problems, lines)[0])
-    return settings
 
 
 def _policy_targets() -> dict[str, str]:

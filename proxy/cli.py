@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from policies import plugins
+from policies.config import TopicRouting
 from policies.topic_settings import FIELD_NAMES
 from protocol.errors import ProtocolError
 from proxy import demo, dump, quarantine_cli, topics_cli
 from proxy.config import ProxyConfig, load_config_and_rules
 from proxy.signals import queue_sighup
-from settings.loading import ConfigError
+from settings.audit_file import read_audit_file
+from settings.loading import ConfigError, read_document
 
 
 def _add_serve(subparsers: Any) -> None:
@@ -55,6 +58,15 @@ def _add_check(subparsers: Any) -> None:
         help="also ask the cluster for its brokers and show the proxy port of each (exit 2 when "
         "a node would have none, as serve would refuse to start), and ask the schema registry "
         "(exit 1 when a URL does not answer or refuses the credentials)",
+    )
+    parser.add_argument(
+        "--for",
+        dest="reader",
+        choices=("serve", "audit"),
+        default="serve",
+        help="check the file as `serve` reads it (the default) or as `audit` reads it: only the "
+        "policy sections, errors.profile and schema_registry (a backtest-only file needs no "
+        "upstream)",
     )
     parser.set_defaults(func=_check)
 
@@ -178,10 +190,55 @@ def _describe_registry(config: ProxyConfig) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    config, routing = load_config_and_rules(args.config)  # a ConfigError: kvproxy's main exits 2
+    if getattr(args, "reader", "serve") == "audit":
+        return _check_for_audit(args)
+    try:
+        config, routing = load_config_and_rules(args.config)
+    except ConfigError as exc:  # kvproxy's main prints it and exits 2
+        if exc.problems and not _keys(args) & _SERVE_ONLY_SECTIONS:
+            exc.args = (
+                f"{exc}\n  (a file only for `kvproxy audit`? `kvproxy check --for audit -c "
+                f"{args.config}` checks what the audit reads)",
+            )
+        raise
     print(f"{args.config}: OK")
     for line in describe(config):
         print(f"  {line}")
+    _print_rules(routing)
+    routing.close()
+    if getattr(args, "connect", False):
+        return max(_check_cluster(config), _check_registry(config))
+    return 0
+
+
+_SERVE_ONLY_SECTIONS = frozenset(ProxyConfig.model_fields) - {
+    "defaults",
+    "topics",
+    "errors",
+    "schema_registry",
+}
+"""Sections only `serve` reads: a file with none of them may be written for the audit."""
+
+
+def _keys(args: argparse.Namespace) -> set[str]:
+    """The top-level keys of the file (it was read once already: it parses)."""
+    document, _lines = read_document(Path(args.config))
+    return set(document or {})
+
+
+def _check_for_audit(args: argparse.Namespace) -> int:
+    """The file as `kvproxy audit` reads it (a ConfigError: main exits 2)."""
+    read = read_audit_file(Path(args.config), plugins.entry_point_targets())
+    print(f"{args.config}: OK for kvproxy audit (its other sections are the proxy's, unchecked)")
+    print(f"  errors.profile: {read.profile}")
+    if read.schema_registry is not None:
+        print(f"  schema registry: {', '.join(read.schema_registry.url)}")
+    _print_rules(read.routing)
+    read.routing.close()
+    return 0
+
+
+def _print_rules(routing: TopicRouting) -> None:
     print("  topics (first match wins):")
     for rule in routing.all_rules():
         pattern = rule.match if rule.match is not None else "(every other topic)"
@@ -197,10 +254,6 @@ def _check(args: argparse.Namespace) -> int:
             + (f", settings: {settings}" if settings else "")
             + f", policies: {names}"
         )
-    routing.close()
-    if getattr(args, "connect", False):
-        return max(_check_cluster(config), _check_registry(config))
-    return 0
 
 
 def _check_registry(config: ProxyConfig) -> int:
