@@ -246,7 +246,7 @@ def _corrupt_region(task: _Task, unit: CorruptRegion) -> Violation:
     return _corrupt(
         unit.topic,
         unit.partition,
-        None,  # the frame at `start` is broken: its first 8 bytes are no known offset
+        unit.offset,
         mode,
         source=unit.uri,
         position=unit.start,

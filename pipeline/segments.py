@@ -101,6 +101,10 @@ class CorruptRegion:
     start: int
     end: int
     reason: str
+    offset: int | None = None
+    """The offset field at `start` when the header there is whole and sane and only the batch
+    runs past the end of the file; None (unknown) for bytes that frame no batch, whose first
+    8 bytes are as likely garbage as an offset."""
 
 
 OFFSET_ORDER = "offset_order"
@@ -212,8 +216,9 @@ def plan_segment(
                 continue
             if pos > start:
                 out.append(_range(segment, start, pos))
+            reason, offset = step
             resume = _resync(handle, pos + 1, size)
-            out.append(_region(segment, pos, resume, step))
+            out.append(_region(segment, pos, resume, reason, offset))
             start = pos = resume
         if pos > start:
             out.append(_range(segment, start, pos))
@@ -286,32 +291,33 @@ def _range(segment: SegmentFile, start: int, end: int) -> SegmentRange:
     return SegmentRange(segment.uri, segment.topic, segment.partition, start, end)
 
 
-def _region(segment: SegmentFile, start: int, end: int, reason: str) -> CorruptRegion:
-    """The offset field at `start` is not reported: the frame there is broken, so those 8 bytes
-    are as likely garbage as an offset."""
-    return CorruptRegion(segment.uri, segment.topic, segment.partition, start, end, reason)
+def _region(
+    segment: SegmentFile, start: int, end: int, reason: str, offset: int | None
+) -> CorruptRegion:
+    return CorruptRegion(segment.uri, segment.topic, segment.partition, start, end, reason, offset)
 
 
-def _step(handle: IO[bytes], pos: int, size: int) -> _Head | str:
+def _step(handle: IO[bytes], pos: int, size: int) -> _Head | tuple[str, int | None]:
     """The batch at `pos` (where it ends, its offsets), or why it cannot be stepped over (its
-    frame is broken)."""
+    frame is broken) and its offset if the header is sane and only its bytes run short."""
     left = size - pos
     handle.seek(pos)
     head = handle.read(min(_V2_HEAD, left))
     if len(head) < LOG_OVERHEAD:
-        return f"truncated batch header at byte {pos}: {len(head)} bytes left in the file"
+        return f"truncated batch header at byte {pos}: {len(head)} bytes left in the file", None
     offset, length = _PREFIX.unpack_from(head)
     if length < MIN_LENGTH:
-        return f"batch at byte {pos} has length {length}, below the minimum"
+        return f"batch at byte {pos} has length {length}, below the minimum", None
+    needs = f"needs {LOG_OVERHEAD + length} bytes, {left} left"
     if len(head) < _HEAD:
-        return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
+        return f"truncated batch at byte {pos}: {needs}", None
     magic = head[16]
     if magic > 2:
-        return f"batch at byte {pos} has unknown magic {magic}"
+        return f"batch at byte {pos} has unknown magic {magic}", None
     if length < MIN_LENGTH_BY_MAGIC[magic]:
-        return f"magic {magic} batch at byte {pos} has length {length}, below the minimum"
+        return f"magic {magic} batch at byte {pos} has length {length}, below the minimum", None
     if LOG_OVERHEAD + length > left:
-        return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
+        return f"truncated batch at byte {pos}: {needs}", offset
     last = offset
     if magic == 2:  # its length is at least MIN_LENGTH_BY_MAGIC[2], so the delta was read
         last = offset + _V2_LAST_DELTA.unpack_from(head, _V2_LAST_DELTA_POS)[0]
