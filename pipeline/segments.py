@@ -102,9 +102,9 @@ class CorruptRegion:
     end: int
     reason: str
     offset: int | None = None
-    """The offset field at `start` when the header there is whole and sane and only the batch
-    runs past the end of the file; None (unknown) for bytes that frame no batch, whose first
-    8 bytes are as likely garbage as an offset."""
+    """The offset field at `start` for a truncated last batch (its header whole and sane, only
+    its bytes run past the end of the file, no batch after it); None (unknown) for bytes skipped
+    up to a resynced batch: they frame no batch, so their first 8 bytes are no offset."""
 
 
 OFFSET_ORDER = "offset_order"
@@ -218,7 +218,9 @@ def plan_segment(
                 out.append(_range(segment, start, pos))
             reason, offset = step
             resume = _resync(handle, pos + 1, size)
-            out.append(_region(segment, pos, resume, reason, offset))
+            # Resynced: the length was wrong, so the rest of that header is not trusted either.
+            known = offset if resume == size else None
+            out.append(_region(segment, pos, resume, reason, known))
             start = pos = resume
         if pos > start:
             out.append(_range(segment, start, pos))
