@@ -158,7 +158,7 @@ def spark_audit(
         now_ms=now_ms,
         range_bytes=range_bytes,
     )
-    summary = run_audit(request, spark, out=io.StringIO())
+    summary = run_audit(request, spark, out=io.StringIO(), summary_out=io.StringIO())
     if summary["errors"]:
         raise RuntimeError(f"the audit reported input errors: {summary['errors']}")
     return Tally(summary["records_scanned"], summary["bytes_scanned"], summary["violations"])

@@ -16,7 +16,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pipeline import files
-from pipeline.segments import CorruptRegion, JournalSegment, SegmentRange
+from pipeline.segments import (
+    OFFSET_ORDER,
+    CorruptRegion,
+    JournalSegment,
+    OffsetDisorder,
+    SegmentRange,
+)
 from pipeline.task_data import AuditSettings, PartitionStats, Violation, routing_for
 from policies.api import Need, ProducedRecords, RecordError, Verdict, needs_of, parse_records
 from policies.builtin.broker import record_offset
@@ -193,7 +199,8 @@ def _locate(
 
 
 def check_unit(
-    unit: SegmentRange | CorruptRegion | JournalSegment | Any, settings: AuditSettings
+    unit: SegmentRange | CorruptRegion | OffsetDisorder | JournalSegment | Any,
+    settings: AuditSettings,
 ) -> tuple[list[Violation], list[PartitionStats]]:
     """Scan one unit of work: its violations and what it scanned per partition."""
     task = _Task(settings)
@@ -204,6 +211,8 @@ def check_unit(
                               source=unit.uri))  # fmt: skip
     elif isinstance(unit, CorruptRegion):
         rows.append(_corrupt_region(task, unit))
+    elif isinstance(unit, OffsetDisorder):
+        rows.append(_offset_disorder(task, unit))
     elif isinstance(unit, JournalSegment):
         rows.extend(_scan_journal(task, unit))
     else:
@@ -237,7 +246,7 @@ def _corrupt_region(task: _Task, unit: CorruptRegion) -> Violation:
     return _corrupt(
         unit.topic,
         unit.partition,
-        unit.base_offset,
+        unit.offset,
         mode,
         source=unit.uri,
         position=unit.start,
@@ -245,8 +254,30 @@ def _corrupt_region(task: _Task, unit: CorruptRegion) -> Violation:
     )
 
 
+def _offset_disorder(task: _Task, unit: OffsetDisorder) -> Violation:
+    """An `offset_order` row (CORRUPT_MESSAGE): the batch's bytes are counted and checked by
+    the range that holds it."""
+    task.stats_for(unit.topic, unit.partition).violations += 1
+    code = error_codes.CORRUPT_MESSAGE
+    message = (
+        f"Offsets out of order in topic partition {unit.topic}-{unit.partition}: {unit.reason}"
+    )
+    mode = task.routing.rule_for(unit.topic).mode
+    return (
+        unit.topic, unit.partition, unit.offset, None, None, None, OFFSET_ORDER, code,
+        error_codes.error_name(code), message, mode.value, unit.uri, unit.position,
+    )  # fmt: skip
+
+
 def _corrupt(
-    topic: str, partition: int, offset: int, mode: Mode, *, source: str, position: int, detail: str
+    topic: str,
+    partition: int,
+    offset: int | None,
+    mode: Mode,
+    *,
+    source: str,
+    position: int,
+    detail: str,
 ) -> Violation:
     """A batch_integrity row for bytes that are not a batch (CORRUPT_MESSAGE, as the broker)."""
     code = error_codes.CORRUPT_MESSAGE
@@ -431,8 +462,8 @@ def bucket_size_ms(first_ms: int, last_ms: int, buckets: int = 60) -> int:
     """A round time bucket that cuts [first, last] into at most `buckets` pieces."""
     span = max(last_ms - first_ms, 1)
     for size in (
-        60_000, 300_000, 900_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000,
-        30 * 86_400_000, 365 * 86_400_000,
+        1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 6 * 3_600_000,
+        86_400_000, 7 * 86_400_000, 30 * 86_400_000, 365 * 86_400_000,
     ):  # fmt: skip
         if span / size <= buckets:
             return size

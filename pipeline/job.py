@@ -34,6 +34,7 @@ from pipeline.segments import (
     RANGE_BYTES,
     CorruptRegion,
     JournalSegment,
+    OffsetDisorder,
     SegmentFile,
     SegmentRange,
     discover,
@@ -50,7 +51,7 @@ from settings.schema_registry import (
     SchemaRegistryConfig,
 )
 
-__all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
+__all__ = ["AuditError", "AuditRequest", "batch_counts", "load_settings", "run_audit"]
 
 SAMPLE_ROWS = 200
 """Violations shown in the report (and kept in summary.json's neighbour, the Parquet, in full)."""
@@ -124,10 +125,18 @@ def _iso(ms: float) -> str:
 
 
 def run_audit(
-    request: AuditRequest, spark: Any = None, *, out: IO[str] | None = None
+    request: AuditRequest,
+    spark: Any = None,
+    *,
+    out: IO[str] | None = None,
+    summary_out: IO[str] | None = None,
 ) -> dict[str, Any]:
-    """Run one audit; returns the summary (also written to `<output>/summary.json`)."""
+    """Run one audit; returns the summary (also written to `<output>/summary.json`).
+
+    Progress goes to `out` (stderr by default), the final summary to `summary_out` (stdout by
+    default): the result is what a caller pipes or captures, the progress is not."""
     out = out or sys.stderr
+    summary_out = summary_out or sys.stdout
     started = time.time()
     now_ms = request.now_ms if request.now_ms is not None else int(started * 1000)
     settings = load_settings(request.config, now_ms)
@@ -188,6 +197,7 @@ def run_audit(
             live_units=live_units,
             started=started,
             out=out,
+            summary_out=summary_out,
         )
     finally:
         if own_session:
@@ -232,6 +242,7 @@ def _run_on_spark(
     live_units: Sequence[Any],
     started: float,
     out: IO[str],
+    summary_out: IO[str],
 ) -> dict[str, Any]:
     from pyspark import StorageLevel  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: N812, PLC0415
@@ -253,11 +264,13 @@ def _run_on_spark(
     units.extend(live_units)
     ranges = [u for u in units if isinstance(u, SegmentRange)]
     regions = [u for u in units if isinstance(u, CorruptRegion)]
+    disorders = [u for u in units if isinstance(u, OffsetDisorder)]
     planned_bytes = sum(r.end - r.start for r in ranges)
     _log(
         out,
         f"checking: {len(ranges)} ranges ({_human(planned_bytes)}), {len(regions)} corrupt "
-        f"regions, {len(journal)} journal segments, {len(live_units)} live ranges",
+        f"regions, {len(disorders)} batches out of offset order, {len(journal)} journal "
+        f"segments, {len(live_units)} live ranges",
     )
     if request.sample is not None:
         per_unit = max(1, math.ceil(request.sample / max(len(units), 1)))
@@ -310,7 +323,7 @@ def _run_on_spark(
         .collect()
     ]
     _write_outputs(request.output, summary, samples)
-    _print_summary(out, summary, request.output)
+    _print_summary(summary_out, summary, request.output)
     return summary
 
 
@@ -368,13 +381,19 @@ def _summarise(
     lasts = [s.last_ms for s in stats.values() if s.last_ms is not None]
     first_ms = min(firsts) if firsts else None
     last_ms = max(lasts) if lasts else None
-    bucket = bucket_size_ms(first_ms or 0, last_ms or 0)
-    # One query for every breakdown: the groups are few (topics x policies x codes x buckets).
+    # The timeline's buckets cut the violations' own time span, not the records': an hour of
+    # violations in a year of records is still many bars.
+    span = frame.agg(F.min("timestamp").alias("low"), F.max("timestamp").alias("high")).first()
+    low, high = (span["low"], span["high"]) if span is not None else (None, None)
+    bucket = bucket_size_ms(low or 0, high or 0)
+    # One query for every breakdown: the groups are few (topics x policies x codes x modes x
+    # buckets).
     start = (F.floor(F.col("timestamp") / bucket) * bucket).alias("start")
-    grouped = frame.groupBy("topic", "policy", "error_name", "error_code", start).count()
-    total = 0
+    grouped = frame.groupBy("topic", "policy", "error_name", "error_code", "mode", start).count()
+    total = untimed = 0
     by_policy: Counter[str] = Counter()
     by_topic: Counter[str] = Counter()
+    by_mode: Counter[str] = Counter()
     by_code: dict[str, dict[str, int]] = {}
     buckets: dict[int, Counter[str]] = {}
     for row in grouped.collect():
@@ -382,13 +401,17 @@ def _summarise(
         total += count
         by_policy[row["policy"]] += count
         by_topic[row["topic"]] += count
+        by_mode[row["mode"]] += count
         code = by_code.setdefault(row["error_name"], {"code": int(row["error_code"]), "count": 0})
         code["count"] += count
         if row["start"] is not None:
             buckets.setdefault(int(row["start"]), Counter())[row["policy"]] += count
+        else:
+            untimed += count
     timeline = {
         "bucket_ms": bucket if buckets else 0,
         "buckets": [{"start_ms": k, "counts": dict(buckets[k])} for k in sorted(buckets)],
+        "untimed": untimed,
     }
     partitions: dict[str, Any] = {}
     for (topic, partition), item in sorted(stats.items()):
@@ -397,6 +420,7 @@ def _summarise(
             "topic": topic,
             "partition": partition,
             "records": item.records,
+            "data_batches": item.batches,
             "batches": item.batches,
             "bytes": item.bytes,
             "control_batches": item.control_batches,
@@ -421,10 +445,12 @@ def _summarise(
         "sample": request.sample,
         "now_ms": settings.now_ms,
         "records_scanned": sum(s.records for s in stats.values()),
+        "data_batches": sum(s.batches for s in stats.values()),
         "batches_scanned": sum(s.batches for s in stats.values()),
-        "bytes_scanned": sum(s.bytes for s in stats.values()),
         "control_batches": sum(s.control_batches for s in stats.values()),
+        "bytes_scanned": sum(s.bytes for s in stats.values()),
         "violations": total,
+        "violations_by_mode": {mode: by_mode.get(mode, 0) for mode in ("enforce", "warn")},
         "violations_by_policy": dict(by_policy),
         "violations_by_topic": dict(by_topic),
         "violations_by_code": by_code,
@@ -451,13 +477,25 @@ def _human(size: float) -> str:
     return f"{size} B"
 
 
+def batch_counts(summary: Mapping[str, Any]) -> str:
+    """Data and control batches, apart: a control batch (transaction marker) is the broker's
+    own, counted but never checked, and is not among the data batches."""
+    control = summary["control_batches"]
+    text = f"{summary['data_batches']} data batches"
+    if control:
+        text += f" + {control} control batch{'es' if control != 1 else ''} (not checked)"
+    return text
+
+
 def _print_summary(out: IO[str], summary: Mapping[str, Any], output: str) -> None:
+    by_mode = summary["violations_by_mode"]
     lines = [
         "",
         "kvproxy audit: "
-        f"{summary['records_scanned']} records in {summary['batches_scanned']} batches "
+        f"{summary['records_scanned']} records in {batch_counts(summary)} "
         f"({_human(summary['bytes_scanned'])}) scanned in {summary['duration_s']:.1f} s",
-        f"  violations: {summary['violations']}",
+        f"  violations: {summary['violations']} ({by_mode['enforce']} enforce: would be "
+        f"refused; {by_mode['warn']} warn: would pass, logged)",
     ]
     for name, count in sorted(summary["violations_by_policy"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {name}: {count}")

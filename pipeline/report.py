@@ -47,6 +47,7 @@ h3{font-size:15px;margin:0 0 8px}
 .meta dd{margin:0}
 .meta ul{margin:0;padding:0;list-style:none}
 code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere}
+td,td code{word-break:normal;overflow-wrap:normal}
 .notice{margin:16px 0 0;padding:10px 14px;border:1px solid #d4a72c;border-radius:6px;
 background:#fff8c5}
 .errors{margin:16px 0 0;padding:10px 14px;border:1px solid #ff8182;border-radius:6px;
@@ -60,6 +61,7 @@ background:#ffebe9}
 .card .sub{color:var(--muted);font-size:12px}
 .card.bad .value{color:var(--bad)}
 .card.good .value{color:var(--ok)}
+.card.warn .value{color:#9a6700}
 .clean{margin-top:24px;padding:16px 20px;border:1px solid #aceebb;border-radius:8px;
 background:#dafbe1}
 .clean h2{margin:0 0 4px;border:0;padding:0;color:var(--ok)}
@@ -76,19 +78,21 @@ svg .value{fill:var(--muted)}
 .legend{list-style:none;padding:0;margin:0 0 8px;display:flex;flex-wrap:wrap;gap:4px 16px;
 font-size:13px}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px}
-.table-wrap{overflow-x:auto}
+.table-wrap{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:6px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 th{background:var(--bg);font-weight:600;white-space:nowrap}
 .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.hot{color:var(--bad);font-weight:600}
-.msg{white-space:pre-wrap;overflow-wrap:anywhere;min-width:16em;max-width:40em}
+.msg{white-space:pre-wrap;min-width:16em;max-width:40em}
 .wrap{overflow-wrap:anywhere}
+td.name{white-space:nowrap}
 .nowrap{white-space:nowrap}
 .muted{color:var(--muted)}
 .chip{display:inline-block;padding:0 6px;margin:1px 2px;border-radius:10px;background:#eef1f4;
 font-size:12px;white-space:nowrap}
 p.empty{color:var(--muted);font-style:italic}
+p.untimed{color:var(--muted);margin:4px 0 0}
 """
 
 
@@ -189,16 +193,19 @@ def _headline(summary: Mapping[str, Any]) -> str:
     violations = as_int(summary.get("violations"))
     size = as_int(summary.get("bytes_scanned"))
     control = as_int(summary.get("control_batches"))
+    enforced, warned = _by_mode(summary)
     if records:
-        rate, rate_sub = percent(violations, records), "of records scanned"
+        rate, rate_sub = percent(enforced, records), "enforce violations per record scanned"
     else:
         rate, rate_sub = "n/a", "no records scanned"
+    control_sub = f"+ {num(control)} control batch{'es' if control != 1 else ''}, not checked"
     cards = [
         ("", "Records scanned", num(records), ""),
-        ("", "Batches scanned", num(summary.get("batches_scanned")), f"{num(control)} control"),
+        ("", "Data batches", num(_data_batches(summary)), control_sub),
         ("", "Bytes scanned", byte_size(size), f"{num(size)} bytes"),
-        ("bad" if violations else "good", "Violations", num(violations), ""),
-        ("bad" if violations else "good", "Violation rate", rate, rate_sub),
+        ("bad" if enforced else "good", "Enforce violations", num(enforced), "would be refused"),
+        ("warn" if warned else "good", "Warn violations", num(warned), "would pass, logged"),
+        ("bad" if enforced else "good", "Enforce rate", rate, rate_sub),
     ]
     out = ['<section class="cards" aria-label="Headline figures">\n']
     for tone, label, value, sub in cards:
@@ -208,14 +215,31 @@ def _headline(summary: Mapping[str, Any]) -> str:
             f'<div class="value">{esc(value)}</div><div class="sub">{esc(sub)}</div></div>\n'
         )
     out.append("</section>\n")
+    if enforced + warned != violations:
+        out.append(
+            f'<p class="muted">{num(violations)} violations in all, '
+            f"{num(violations - enforced - warned)} of them in neither mode.</p>\n"
+        )
     return "".join(out)
+
+
+def _by_mode(summary: Mapping[str, Any]) -> tuple[int, int]:
+    """(enforce, warn) violations; a summary without the split counts every one as enforce."""
+    by_mode = summary.get("violations_by_mode")
+    if not isinstance(by_mode, Mapping):
+        return as_int(summary.get("violations")), 0
+    return as_int(by_mode.get("enforce")), as_int(by_mode.get("warn"))
+
+
+def _data_batches(summary: Mapping[str, Any]) -> Any:
+    return summary.get("data_batches", summary.get("batches_scanned"))
 
 
 def _clean_state(summary: Mapping[str, Any]) -> str:
     records = as_int(summary.get("records_scanned"))
     if records:
         text = (
-            f"All {num(records)} records in {num(summary.get('batches_scanned'))} batches "
+            f"All {num(records)} records in {num(_data_batches(summary))} data batches "
             "passed every check."
         )
     else:
@@ -224,6 +248,7 @@ def _clean_state(summary: Mapping[str, Any]) -> str:
 
 
 def _charts(summary: Mapping[str, Any], colours: Mapping[str, str]) -> str:
+    violations = as_int(summary.get("violations"))
     by_policy = sorted_counts(summary.get("violations_by_policy") or {})
     by_topic = sorted_counts(summary.get("violations_by_topic") or {})
     policy_rows = [(name, n, colours.get(name, OTHERS_COLOUR), name) for name, n in by_policy]
@@ -247,7 +272,7 @@ def _charts(summary: Mapping[str, Any], colours: Mapping[str, str]) -> str:
     )
     out.append("</div>\n")
     out.append("<h2>Violations over time</h2>\n")
-    out.append(timeline_chart(summary.get("timeline") or {}, colours))
+    out.append(timeline_chart(summary.get("timeline") or {}, colours, violations=violations))
     return "".join(out)
 
 
@@ -267,8 +292,9 @@ def _codes_table(by_code: Mapping[str, Any], violations: int) -> str:
     if not rows:
         return '<h2>Error codes</h2>\n<p class="empty">No error codes were recorded.</p>\n'
     body = "".join(
-        f"<tr><td><code>{esc(name)}</code></td><td class=num>{esc('' if code is None else code)}"
-        f"</td><td class=num>{num(count)}</td><td class=num>{esc(percent(count, violations))}</td>"
+        f"<tr><td class=name><code>{esc(name)}</code></td>"
+        f"<td class=num>{esc('' if code is None else code)}</td>"
+        f"<td class=num>{num(count)}</td><td class=num>{esc(percent(count, violations))}</td>"
         "</tr>\n"
         for count, name, code in rows
     )
@@ -305,9 +331,11 @@ def _partitions_table(partitions: Mapping[str, Any], colours: Mapping[str, str])
         chips = "".join(_policy_chip(str(p), colours) for p in part.get("policies") or [])
         hot = " hot" if violations else ""
         rows.append(
-            f'<tr><td class="wrap">{esc(topic)}</td>'
+            f'<tr><td class="name">{esc(topic)}</td>'
             f"<td class=num>{'' if partition < 0 else partition}</td>"
-            f"<td class=num>{num(records)}</td><td class=num>{num(part.get('batches'))}</td>"
+            f"<td class=num>{num(records)}</td>"
+            f"<td class=num>{num(part.get('data_batches', part.get('batches')))}</td>"
+            f"<td class=num>{num(part.get('control_batches'))}</td>"
             f'<td class="num{hot}">{num(violations)}</td><td class=num>{esc(rate)}</td>'
             f"<td>{esc(part.get('mode') or '')}</td>"
             f"<td>{'yes' if compacted else 'no' if compacted is not None else ''}</td>"
@@ -315,8 +343,9 @@ def _partitions_table(partitions: Mapping[str, Any], colours: Mapping[str, str])
         )
     return (
         heading + "<div class=table-wrap><table>\n<thead><tr><th>Topic</th>"
-        "<th class=num>Partition</th><th class=num>Records</th><th class=num>Batches</th>"
-        "<th class=num>Violations</th><th class=num>Rate</th><th>Mode</th><th>Compacted</th>"
+        "<th class=num>Partition</th><th class=num>Records</th><th class=num>Data batches</th>"
+        "<th class=num>Control batches</th><th class=num>Violations</th><th class=num>Rate</th>"
+        "<th>Mode</th><th>Compacted</th>"
         f"<th>Policies</th></tr></thead>\n<tbody>\n{''.join(rows)}</tbody>\n</table></div>\n"
     )
 
@@ -326,6 +355,11 @@ def _policy_chip(policy: str, colours: Mapping[str, str]) -> str:
     if colour is None:  # no violations from this policy: no colour to keep consistent
         return f"<span class=chip>{esc(policy)}</span>"
     return f"<span class=chip>{swatch(policy, colour)}{esc(policy)}</span>"
+
+
+def _path_breaks(path: str) -> str:
+    """An escaped path that may wrap after each `/`, between names, never inside one."""
+    return "/<wbr>".join(esc(part) for part in path.split("/"))
 
 
 def _samples_table(
@@ -344,23 +378,22 @@ def _samples_table(
         key = s.get("key_preview")
         size = s.get("value_size")
         position = s.get("position")
-        source = f"<code>{esc(s.get('source') or '')}</code>"
+        source = f"<code>{_path_breaks(str(s.get('source') or ''))}</code>"
         if isinstance(position, int) and position >= 0:
             source += f' <span class="muted nowrap">@ byte {num(position)}</span>'
         code = s.get("error_code")
         rows.append(
-            f'<tr><td class="wrap">{esc(s.get("topic") or "")}</td>'
+            f'<tr><td class="name">{esc(s.get("topic") or "")}</td>'
             f"<td class=num>{esc(opt(s.get('partition')))}</td>"
             f"<td class=num>{esc(num(offset) if as_int(offset) >= 0 else 'unknown')}</td>"
             f'<td class="nowrap">{esc(utc(ts, millis=True) if ts is not None else "—")}</td>'
             f'<td class="nowrap">{swatch(policy, colour)}{esc(policy)}</td>'
-            f"<td><code>{esc(s.get('error_name') or '')}</code>"
+            f"<td class=name><code>{esc(s.get('error_name') or '')}</code>"
             f"{f' <span class=muted>({esc(code)})</span>' if code is not None else ''}</td>"
             f'<td class="msg">{esc(s.get("message") or "")}</td>'
-            f'<td class="wrap">{esc(key) if key is not None else "<span class=muted>—</span>"}'
-            "</td>"
+            f"<td>{esc(key) if key is not None else '<span class=muted>—</span>'}</td>"
             f"<td class=num>{esc(num(size) + ' B' if size is not None else '—')}</td>"
-            f'<td class="wrap">{source}</td></tr>\n'
+            f"<td class=source>{source}</td></tr>\n"
         )
     return (
         heading + note + "<div class=table-wrap><table>\n<thead><tr><th>Topic</th>"

@@ -72,17 +72,26 @@ def hbar_chart(
     return "".join(out)
 
 
-def timeline_chart(timeline: Mapping[str, Any], colours: Mapping[str, str]) -> str:
-    """Stacked bars of violations per policy per time bucket, one group per bucket."""
+def timeline_chart(
+    timeline: Mapping[str, Any], colours: Mapping[str, str], *, violations: int | None = None
+) -> str:
+    """Stacked bars of violations per policy per time bucket, one group per bucket, and a note
+    counting the violations that have no record timestamp and so no place on it."""
     bucket_ms = as_int(timeline.get("bucket_ms"))
     merged: dict[int, dict[str, int]] = {}
     for bucket in timeline.get("buckets") or []:
         counts = merged.setdefault(as_int(bucket.get("start_ms")), {})
         for policy, n in (bucket.get("counts") or {}).items():
             counts[str(policy)] = counts.get(str(policy), 0) + as_int(n)
+    timed = sum(sum(counts.values()) for counts in merged.values())
+    untimed = as_int(timeline.get("untimed"))
+    if violations is not None:
+        untimed = max(untimed, violations - timed)
     if not merged:
+        count = f" ({num(untimed)})" if untimed else ""
         return (
-            '<p class="empty">No violation had a record timestamp, so there is no timeline.</p>\n'
+            f'<p class="empty untimed" data-untimed="{untimed}">No violation{count} had a record '
+            "timestamp, so there is no timeline.</p>\n"
         )
     starts = sorted(merged)
     to_scale = bucket_ms > 0 and (starts[-1] - starts[0]) // bucket_ms < MAX_TIME_SLOTS
@@ -147,9 +156,16 @@ def timeline_chart(timeline: Mapping[str, Any], colours: Mapping[str, str]) -> s
         caption += f", one bar per {span(bucket_ms)}"
     if not to_scale:
         caption += "; buckets are drawn side by side, gaps between them are not to scale"
+    note = ""
+    if untimed:
+        note = (
+            f'<p class="untimed" data-untimed="{untimed}">{num(untimed)} of {num(timed + untimed)}'
+            " violations have no record timestamp (corrupt bytes, offset order, quarantined "
+            "requests without one) and are not in this timeline.</p>\n"
+        )
     return (
         f"<figure>\n<ul class=legend>{legend}</ul>\n{''.join(out)}"
-        f"<figcaption>{esc(caption)}.</figcaption>\n</figure>\n"
+        f"<figcaption>{esc(caption)}.</figcaption>\n{note}</figure>\n"
     )
 
 

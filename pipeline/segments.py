@@ -8,6 +8,10 @@ of about `RANGE_BYTES`. A batch whose frame is broken (a length past the end of 
 the minimum, an unknown magic) cannot be stepped over by its length: the planner reports the
 bytes from there to the next batch it can verify (magic 2, sane length, valid CRC) as one corrupt
 region, and the scan goes on after it.
+
+The same pass checks what no CRC covers: the offset field of each batch. Offsets must rise from
+batch to batch within a segment, and the first batch may not start below the offset the file is
+named after; a batch that breaks this is reported as an `OffsetDisorder` (check `offset_order`).
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from protocol.records.layout import (
 )
 
 __all__ = [
+    "OFFSET_ORDER",
     "RANGE_BYTES",
     "CorruptRegion",
     "JournalSegment",
+    "OffsetDisorder",
     "SegmentFile",
     "SegmentRange",
     "discover",
+    "name_offset",
     "plan_segment",
 ]
 
@@ -44,11 +51,14 @@ RANGE_BYTES = 32 * 1024 * 1024
 
 _PREFIX = struct.Struct(">qi")
 _HEAD = 17  # offset, length, leader epoch / crc, magic: enough to step and to check the magic
+_V2_HEAD = 27  # ... then crc, attributes and lastOffsetDelta (a magic 2 batch's last offset)
+_V2_LAST_DELTA = struct.Struct(">i")
+_V2_LAST_DELTA_POS = 23
 _V2_CRC = struct.Struct(">I")
 _RESYNC_CHUNK = 1024 * 1024
 _MAX_BATCH = 0x7FFFFFFF
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-_SEGMENT = re.compile(r"^\d+\.log$")
+_SEGMENT = re.compile(r"^(?P<base>\d+)\.log$")
 _JOURNAL_SEGMENT = re.compile(r"^\d{20}\.kvq$")
 _WORKER_JOURNAL = re.compile(r"^worker-\d+$")
 """Where each worker of `kvproxy serve --workers N` keeps its journal, inside quarantine.dir."""
@@ -90,9 +100,40 @@ class CorruptRegion:
     partition: int
     start: int
     end: int
-    base_offset: int
-    """The offset field at `start` when at least 8 bytes are there, else -1."""
     reason: str
+    offset: int | None = None
+    """The offset field at `start` for a truncated last batch (its header whole and sane, only
+    its bytes run past the end of the file, no batch after it); None (unknown) for bytes skipped
+    up to a resynced batch: they frame no batch, so their first 8 bytes are no offset."""
+
+
+OFFSET_ORDER = "offset_order"
+"""The name violations of the offset order carry in their `policy` column."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDisorder:
+    """A batch whose offset breaks the segment's order: reported as a violation; its bytes are
+    still checked by the range that holds them."""
+
+    uri: str
+    topic: str
+    partition: int
+    position: int
+    """The byte where the batch starts."""
+    offset: int
+    """The batch's offset field (its base offset; the last offset for magic 0/1)."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """Where a batch sits and the offsets its header names."""
+
+    position: int
+    end: int
+    first: int
+    last: int
 
 
 def _partition_of(folder_name: str) -> tuple[str, int] | None:
@@ -156,28 +197,96 @@ def discover(uri: str) -> list[SegmentFile | JournalSegment]:
 
 def plan_segment(
     segment: SegmentFile, range_bytes: int = RANGE_BYTES
-) -> list[SegmentRange | CorruptRegion]:
-    """Cut one segment into ranges of whole batches, reading only batch headers."""
+) -> list[SegmentRange | CorruptRegion | OffsetDisorder]:
+    """Cut one segment into ranges of whole batches, reading only batch headers; report bytes
+    that frame no batch and batches whose offsets break the order."""
     size = files.size(segment.uri)
-    out: list[SegmentRange | CorruptRegion] = []
+    out: list[SegmentRange | CorruptRegion | OffsetDisorder] = []
+    order = _OffsetOrder(segment)
     with files.open_binary(segment.uri) as handle:
         start = pos = 0
         while pos < size:
             step = _step(handle, pos, size)
-            if isinstance(step, int):
-                pos = step
+            if isinstance(step, _Head):
+                out.extend(order.see(step))
+                pos = step.end
                 if pos - start >= range_bytes:
                     out.append(_range(segment, start, pos))
                     start = pos
                 continue
             if pos > start:
                 out.append(_range(segment, start, pos))
+            reason, offset = step
             resume = _resync(handle, pos + 1, size)
-            out.append(_region(segment, handle, pos, resume, step))
+            # Resynced: the length was wrong, so the rest of that header is not trusted either.
+            known = offset if resume == size else None
+            out.append(_region(segment, pos, resume, reason, known))
             start = pos = resume
         if pos > start:
             out.append(_range(segment, start, pos))
     return out
+
+
+def name_offset(uri: str) -> int | None:
+    """The base offset a segment file is named after (`00000000000000000100.log`), if it is."""
+    match = _SEGMENT.match(_name(uri))
+    return int(match["base"]) if match else None
+
+
+class _OffsetOrder:
+    """Follows the batches of one segment in file order and reports those out of order.
+
+    A single batch whose offset field jumped (a flipped byte: 99, 155, 101) breaks the order
+    with both neighbours; when the batch after it fits the one before it, the jumping batch is
+    the one reported, not its innocent successor.
+    """
+
+    def __init__(self, segment: SegmentFile) -> None:
+        self.segment = segment
+        self.named = name_offset(segment.uri)
+        self.before: _Head | None = None
+        self.previous: _Head | None = None
+
+    def see(self, head: _Head) -> list[OffsetDisorder]:
+        found: list[OffsetDisorder] = []
+        before, previous = self.before, self.previous
+        if previous is None:
+            if self.named is not None and head.first < self.named:
+                found.append(
+                    self._disorder(
+                        head,
+                        f"first batch at byte {head.position} has base offset {head.first}, "
+                        f"below the segment's base offset {self.named} (its file name)",
+                    )
+                )
+        elif head.first <= previous.last:
+            spike = before is not None and previous.first > before.last and head.first > before.last
+            if spike and before is not None:
+                found.append(
+                    self._disorder(
+                        previous,
+                        f"batch at byte {previous.position} has offset {previous.first}, out of "
+                        f"order between offsets {before.last} (byte {before.position}) and "
+                        f"{head.first} (byte {head.position})",
+                    )
+                )
+            else:
+                found.append(
+                    self._disorder(
+                        head,
+                        f"batch at byte {head.position} has offset {head.first}, not above the "
+                        f"last offset {previous.last} of the batch before it "
+                        f"(byte {previous.position})",
+                    )
+                )
+        self.before, self.previous = previous, head
+        return found
+
+    def _disorder(self, head: _Head, reason: str) -> OffsetDisorder:
+        segment = self.segment
+        return OffsetDisorder(
+            segment.uri, segment.topic, segment.partition, head.position, head.first, reason
+        )
 
 
 def _range(segment: SegmentFile, start: int, end: int) -> SegmentRange:
@@ -185,36 +294,36 @@ def _range(segment: SegmentFile, start: int, end: int) -> SegmentRange:
 
 
 def _region(
-    segment: SegmentFile, handle: IO[bytes], start: int, end: int, reason: str
+    segment: SegmentFile, start: int, end: int, reason: str, offset: int | None
 ) -> CorruptRegion:
-    handle.seek(start)
-    head = handle.read(8)
-    base_offset = _PREFIX.unpack_from(head + bytes(4))[0] if len(head) == 8 else -1
-    return CorruptRegion(
-        segment.uri, segment.topic, segment.partition, start, end, base_offset, reason
-    )
+    return CorruptRegion(segment.uri, segment.topic, segment.partition, start, end, reason, offset)
 
 
-def _step(handle: IO[bytes], pos: int, size: int) -> int | str:
-    """Where the batch at `pos` ends, or why it cannot be stepped over (its frame is broken)."""
+def _step(handle: IO[bytes], pos: int, size: int) -> _Head | tuple[str, int | None]:
+    """The batch at `pos` (where it ends, its offsets), or why it cannot be stepped over (its
+    frame is broken) and its offset if the header is sane and only its bytes run short."""
     left = size - pos
     handle.seek(pos)
-    head = handle.read(min(_HEAD, left))
+    head = handle.read(min(_V2_HEAD, left))
     if len(head) < LOG_OVERHEAD:
-        return f"truncated batch header at byte {pos}: {len(head)} bytes left in the file"
-    length: int = _PREFIX.unpack_from(head)[1]
+        return f"truncated batch header at byte {pos}: {len(head)} bytes left in the file", None
+    offset, length = _PREFIX.unpack_from(head)
     if length < MIN_LENGTH:
-        return f"batch at byte {pos} has length {length}, below the minimum"
+        return f"batch at byte {pos} has length {length}, below the minimum", None
+    needs = f"needs {LOG_OVERHEAD + length} bytes, {left} left"
     if len(head) < _HEAD:
-        return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
+        return f"truncated batch at byte {pos}: {needs}", None
     magic = head[16]
     if magic > 2:
-        return f"batch at byte {pos} has unknown magic {magic}"
+        return f"batch at byte {pos} has unknown magic {magic}", None
     if length < MIN_LENGTH_BY_MAGIC[magic]:
-        return f"magic {magic} batch at byte {pos} has length {length}, below the minimum"
+        return f"magic {magic} batch at byte {pos} has length {length}, below the minimum", None
     if LOG_OVERHEAD + length > left:
-        return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
-    return pos + LOG_OVERHEAD + length
+        return f"truncated batch at byte {pos}: {needs}", offset
+    last = offset
+    if magic == 2:  # its length is at least MIN_LENGTH_BY_MAGIC[2], so the delta was read
+        last = offset + _V2_LAST_DELTA.unpack_from(head, _V2_LAST_DELTA_POS)[0]
+    return _Head(pos, pos + LOG_OVERHEAD + length, offset, last)
 
 
 def _resync(handle: IO[bytes], pos: int, size: int) -> int:

@@ -20,9 +20,12 @@ def write_config(folder: Path, text: str) -> str:
 def audit(
     spark: Any, tmp_path: Path, *, out: io.StringIO | None = None, **kwargs: Any
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the audit; what it prints goes to `out` when given."""
+    """Run the audit; what it prints (progress and the final summary) goes to `out` when given."""
     output = tmp_path / "out"
-    summary = run_audit(AuditRequest(output=str(output), **kwargs), spark, out=out or io.StringIO())
+    sink = out or io.StringIO()
+    summary = run_audit(
+        AuditRequest(output=str(output), **kwargs), spark, out=sink, summary_out=sink
+    )
     rows = [row.asDict() for row in spark.read.parquet(str(output / "violations")).collect()]
     assert json.loads((output / "summary.json").read_text()) == summary
     return summary, rows

@@ -102,6 +102,7 @@ def test_live_topic_and_journal_give_what_the_proxy_warned(
         ),
         spark,
         out=io.StringIO(),
+        summary_out=io.StringIO(),
     )
     rows = [r.asDict() for r in spark.read.parquet(str(output / "violations")).collect()]
     live = [r for r in rows if r["offset"] >= 0]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -147,7 +149,7 @@ def test_generated_segment_yields_exactly_the_expected_violations(
         ("crc", 2, flipped.base_offset, flipped.position),
         ("timestamps", 32, future.base_offset + 1, future.position),
         ("compacted_key", 87, keyless.base_offset + 1, keyless.position),
-        ("batch_integrity", 2, 0x63, placed[-3].position),  # the garbage, then resynced
+        ("batch_integrity", 2, None, placed[-3].position),  # garbage: no offset; resynced
         ("compacted_key", 87, 99, after.position),
         ("batch_integrity", 2, 101, placed[-1].position),  # the truncated tail
     }
@@ -255,3 +257,77 @@ def test_ship_packages_puts_the_project_on_the_executors(spark: Any) -> None:
         .collect()
     )
     assert paths[0], "the zip is on the executors' sys.path"
+
+
+def test_offsets_out_of_order_are_reported_with_the_batch_that_broke_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The offset field is outside the CRC: a flipped bit there passes every batch check."""
+    data = bytearray((TESTDATA_LOGS / "cities-0" / "00000000000000000000.log").read_bytes())
+    heads = batch_heads(bytes(data))
+    assert [offset for _, offset in heads] == list(range(11))
+    up, down = heads[5][0], heads[8][0]
+    data[up + 7] ^= 0x38  # offset 5 becomes 61: 4, 61, 6
+    data[down + 7] ^= 0x08  # offset 8 becomes 0: 7, 0, 9
+    logs = tmp_path / "logs"
+    (logs / "cities-0").mkdir(parents=True)
+    (logs / "cities-0" / "00000000000000000000.log").write_bytes(bytes(data))
+    # an intact segment under a name it does not match: it says its first offset is 3
+    (logs / "cities-1").mkdir()
+    (logs / "cities-1" / "00000000000000000003.log").write_bytes(
+        (TESTDATA_LOGS / "cities-0" / "00000000000000000000.log").read_bytes()
+    )
+    out = io.StringIO()
+    summary, rows = audit(spark, tmp_path, inputs=(str(logs),), out=out)
+
+    found = sorted((r["partition"], r["position"], r["offset"], r["policy"]) for r in rows)
+    assert found == [
+        (0, up, 61, "offset_order"),
+        (0, down, 0, "offset_order"),
+        (1, 0, 0, "offset_order"),
+    ]
+    by_position = {(r["partition"], r["position"]): r for r in rows}
+    assert by_position[(0, up)]["message"] == (
+        "Offsets out of order in topic partition cities-0: batch at byte 371 has offset 61, "
+        "out of order between offsets 4 (byte 297) and 6 (byte 444)"
+    )
+    assert by_position[(0, down)]["message"].endswith(
+        "batch at byte 594 has offset 0, not above the last offset 7 of the batch before it "
+        "(byte 517)"
+    )
+    assert by_position[(1, 0)]["message"].endswith(
+        "first batch at byte 0 has base offset 0, below the segment's base offset 3 (its file name)"
+    )
+    assert {r["error_name"] for r in rows} == {"CORRUPT_MESSAGE"}
+    assert summary["violations_by_policy"] == {"offset_order": 3}
+    assert summary["partitions"]["cities-0"]["violations"] == 2
+    assert summary["partitions"]["cities-0"]["records"] == 11  # the batches are still checked
+    assert "2 batches out of offset order" not in out.getvalue()
+    assert "3 batches out of offset order" in out.getvalue()
+
+
+def batch_heads(data: bytes) -> list[tuple[int, int]]:
+    """(position, offset field) of every batch of an intact segment."""
+    heads = []
+    position = 0
+    while position < len(data):
+        offset, length = struct.unpack_from(">qi", data, position)
+        heads.append((position, offset))
+        position += 12 + length
+    return heads
+
+
+def test_control_batches_are_counted_apart_and_said_so(spark: Any, tmp_path: Path) -> None:
+    now_ms = int(time.time() * 1000)
+    parts, _ = _generated_parts(now_ms)
+    write_segment(tmp_path / "logs", "gen", 0, parts)
+    out = io.StringIO()
+    summary, _ = audit(spark, tmp_path, inputs=(str(tmp_path / "logs"),), now_ms=now_ms, out=out)
+    data_batches = len(parts) - 1
+    assert (summary["data_batches"], summary["control_batches"]) == (data_batches, 1)
+    assert summary["batches_scanned"] == data_batches  # kept for readers of older summaries
+    partition = summary["partitions"]["gen-0"]
+    assert (partition["data_batches"], partition["control_batches"]) == (data_batches, 1)
+    assert f"in {data_batches} data batches + 1 control batch (not checked)" in out.getvalue()
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert f'{data_batches:,}</div><div class="sub">+ 1 control batch, not checked' in report

@@ -66,11 +66,8 @@ def test_a_broken_frame_is_one_region_and_planning_resumes(tmp_path: Path) -> No
     assert [type(p).__name__ for p in planned] == ["SegmentRange", "CorruptRegion", "SegmentRange"]
     region = planned[1]
     assert isinstance(region, CorruptRegion)
-    assert (region.start, region.end, region.base_offset) == (
-        placed[2].position,
-        placed[3].position,
-        2,
-    )
+    assert (region.start, region.end) == (placed[2].position, placed[3].position)
+    assert region.offset is None  # its length was garbage: the offset beside it is no offset
     assert "truncated batch at byte" in region.reason
     assert tile(planned) == [
         (0, placed[2].position),
@@ -235,7 +232,9 @@ def test_parse_now_and_key_preview_and_buckets() -> None:
     assert key_preview(b"order-17") == "order-17"
     assert key_preview(b"\x00\x01") == "0x0001"
     assert key_preview(b"k" * 40) == "k" * 32 + "…"
-    assert bucket_size_ms(0, 30 * 60_000) == 60_000
+    assert bucket_size_ms(0, 30 * 60_000) == 30_000
+    assert bucket_size_ms(0, 3_600_000) == 60_000  # an hour of violations: 60 bars, not one
+    assert bucket_size_ms(5_000, 15_000) == 1_000
     assert bucket_size_ms(0, 10 * 86_400_000) == 6 * 3_600_000
 
 

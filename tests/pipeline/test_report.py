@@ -237,7 +237,7 @@ def test_page_is_balanced_and_shows_the_figures() -> None:
         r"INVALID_RECORD 87 11 64\.7%.*INVALID_TIMESTAMP 32 4.*CORRUPT_MESSAGE 2 2", text
     )
     # partitions, most violations first
-    assert text.index("cities 0 120 118 14") < text.index("orders 0 250 248 2")
+    assert text.index("cities 0 120 118 0 14") < text.index("orders 0 250 248 0 2")
     # sample rows: unknown offset, a source position, sizes
     assert "unknown" in text
     assert "@ byte 4,096" in text
@@ -307,7 +307,7 @@ def test_zero_violations_shows_the_clean_state_and_no_charts() -> None:
     parser = parse(page)
     text = text_of(parser)
     assert "No violations" in text
-    assert "All 381 records in 377 batches passed every check." in text
+    assert "All 381 records in 377 data batches passed every check." in text
     assert "<svg" not in page
     assert svgs(parser) == []
     assert "0%" in text
@@ -417,3 +417,91 @@ def test_timeline_ticks_show_the_date_only_when_it_changes() -> None:
     assert len(bucket_groups(parser)) == 5  # the empty hour has no group but keeps its place
     starts = [int(g["data-start-ms"] or 0) for g in bucket_groups(parser)]
     assert starts == [B0, B0 + HOUR_MS, B0 + 2 * HOUR_MS, B0 + 4 * HOUR_MS, B0 + 5 * HOUR_MS]
+
+
+def untimed_notes(parser: Structure) -> list[int]:
+    return [
+        int(a.get("data-untimed") or 0) for t, a in parser.tags if a.get("data-untimed") is not None
+    ]
+
+
+def test_every_violation_is_in_the_timeline_or_counted_as_without_a_timestamp() -> None:
+    summary = realistic_summary()  # 17 violations, all of them in a bucket
+    summary["violations"] = 20
+    summary["timeline"]["untimed"] = 3
+    parser = parse(render_report(summary, realistic_samples()))
+    drawn = 0
+    for tag, attrs in parser.tags:
+        if tag == "rect" and "rx" not in attrs and attrs.get("data-policy"):
+            drawn += 1  # one rect per policy per bucket; the counts are in their titles
+    in_buckets = sum(sum(b["counts"].values()) for b in summary["timeline"]["buckets"])
+    assert untimed_notes(parser) == [3]
+    assert in_buckets + untimed_notes(parser)[0] == summary["violations"]
+    assert "3 of 20 violations have no record timestamp" in text_of(parser)
+    assert drawn == 9
+
+
+def test_a_summary_without_the_untimed_count_still_accounts_for_every_violation() -> None:
+    summary = realistic_summary()
+    summary["violations"] = 20  # 3 more than the buckets hold, and no "untimed" key
+    parser = parse(render_report(summary, realistic_samples()))
+    assert untimed_notes(parser) == [3]
+
+
+def test_no_note_when_every_violation_has_a_timestamp() -> None:
+    parser = parse(render_report(realistic_summary(), realistic_samples()))
+    assert untimed_notes(parser) == []
+    assert "no record timestamp" not in text_of(parser)
+
+
+def test_no_timeline_at_all_counts_the_violations_without_a_timestamp() -> None:
+    summary = realistic_summary()
+    summary["timeline"] = {"bucket_ms": 0, "buckets": [], "untimed": 17}
+    parser = parse(render_report(summary, realistic_samples()))
+    assert untimed_notes(parser) == [17]
+    assert "No violation (17) had a record timestamp" in text_of(parser)
+
+
+def css_rules(page: str) -> dict[str, str]:
+    style = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    rules: dict[str, str] = {}
+    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", style):
+        for selector in selectors.split(","):
+            rules[selector.strip()] = rules.get(selector.strip(), "") + ";" + body
+    return rules
+
+
+def test_table_cells_never_break_inside_a_word() -> None:
+    page = render_report(realistic_summary(), realistic_samples())
+    rules = css_rules(page)
+    for selector in ("td", "td code"):
+        assert "word-break:normal" in rules[selector], selector
+        assert "overflow-wrap:normal" in rules[selector], selector
+    assert "overflow-x:auto" in rules[".table-wrap"]  # too wide: the table scrolls, not clips
+    parser = parse(page)
+    classes = [a.get("class") or "" for t, a in parser.tags if t == "td"]
+    assert not [c for c in classes if "wrap" in c.split()]  # no break-anywhere cell left
+    assert "anywhere" not in rules[".msg"]
+    # names stay whole; long paths may wrap only after a slash
+    assert "white-space:nowrap" in rules["td.name"]
+    assert "/<wbr>data/<wbr>kafka-logs/<wbr>cities-0/<wbr>00000000000000000000.log" in page
+    cells = re.findall(r"<td class=name><code>([^<]*)</code>", page)
+    assert "INVALID_RECORD" in cells
+
+
+def test_headline_separates_enforce_and_warn_violations() -> None:
+    summary = realistic_summary()
+    summary["violations_by_mode"] = {"enforce": 15, "warn": 2}
+    text = text_of(parse(render_report(summary, realistic_samples())))
+    assert "Enforce violations 15 would be refused" in text
+    assert "Warn violations 2 would pass, logged" in text
+    assert "Enforce rate 3.94% enforce violations per record scanned" in text  # 15 / 381
+    assert "Violations 17" not in text
+
+
+def test_control_batches_are_counted_apart_from_data_batches() -> None:
+    summary = realistic_summary()
+    summary["data_batches"] = 377
+    text = text_of(parse(render_report(summary, realistic_samples())))
+    assert "Data batches 377 + 2 control batches, not checked" in text
+    assert "Data batches Control batches" in text  # the partition table's columns
