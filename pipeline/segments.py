@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-import crc32c
-
 from pipeline import files
-from protocol.records.layout import (
-    LOG_OVERHEAD,
-    MIN_LENGTH,
-    MIN_LENGTH_BY_MAGIC,
-    V2_ATTRIBUTES_POS,
-    V2_CRC_POS,
+from protocol.records.segment import (
+    FRAME_HEAD,
+    ReadAt,
+    frame_end,
+    partition_of,
+    resync,
+    segment_base_offset,
 )
 
 __all__ = [
@@ -43,12 +41,6 @@ RANGE_BYTES = 32 * 1024 * 1024
 """Target size of one task's range; a range ends at the first batch boundary past it."""
 
 _PREFIX = struct.Struct(">qi")
-_HEAD = 17  # offset, length, leader epoch / crc, magic: enough to step and to check the magic
-_V2_CRC = struct.Struct(">I")
-_RESYNC_CHUNK = 1024 * 1024
-_MAX_BATCH = 0x7FFFFFFF
-_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-_SEGMENT = re.compile(r"^\d+\.log$")
 _JOURNAL_SEGMENT = re.compile(r"^\d{20}\.kvq$")
 _WORKER_JOURNAL = re.compile(r"^worker-\d+$")
 """Where each worker of `kvproxy serve --workers N` keeps its journal, inside quarantine.dir."""
@@ -95,11 +87,8 @@ class CorruptRegion:
     reason: str
 
 
-def _partition_of(folder_name: str) -> tuple[str, int] | None:
-    match = _PARTITION_DIR.match(folder_name)
-    if match is None:
-        return None
-    return match["topic"], int(match["partition"])
+def _is_segment(uri: str) -> bool:
+    return segment_base_offset(_name(uri)) is not None
 
 
 def _name(uri: str) -> str:
@@ -119,7 +108,7 @@ def discover(uri: str) -> list[SegmentFile | JournalSegment]:
         name = _name(uri)
         if _JOURNAL_SEGMENT.match(name) or name.endswith(".kvq"):
             return [JournalSegment(uri)]
-        owner = _partition_of(_parent_name(uri))
+        owner = partition_of(_parent_name(uri))
         if owner is None:
             raise files.InputError(
                 f"{uri}: a segment file must sit in a <topic>-<partition> folder, as a broker "
@@ -135,17 +124,15 @@ def discover(uri: str) -> list[SegmentFile | JournalSegment]:
             )
     if journal:
         return list(journal)
-    owner = _partition_of(_name(uri))
-    segments = [c for c in children if _SEGMENT.match(_name(c))]
+    owner = partition_of(_name(uri))
+    segments = [c for c in children if _is_segment(c)]
     if owner is not None and segments:
         return [SegmentFile(c, *owner) for c in segments]
     for child in children:
-        child_owner = _partition_of(_name(child))
+        child_owner = partition_of(_name(child))
         if child_owner is None or not files.is_dir(child):
             continue
-        found.extend(
-            SegmentFile(c, *child_owner) for c in files.list_dir(child) if _SEGMENT.match(_name(c))
-        )
+        found.extend(SegmentFile(c, *child_owner) for c in files.list_dir(child) if _is_segment(c))
     if not found:
         raise files.InputError(
             f"{uri}: no Kafka log segments (<topic>-<partition>/<offset>.log) and no quarantine "
@@ -195,59 +182,21 @@ def _region(
     )
 
 
+def _reader(handle: IO[bytes]) -> ReadAt:
+    def read(pos: int, count: int) -> bytes:
+        handle.seek(pos)
+        return handle.read(count)
+
+    return read
+
+
 def _step(handle: IO[bytes], pos: int, size: int) -> int | str:
     """Where the batch at `pos` ends, or why it cannot be stepped over (its frame is broken)."""
-    left = size - pos
     handle.seek(pos)
-    head = handle.read(min(_HEAD, left))
-    if len(head) < LOG_OVERHEAD:
-        return f"truncated batch header at byte {pos}: {len(head)} bytes left in the file"
-    length: int = _PREFIX.unpack_from(head)[1]
-    if length < MIN_LENGTH:
-        return f"batch at byte {pos} has length {length}, below the minimum"
-    if len(head) < _HEAD:
-        return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
-    magic = head[16]
-    if magic > 2:
-        return f"batch at byte {pos} has unknown magic {magic}"
-    if length < MIN_LENGTH_BY_MAGIC[magic]:
-        return f"magic {magic} batch at byte {pos} has length {length}, below the minimum"
-    if LOG_OVERHEAD + length > left:
-        return f"truncated batch at byte {pos}: needs {LOG_OVERHEAD + length} bytes, {left} left"
-    return pos + LOG_OVERHEAD + length
+    end = frame_end(handle.read(min(FRAME_HEAD, size - pos)), pos, size)
+    return end if isinstance(end, int) else str(end)
 
 
 def _resync(handle: IO[bytes], pos: int, size: int) -> int:
     """The first position >= `pos` where a verifiable magic 2 batch starts, else `size`."""
-    while pos < size:
-        handle.seek(pos)
-        chunk = handle.read(min(_RESYNC_CHUNK + _HEAD, size - pos))
-        for candidate in _magic2_candidates(chunk):
-            at = pos + candidate
-            if _verifies(handle, at, size):
-                return at
-        pos += _RESYNC_CHUNK
-    return size
-
-
-def _magic2_candidates(chunk: bytes) -> Iterator[int]:
-    """Positions in `chunk` whose magic byte would be 2 (byte 16 of a batch)."""
-    index = chunk.find(b"\x02", 16)
-    limit = min(len(chunk), _RESYNC_CHUNK + 16)
-    while 0 <= index < limit:
-        yield index - 16
-        index = chunk.find(b"\x02", index + 1)
-
-
-def _verifies(handle: IO[bytes], at: int, size: int) -> bool:
-    handle.seek(at)
-    head = handle.read(_HEAD)
-    if len(head) < _HEAD:
-        return False
-    base_offset, length = _PREFIX.unpack_from(head)
-    if base_offset < 0 or not MIN_LENGTH_BY_MAGIC[2] <= length <= min(_MAX_BATCH, size - at - 12):
-        return False
-    handle.seek(at + V2_CRC_POS)
-    body = handle.read(LOG_OVERHEAD + length - V2_CRC_POS)
-    (crc,) = _V2_CRC.unpack_from(body)
-    return bool(crc32c.crc32c(body[V2_ATTRIBUTES_POS - V2_CRC_POS :]) == crc)
+    return resync(_reader(handle), pos, size)
