@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from protocol.compression import Codec
-from protocol.errors import CorruptRecords, DecodeError
+from protocol.errors import DecodeError
 from protocol.records import Record, RecordBatch, read_batch
 from protocol.records.segment import (
     FRAME_HEAD,
@@ -239,19 +239,16 @@ def _dump_batch(
         summary.batches += 1
     summary.magics.add(batch.magic)
     summary.codecs.add(batch.codec.name.lower())
-    crc_ok = batch.crc_valid()
-    if not crc_ok:
+    crc_error = _crc_error(batch)
+    crc_ok = crc_error is None
+    if crc_error is not None:
         summary.crc_errors += 1
-        _report(
-            summary,
-            path,
-            position,
-            f"CRC mismatch (stored {batch.crc}, computed {batch.computed_crc()})",
-        )
-    offset_problem = offsets.check(position, batch)
-    if offset_problem is not None:
-        summary.offset_errors += 1
-        _report(summary, path, position, offset_problem)
+        _report(summary, path, position, crc_error)
+    else:  # a batch whose CRC fails has no offsets to trust
+        offset_problem = offsets.check(position, batch)
+        if offset_problem is not None:
+            summary.offset_errors += 1
+            _report(summary, path, position, offset_problem)
     records: list[Record] | None = None
     count: int | None = batch.record_count if batch.magic == 2 else None
     if crc_ok:
@@ -268,15 +265,25 @@ def _dump_batch(
                 out.write(_record_line(offset, record) + "\n")
 
 
+def _crc_error(batch: RecordBatch) -> str | None:
+    """Why the batch's CRC fails, or None; a legacy wrapper's inner CRCs are checked once its
+    own holds (that decompresses it)."""
+    if not batch.crc_valid():
+        return f"CRC mismatch (stored {batch.crc}, computed {batch.computed_crc()})"
+    try:
+        inner = batch.bad_inner_crc()
+    except DecodeError:  # the wrapper does not decompress: reported with its records
+        return None
+    if inner is not None:
+        return f"CRC mismatch in an inner message (stored {inner[0]}, computed {inner[1]})"
+    return None
+
+
 def _read_records(
     batch: RecordBatch, summary: DumpSummary, options: DumpOptions
 ) -> tuple[list[Record] | None, int]:
-    """Records (when printed), and the count; a legacy wrapper's inner CRCs are checked here,
-    once its outer CRC holds. Only data batches add to `records` and `null_keys`."""
-    if not batch.inner_crcs_valid():
-        stored, computed = batch.bad_inner_crc() or (batch.crc, batch.computed_crc())
-        summary.crc_errors += 1
-        raise CorruptRecords(f"inner message CRC mismatch (stored {stored}, computed {computed})")
+    """Records (when printed), and the count. Only data batches add to `records` and
+    `null_keys`."""
     records: list[Record] | None = None
     if options.with_records and options.text:
         records = list(batch.records())
