@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -112,7 +115,7 @@ def test_truncated_file_reported_and_scan_continues(
     assert result["errors"] == [
         {"file": str(broken), "position": fifth, "error": result["errors"][0]["error"]}  # type: ignore[index]
     ]
-    assert "BufferUnderflow" in result["errors"][0]["error"]  # type: ignore[index]
+    assert "BufferUnderflow" in result["errors"][0]["error"]
     assert str(broken) in err and f"byte {fifth}" in err
 
 
@@ -398,3 +401,25 @@ def test_preview_shows_utf8_text_with_line_breaks() -> None:
     assert dump.preview(value) == repr('{"note": "première\r\nligne"}')
     assert dump.preview(b"a\tb\nc") == repr("a\tb\nc")
     assert dump.preview(b"\x00\x01") == "0x0001"
+
+
+def test_legacy_inner_crc_is_a_crc_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A compressed magic 1 wrapper whose own CRC holds but one of whose inner messages was
+    changed: a CRC error, its records left uncounted."""
+    inner = bytearray(build_batch([(b"a", b"hello", None, 1), (b"b", b"world", None, 2)], magic=1))
+    inner[-1] ^= 0x01  # the last byte of the second inner message's value
+    value = gzip.compress(bytes(inner))
+    body = struct.pack(">bbqi", 1, int(Codec.GZIP), 2, -1) + struct.pack(">i", len(value)) + value
+    wrapper = struct.pack(">qiI", 1, 4 + len(body), zlib.crc32(body)) + body
+    segment = tmp_path / "legacy-0" / "00000000000000000000.log"
+    segment.parent.mkdir()
+    segment.write_bytes(wrapper + build_batch([(b"c", b"!", None, 3)], base_offset=2))
+    code, result, _ = summary(capsys, segment)
+    assert code == 1
+    assert (result["crc_errors"], result["batches"], result["records"]) == (1, 2, 1)
+    assert result["errors"][0]["position"] == 0  # type: ignore[index]
+    assert "inner message" in result["errors"][0]["error"]  # type: ignore[index]
+    code, out, _ = run_dump(capsys, segment)
+    assert "(BAD)" in out.splitlines()[1] and "(ok)" in out.splitlines()[2]
