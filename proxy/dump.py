@@ -201,7 +201,7 @@ def _scan_file(
         handle.seek(pos)
         return handle.read(count)
 
-    offsets = _OffsetOrder(path, segment_base_offset(path.name))
+    offsets = _OffsetOrder(segment_base_offset(path.name))
     position = 0
     while position < size:
         end = frame_end(read(position, FRAME_HEAD), position, size)
@@ -307,8 +307,7 @@ class _OffsetOrder:
     magic 0/1 the stored offset is a wrapper's last one; it must still be above the batch before.
     """
 
-    def __init__(self, path: Path, name_offset: int | None) -> None:
-        self.path = path
+    def __init__(self, name_offset: int | None) -> None:
         self.name_offset = name_offset
         self.last: tuple[int, int] | None = None  # (position, last offset) of the batch before
 
