@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-import crc32c
-
 from pipeline import files
-from protocol.records.layout import (
-    LOG_OVERHEAD,
-    MIN_LENGTH,
-    MIN_LENGTH_BY_MAGIC,
-    V2_ATTRIBUTES_POS,
-    V2_CRC_POS,
+from protocol.records.layout import MIN_LENGTH_BY_MAGIC
+from protocol.records.segment import (
+    ReadAt,
+    frame_end,
+    partition_of,
+    resync,
+    segment_base_offset,
 )
 
 __all__ = [
@@ -54,11 +52,6 @@ _HEAD = 17  # offset, length, leader epoch / crc, magic: enough to step and to c
 _V2_HEAD = 27  # ... then crc, attributes and lastOffsetDelta (a magic 2 batch's last offset)
 _V2_LAST_DELTA = struct.Struct(">i")
 _V2_LAST_DELTA_POS = 23
-_V2_CRC = struct.Struct(">I")
-_RESYNC_CHUNK = 1024 * 1024
-_MAX_BATCH = 0x7FFFFFFF
-_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-_SEGMENT = re.compile(r"^(?P<base>\d+)\.log$")
 _JOURNAL_SEGMENT = re.compile(r"^\d{20}\.kvq$")
 _WORKER_JOURNAL = re.compile(r"^worker-\d+$")
 """Where each worker of `kvproxy serve --workers N` keeps its journal, inside quarantine.dir."""
@@ -136,11 +129,8 @@ class _Head:
     last: int
 
 
-def _partition_of(folder_name: str) -> tuple[str, int] | None:
-    match = _PARTITION_DIR.match(folder_name)
-    if match is None:
-        return None
-    return match["topic"], int(match["partition"])
+def _is_segment(uri: str) -> bool:
+    return segment_base_offset(_name(uri)) is not None
 
 
 def _name(uri: str) -> str:
@@ -160,7 +150,7 @@ def discover(uri: str) -> list[SegmentFile | JournalSegment]:
         name = _name(uri)
         if _JOURNAL_SEGMENT.match(name) or name.endswith(".kvq"):
             return [JournalSegment(uri)]
-        owner = _partition_of(_parent_name(uri))
+        owner = partition_of(_parent_name(uri))
         if owner is None:
             raise files.InputError(
                 f"{uri}: a segment file must sit in a <topic>-<partition> folder, as a broker "
@@ -176,17 +166,15 @@ def discover(uri: str) -> list[SegmentFile | JournalSegment]:
             )
     if journal:
         return list(journal)
-    owner = _partition_of(_name(uri))
-    segments = [c for c in children if _SEGMENT.match(_name(c))]
+    owner = partition_of(_name(uri))
+    segments = [c for c in children if _is_segment(c)]
     if owner is not None and segments:
         return [SegmentFile(c, *owner) for c in segments]
     for child in children:
-        child_owner = _partition_of(_name(child))
+        child_owner = partition_of(_name(child))
         if child_owner is None or not files.is_dir(child):
             continue
-        found.extend(
-            SegmentFile(c, *child_owner) for c in files.list_dir(child) if _SEGMENT.match(_name(c))
-        )
+        found.extend(SegmentFile(c, *child_owner) for c in files.list_dir(child) if _is_segment(c))
     if not found:
         raise files.InputError(
             f"{uri}: no Kafka log segments (<topic>-<partition>/<offset>.log) and no quarantine "
@@ -229,8 +217,7 @@ def plan_segment(
 
 def name_offset(uri: str) -> int | None:
     """The base offset a segment file is named after (`00000000000000000100.log`), if it is."""
-    match = _SEGMENT.match(_name(uri))
-    return int(match["base"]) if match else None
+    return segment_base_offset(_name(uri))
 
 
 class _OffsetOrder:
@@ -299,64 +286,41 @@ def _region(
     return CorruptRegion(segment.uri, segment.topic, segment.partition, start, end, reason, offset)
 
 
+def _reader(handle: IO[bytes]) -> ReadAt:
+    def read(pos: int, count: int) -> bytes:
+        handle.seek(pos)
+        return handle.read(count)
+
+    return read
+
+
 def _step(handle: IO[bytes], pos: int, size: int) -> _Head | tuple[str, int | None]:
     """The batch at `pos` (where it ends, its offsets), or why it cannot be stepped over (its
     frame is broken) and its offset if the header is sane and only its bytes run short."""
-    left = size - pos
     handle.seek(pos)
-    head = handle.read(min(_V2_HEAD, left))
-    if len(head) < LOG_OVERHEAD:
-        return f"truncated batch header at byte {pos}: {len(head)} bytes left in the file", None
-    offset, length = _PREFIX.unpack_from(head)
-    if length < MIN_LENGTH:
-        return f"batch at byte {pos} has length {length}, below the minimum", None
-    needs = f"needs {LOG_OVERHEAD + length} bytes, {left} left"
-    if len(head) < _HEAD:
-        return f"truncated batch at byte {pos}: {needs}", None
-    magic = head[16]
-    if magic > 2:
-        return f"batch at byte {pos} has unknown magic {magic}", None
-    if length < MIN_LENGTH_BY_MAGIC[magic]:
-        return f"magic {magic} batch at byte {pos} has length {length}, below the minimum", None
-    if LOG_OVERHEAD + length > left:
-        return f"truncated batch at byte {pos}: {needs}", offset
+    head = handle.read(min(_V2_HEAD, size - pos))
+    end = frame_end(head, pos, size)
+    if not isinstance(end, int):
+        return str(end), _offset_if_only_short(head)
+    offset = _PREFIX.unpack_from(head)[0]
     last = offset
-    if magic == 2:  # its length is at least MIN_LENGTH_BY_MAGIC[2], so the delta was read
+    if head[16] == 2:  # a magic 2 frame is long enough to hold lastOffsetDelta
         last = offset + _V2_LAST_DELTA.unpack_from(head, _V2_LAST_DELTA_POS)[0]
-    return _Head(pos, pos + LOG_OVERHEAD + length, offset, last)
+    return _Head(pos, end, offset, last)
+
+
+def _offset_if_only_short(head: bytes) -> int | None:
+    """The offset of a batch whose header is sane but whose bytes run short (a file's truncated
+    last batch); None when the header itself is broken."""
+    if len(head) < _HEAD:
+        return None
+    offset, length = _PREFIX.unpack_from(head)
+    magic = head[16]
+    if magic > 2 or length < MIN_LENGTH_BY_MAGIC[magic]:
+        return None
+    return int(offset)
 
 
 def _resync(handle: IO[bytes], pos: int, size: int) -> int:
     """The first position >= `pos` where a verifiable magic 2 batch starts, else `size`."""
-    while pos < size:
-        handle.seek(pos)
-        chunk = handle.read(min(_RESYNC_CHUNK + _HEAD, size - pos))
-        for candidate in _magic2_candidates(chunk):
-            at = pos + candidate
-            if _verifies(handle, at, size):
-                return at
-        pos += _RESYNC_CHUNK
-    return size
-
-
-def _magic2_candidates(chunk: bytes) -> Iterator[int]:
-    """Positions in `chunk` whose magic byte would be 2 (byte 16 of a batch)."""
-    index = chunk.find(b"\x02", 16)
-    limit = min(len(chunk), _RESYNC_CHUNK + 16)
-    while 0 <= index < limit:
-        yield index - 16
-        index = chunk.find(b"\x02", index + 1)
-
-
-def _verifies(handle: IO[bytes], at: int, size: int) -> bool:
-    handle.seek(at)
-    head = handle.read(_HEAD)
-    if len(head) < _HEAD:
-        return False
-    base_offset, length = _PREFIX.unpack_from(head)
-    if base_offset < 0 or not MIN_LENGTH_BY_MAGIC[2] <= length <= min(_MAX_BATCH, size - at - 12):
-        return False
-    handle.seek(at + V2_CRC_POS)
-    body = handle.read(LOG_OVERHEAD + length - V2_CRC_POS)
-    (crc,) = _V2_CRC.unpack_from(body)
-    return bool(crc32c.crc32c(body[V2_ATTRIBUTES_POS - V2_CRC_POS :]) == crc)
+    return resync(_reader(handle), pos, size)
