@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup system-deps lint test demo bench fuzz clean
+.PHONY: setup system-deps browser lint test demo bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -25,13 +25,19 @@ system-deps:
 
 setup: $(STAMP) system-deps
 
+# Headless Chromium, for the test that renders the audit's report.html (tests only)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "chromium is missing: installing it with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+test: lint browser
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup

@@ -144,7 +144,8 @@ def timeline_chart(
             colour = colours.get(policy, OTHERS_COLOUR)
             out.append(
                 f'<rect x="{x:.1f}" y="{y1:.1f}" width="{max(bar_w, 0.5):.1f}" '
-                f'height="{y0 - y1:.1f}" fill="{colour}" data-policy="{esc(policy)}">'
+                f'height="{y0 - y1:.1f}" fill="{colour}" data-policy="{esc(policy)}" '
+                f'data-count="{n}">'
                 f"<title>{esc(when)}\n{esc(policy)}: {num(n)}</title></rect>"
             )
         out.append("</g>\n")
