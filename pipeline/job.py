@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline import files
-from pipeline.check import bucket_size_ms, check_unit
+from pipeline.check import check_unit
 from pipeline.schema_ids import (
     MAX_SCHEMA_IDS,
     SchemaLookups,
@@ -40,6 +40,13 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
+from pipeline.summary import (
+    SAMPLE_ROWS,
+    GroupKey,
+    grouped_by_spark,
+    grouped_locally,
+    samples_locally,
+)
 from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
 from policies import plugins
 from policies.api import Need
@@ -53,7 +60,9 @@ from settings.schema_registry import (
 
 __all__ = ["AuditError", "AuditRequest", "batch_counts", "load_settings", "run_audit"]
 
-SAMPLE_ROWS = 200
+LOCAL_SUMMARY_ROWS = 100_000
+"""Violations up to this many are summarised on the driver from memory (a few MB) rather than
+by Spark queries over the written files, which cost seconds each whatever the row count."""
 """Violations shown in the report (and kept in summary.json's neighbour, the Parquet, in full)."""
 
 
@@ -249,6 +258,8 @@ def _run_on_spark(
     from pyspark.sql.types import StructField, StructType, _parse_datatype_string  # noqa: PLC0415
 
     sc = spark.sparkContext
+    clock = [time.perf_counter()]
+    phases = {"starting": time.time() - started}  # the session, listing the inputs
     units: list[Any] = []
     if segments:
         _log(out, f"planning: reading batch headers of {len(segments)} segment files")
@@ -275,11 +286,13 @@ def _run_on_spark(
     if request.sample is not None:
         per_unit = max(1, math.ceil(request.sample / max(len(units), 1)))
         settings = replace(settings, sample_per_unit=per_unit)
+    phases["planning"] = _lap(clock)
     registry = settings.schema_registry
     settings = replace(settings, schema_registry=None)  # its credentials stay on the driver
     lookups: SchemaLookups | None = None
     if registry is not None and routing_for(settings).rules_needing(Need.SCHEMAS):
         settings, lookups = _look_up_schema_ids(sc, units, settings, registry, out)
+        phases["schema_ids"] = _lap(clock)
 
     checked = (
         sc.parallelize(units, max(len(units), 1))
@@ -302,26 +315,49 @@ def _run_on_spark(
         schema = StructType(
             [StructField(name, _parse_datatype_string(kind)) for name, kind in VIOLATION_FIELDS]
         )
+        phases["checking"] = _lap(clock)
         rows = checked.filter(lambda item: item[0] == "v").map(lambda item: item[1])
         violations_dir = request.output.rstrip("/") + "/violations"
         _log(out, f"writing violations to {violations_dir}")
-        # One task per unit is right for checking; for writing it would mean one small Parquet
-        # file (and ~30 ms of task overhead) per unit, so the cached rows are merged first.
-        frame = spark.createDataFrame(rows, schema).coalesce(max(1, sc.defaultParallelism))
+        local: list[Any] | None = None
+        if sum(item.violations for item in stats.values()) <= LOCAL_SUMMARY_ROWS:
+            # Few rows: summarised here, from memory, and written as one file; no Spark query
+            # reads them back (each took seconds of job overhead for a handful of rows).
+            local = rows.collect()
+            frame = spark.createDataFrame(local, schema).coalesce(1)
+        else:
+            # One task per unit is right for checking; for writing it would mean one small
+            # Parquet file (and ~30 ms of task overhead) per unit: the cached rows are merged.
+            frame = spark.createDataFrame(rows, schema).coalesce(max(1, sc.defaultParallelism))
         frame.write.mode("overwrite").parquet(violations_dir)
+        phases["writing"] = _lap(clock)
     finally:
         checked.unpersist()
 
-    frame = spark.read.parquet(violations_dir)
+    if local is not None:
+        bucket, grouped = grouped_locally(local)
+        samples = samples_locally(local)
+    else:
+        frame = spark.read.parquet(violations_dir)
+        bucket, grouped = grouped_by_spark(frame, F)
+        samples = [
+            row.asDict()
+            for row in frame.orderBy("topic", "partition", "offset", "position")
+            .limit(SAMPLE_ROWS)
+            .collect()
+        ]
     summary = _summarise(
-        frame, F, request, settings, stats=stats, errors=errors, lookups=lookups, started=started
+        bucket,
+        grouped,
+        request,
+        settings,
+        stats=stats,
+        errors=errors,
+        lookups=lookups,
+        started=started,
     )
-    samples = [
-        row.asDict()
-        for row in frame.orderBy("topic", "partition", "offset", "position")
-        .limit(SAMPLE_ROWS)
-        .collect()
-    ]
+    phases["summarising"] = _lap(clock)
+    summary["phases_s"] = {name: round(seconds, 3) for name, seconds in phases.items()}
     _write_outputs(request.output, summary, samples)
     _print_summary(summary_out, summary, request.output)
     return summary
@@ -365,9 +401,16 @@ def _look_up_schema_ids(
     return replace(settings, schemas=catalog), lookups
 
 
+def _lap(clock: list[float]) -> float:
+    """Seconds since the last lap (`clock[0]`), which becomes now."""
+    now = time.perf_counter()
+    seconds, clock[0] = now - clock[0], now
+    return seconds
+
+
 def _summarise(
-    frame: Any,
-    F: Any,  # noqa: N803
+    bucket: int,
+    grouped: Sequence[tuple[GroupKey, int]],
     request: AuditRequest,
     settings: AuditSettings,
     *,
@@ -381,31 +424,21 @@ def _summarise(
     lasts = [s.last_ms for s in stats.values() if s.last_ms is not None]
     first_ms = min(firsts) if firsts else None
     last_ms = max(lasts) if lasts else None
-    # The timeline's buckets cut the violations' own time span, not the records': an hour of
-    # violations in a year of records is still many bars.
-    span = frame.agg(F.min("timestamp").alias("low"), F.max("timestamp").alias("high")).first()
-    low, high = (span["low"], span["high"]) if span is not None else (None, None)
-    bucket = bucket_size_ms(low or 0, high or 0)
-    # One query for every breakdown: the groups are few (topics x policies x codes x modes x
-    # buckets).
-    start = (F.floor(F.col("timestamp") / bucket) * bucket).alias("start")
-    grouped = frame.groupBy("topic", "policy", "error_name", "error_code", "mode", start).count()
     total = untimed = 0
     by_policy: Counter[str] = Counter()
     by_topic: Counter[str] = Counter()
     by_mode: Counter[str] = Counter()
     by_code: dict[str, dict[str, int]] = {}
     buckets: dict[int, Counter[str]] = {}
-    for row in grouped.collect():
-        count = int(row["count"])
+    for (topic, policy, error_name, error_code, mode, start), count in grouped:
         total += count
-        by_policy[row["policy"]] += count
-        by_topic[row["topic"]] += count
-        by_mode[row["mode"]] += count
-        code = by_code.setdefault(row["error_name"], {"code": int(row["error_code"]), "count": 0})
+        by_policy[policy] += count
+        by_topic[topic] += count
+        by_mode[mode] += count
+        code = by_code.setdefault(error_name, {"code": error_code, "count": 0})
         code["count"] += count
-        if row["start"] is not None:
-            buckets.setdefault(int(row["start"]), Counter())[row["policy"]] += count
+        if start is not None:
+            buckets.setdefault(start, Counter())[policy] += count
         else:
             untimed += count
     timeline = {
