@@ -37,6 +37,11 @@ def _local(uri: str) -> str | None:
     return None
 
 
+def local_path(uri: str) -> str | None:
+    """The local path of `uri`, or None when it names another filesystem."""
+    return _local(uri)
+
+
 def _fs(uri: str) -> Any:
     try:
         import fsspec  # noqa: PLC0415  (optional: only for non-local inputs)

@@ -46,6 +46,7 @@ from pipeline.summary import (
     grouped_by_spark,
     grouped_locally,
     samples_locally,
+    write_locally,
 )
 from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
 from policies import plugins
@@ -324,12 +325,12 @@ def _run_on_spark(
             # Few rows: summarised here, from memory, and written as one file; no Spark query
             # reads them back (each took seconds of job overhead for a handful of rows).
             local = rows.collect()
-            frame = spark.createDataFrame(local, schema).coalesce(1)
-        else:
+        if local is None or not write_locally(violations_dir, local):
             # One task per unit is right for checking; for writing it would mean one small
             # Parquet file (and ~30 ms of task overhead) per unit: the cached rows are merged.
-            frame = spark.createDataFrame(rows, schema).coalesce(max(1, sc.defaultParallelism))
-        frame.write.mode("overwrite").parquet(violations_dir)
+            source = rows if local is None else local
+            frame = spark.createDataFrame(source, schema).coalesce(max(1, sc.defaultParallelism))
+            frame.write.mode("overwrite").parquet(violations_dir)
         phases["writing"] = _lap(clock)
     finally:
         checked.unpersist()
