@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,30 +78,35 @@ def generate(
     """Batches per partition, consecutive offsets from 0, about `total_bytes` in all."""
     rng = random.Random(seed)
     pool = text_pool(rng)
-    out: dict[tuple[str, int], list[bytes]] = {}
-    for topic, partition in PARTITIONS:
-        batches: list[bytes] = []
-        written = offset = 0
-        timestamp = now_ms - 86_400_000
-        while written < total_bytes // len(PARTITIONS):
-            target = int(2 ** rng.uniform(14, 20))
-            records = []
-            size = 0
-            while size < target:
-                length = rng.randint(100, 1024)
-                at = rng.randrange(len(pool) - length)
-                odd = rng.randrange(ODD_EVERY)
-                key = None if odd == 0 else b"user-%08d" % rng.randrange(10**7)
-                stamp = now_ms + 7_200_000 if odd == 1 else timestamp
-                records.append((key, pool[at : at + length], None, stamp))
-                size += length + 20
-                timestamp += 1
-            batch = build_batch(records, codec=rng.choice(codecs), base_offset=offset)
-            batches.append(batch)
-            offset += len(records)
-            written += len(batch)
-        out[(topic, partition)] = batches
-    return out
+    return {
+        key: list(batches_of(rng, pool, total_bytes // len(PARTITIONS), codecs, now_ms))
+        for key in PARTITIONS
+    }
+
+
+def batches_of(
+    rng: random.Random, pool: bytes, total_bytes: int, codecs: Sequence[Codec], now_ms: int
+) -> Iterator[bytes]:
+    """One partition's batches of 16 KiB to 1 MiB, offsets from 0, about `total_bytes`."""
+    written = offset = 0
+    timestamp = now_ms - 86_400_000
+    while written < total_bytes:
+        target = int(2 ** rng.uniform(14, 20))
+        records = []
+        size = 0
+        while size < target:
+            length = rng.randint(100, 1024)
+            at = rng.randrange(len(pool) - length)
+            odd = rng.randrange(ODD_EVERY)
+            key = None if odd == 0 else b"user-%08d" % rng.randrange(10**7)
+            stamp = now_ms + 7_200_000 if odd == 1 else timestamp
+            records.append((key, pool[at : at + length], None, stamp))
+            size += length + 20
+            timestamp += 1
+        batch = build_batch(records, codec=rng.choice(codecs), base_offset=offset)
+        yield batch
+        offset += len(records)
+        written += len(batch)
 
 
 def write_input(

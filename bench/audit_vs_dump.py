@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.audit_throughput import COMPACTED_CONFIG, MIB, ODD_EVERY, text_pool
+from bench.audit_throughput import COMPACTED_CONFIG, MIB, batches_of, text_pool
 from protocol.compression import Codec
-from protocol.records import build_batch
 
 NOW_MS = 1_800_000_000_000
 
@@ -40,29 +39,12 @@ def segment(folder: Path, mib: float, seed: int) -> Path:
     directory = folder / "clicks-0"
     directory.mkdir(parents=True)
     rng = random.Random(seed)
-    pool = text_pool(rng)
     path = directory / "00000000000000000000.log"
-    written = offset = 0
-    timestamp = NOW_MS - 86_400_000
     with path.open("wb") as out:
-        while written < mib * MIB:
-            target = int(2 ** rng.uniform(14, 20))
-            records = []
-            size = 0
-            while size < target:
-                length = rng.randint(100, 1024)
-                at = rng.randrange(len(pool) - length)
-                odd = rng.randrange(ODD_EVERY)
-                key = None if odd == 0 else b"user-%08d" % rng.randrange(10**7)
-                stamp = NOW_MS + 7_200_000 if odd == 1 else timestamp
-                records.append((key, pool[at : at + length], None, stamp))
-                size += length + 20
-                timestamp += 1
-            codec = rng.choice((Codec.NONE, Codec.LZ4))
-            batch = build_batch(records, codec=codec, base_offset=offset)
+        for batch in batches_of(
+            rng, text_pool(rng), int(mib * MIB), (Codec.NONE, Codec.LZ4), NOW_MS
+        ):
             out.write(batch)
-            offset += len(records)
-            written += len(batch)
     return path
 
 
