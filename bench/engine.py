@@ -688,10 +688,12 @@ PROFILED = (f"default chain, compacted, none {RECORD_LEVEL_SIZE}", "decode_reque
 """What `--profile` looks into: (b) uncompressed and (c) with the 1 MiB batch."""
 
 
-def profile(tasks: dict[str, Callable[[], None]], seconds: float) -> dict[str, str]:
-    """cProfile's top 12 functions by own time, for each of PROFILED."""
+def profile(
+    tasks: dict[str, Callable[[], None]], seconds: float, names: Sequence[str] = PROFILED
+) -> dict[str, str]:
+    """cProfile's top 12 functions by own time, for each task of `names`."""
     out: dict[str, str] = {}
-    for name in PROFILED:
+    for name in names:
         fn = tasks[name]
         calls = calibrate(fn, seconds)
         profiler = cProfile.Profile()

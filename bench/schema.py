@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import cProfile
 import io
 import json
-import pstats
 import random
 import sys
 import time
@@ -57,7 +55,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_results
-from engine import WORDS, Timing, calibrate, time_rounds
+from engine import WORDS, Timing, profile, time_rounds
 
 from policies.api import ProducedRecords, Verdict, parse_records
 from policies.builtin import PolicyContext
@@ -499,25 +497,6 @@ def print_timings(timings: dict[str, Timing]) -> None:
 PROFILED = ("schema ids 16 KiB", "schema payload avro")
 
 
-def profile(tasks: dict[str, Callable[[], None]], seconds: float) -> dict[str, str]:
-    """cProfile's top 12 functions by own time, for each of PROFILED."""
-    out: dict[str, str] = {}
-    for name in PROFILED:
-        fn = tasks[name]
-        calls = calibrate(fn, seconds)
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(calls):
-            fn()
-        profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
-        out[name] = text.getvalue()
-        print(f"== {name}: {calls} calls ==")
-        print(out[name])
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="0.02 s timings, 3 rounds")
@@ -533,7 +512,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     inputs = build_inputs()
     tasks = build_tasks(inputs)
     if args.profile:
-        return {"profiles": profile(tasks, max(args.seconds, 1.0))}
+        return {"profiles": profile(tasks, max(args.seconds, 1.0), PROFILED)}
     print(f"{len(tasks)} timings per round, {args.repeats} rounds", flush=True)
     timings = time_rounds(tasks, seconds=args.seconds, repeats=args.repeats)
     rows = rows_from(timings, inputs)

@@ -20,7 +20,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 import registry.catalog as catalog_module
 import registry.client as registry_client
-from policies.api import ACCEPT, Verdict, parse_records
+from policies.api import ACCEPT, Verdict
 from policies.builtin import PolicyContext
 from policies.builtin.schema import SchemaPolicy
 from policies.schemas.model import (
@@ -39,6 +39,7 @@ from registry.catalog import LOOKUPS_AT_ONCE, RegistryCatalog
 from registry.client import RegistryClient
 from settings.schema_registry import SchemaRegistryConfig
 from tests.harness.avro_schemas import MONEY_AVRO, PAYMENT_AVRO
+from tests.harness.produced import produced
 from tests.harness.protobuf_messages import Order
 from tests.harness.schema_registry import Reference, TestRegistry
 from tests.harness.tls import make_tls_files
@@ -147,18 +148,7 @@ async def decide(
     keys = keys if keys is not None else [None] * len(values)
     raw = build_batch([(key, value, None, None) for key, value in zip(keys, values, strict=True)])
     for rounds in range(3):
-        batch = parse_records(
-            TOPIC,
-            0,
-            raw,
-            produce_version=9,
-            acks=-1,
-            transactional_id=None,
-            compacted=compacted,
-            now_ms=now_ms,
-            schemas=catalog,
-        )
-        assert not isinstance(batch, Verdict), batch
+        batch = produced(raw, topic=TOPIC, compacted=compacted, now_ms=now_ms, schemas=catalog)
         try:
             return policy.validate(TOPIC, 0, batch), rounds
         except LookupNeeded as needed:
@@ -563,18 +553,9 @@ async def test_policy_numbers_record_errors_across_the_partitions_batches(
     second = [(good, good, None, None), (good, b"\x01plain", None, None), (good, good, None, None)]
     raw = build_batch(first) + build_batch(second, base_offset=3)
     for options in ({}, {"key": "required"}, {"validate_payload": True}):
-        batch = parse_records(
-            TOPIC,
-            0,
-            raw,
-            produce_version=9,
-            acks=-1,
-            transactional_id=None,
-            compacted=False,
-            now_ms=int(time.time() * 1000),
-            schemas=catalog,
+        batch = produced(
+            raw, topic=TOPIC, compacted=False, now_ms=int(time.time() * 1000), schemas=catalog
         )
-        assert not isinstance(batch, Verdict), batch
         verdict = schema_policy(**options).validate(TOPIC, 0, batch)
         assert errors(verdict) == [(4, "no schema id: magic byte 0x01, expected 0x00")], options
 

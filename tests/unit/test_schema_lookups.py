@@ -3,14 +3,13 @@ fetch into, a failure of the policy (fail closed) when they did not."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from policies.api import ProducedRecords, Verdict, parse_records
+from policies.api import ProducedRecords, Verdict
 from policies.chain import Mode, PolicyChain
 from policies.schemas.model import LookupNeeded, SchemaEntry
 from protocol.records.writer import build_batch
+from tests.harness.produced import produced
 
 INVALID_RECORD = 87
 
@@ -32,19 +31,7 @@ class EmptyCatalog:
 
 def _produced(schemas: EmptyCatalog | None) -> ProducedRecords:
     raw = build_batch([(None, b"\x00\x00\x00\x00\x2a", None, None)])
-    produced = parse_records(
-        "orders",
-        0,
-        raw,
-        produce_version=9,
-        acks=-1,
-        transactional_id=None,
-        compacted=False,
-        now_ms=int(time.time() * 1000),
-        schemas=schemas,
-    )
-    assert isinstance(produced, ProducedRecords)
-    return produced
+    return produced(raw, topic="orders", compacted=False, schemas=schemas)
 
 
 def test_a_lookup_is_the_callers_to_make_when_there_is_a_catalog() -> None:
