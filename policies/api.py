@@ -82,6 +82,10 @@ class Verdict:
     rejection: str | None = None
     """`"missing_key"`, `"invalid_record"` for record-level rejections the error profile may
     renumber (`protocol.error_codes.Rejection` values); None otherwise."""
+    resend: bool = False
+    """The refusal is about the proxy's circumstances, not the data (no memory to decompress,
+    a schema registry out of reach): the code is retriable, the client sends the same batch
+    again, so nothing of it is kept in the quarantine journal."""
 
     @property
     def ok(self) -> bool:
@@ -91,7 +95,9 @@ class Verdict:
         """This verdict with `policy` set (when the policy did not set it itself)."""
         if self.policy is not None or self.code == 0:
             return self
-        return Verdict(self.code, self.message, self.record_errors, name, self.rejection)
+        return Verdict(
+            self.code, self.message, self.record_errors, name, self.rejection, self.resend
+        )
 
 
 ACCEPT = Verdict()

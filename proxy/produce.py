@@ -27,7 +27,7 @@ from policies.chain import Mode, PolicyChain
 from policies.config import TopicRouting
 from policies.schemas.model import SchemaCatalog
 from protocol import error_codes
-from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
+from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, OutOfMemory
 from protocol.error_codes import ErrorProfile
 from protocol.errors import DecodeError
 from protocol.framing import Frame
@@ -361,6 +361,7 @@ class ProduceEngine:
                 code=exc.error_code,
                 message=f"Records in topic partition {parsed.topic_partition} not checked: {exc}",
                 policy=DECODE_BUDGET,
+                resend=isinstance(exc, OutOfMemory),
             )
             return PartitionOutcome(topic, index, verdict, enforced=True, produced=parsed, raw=raw)
         finally:

@@ -17,16 +17,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from policies.builtin.schema import SchemaPolicy
 from policies.topic_patterns import any_of
-from protocol.budget import Allowance, MemoryBudget, OutOfMemory
-from protocol.error_codes import REQUEST_TIMED_OUT
+from protocol.budget import Allowance, MemoryBudget
 from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import ProxyConfig, QuarantineConfig
 from proxy.dead_letter import dead_letter_records, send_dead_letter
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics
-from proxy.produce import DECODE_BUDGET, PartitionOutcome, ProduceDecision
+from proxy.produce import PartitionOutcome, ProduceDecision
 from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
 
 log = logging.getLogger("kvproxy")
@@ -137,13 +135,11 @@ class RejectionSink:
         """Keep what was refused (or, in warn mode, would have been) and copy it to the
         dead-letter topic when configured. Neither ever changes the client's answer.
 
-        A batch the proxy had no memory to decompress is neither, nor one whose schema ids the
-        registry could not be asked about: its client is told to send it again (`OutOfMemory`,
-        REQUEST_TIMED_OUT), and a kept copy would be a second one once it does."""
+        A refusal its client answers by sending the same batch again (`Verdict.resend`: no
+        memory to decompress, a registry out of reach) is neither: a kept copy would be a
+        second one once it does."""
         verdict = outcome.verdict
-        if verdict.policy == DECODE_BUDGET and verdict.code == OutOfMemory.error_code:
-            return
-        if verdict.policy == SchemaPolicy.name and verdict.code == REQUEST_TIMED_OUT:
+        if verdict.resend:
             return
         if self.journal is not None:
             self.journal.append(

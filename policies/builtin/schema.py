@@ -113,6 +113,7 @@ class SchemaPolicy(BuiltinPolicy):
                 error_codes.REQUEST_TIMED_OUT,
                 f"schema registry unavailable: {check.unavailable}",
                 policy=self.name,
+                resend=True,
             )
         if not check.errors:
             return ACCEPT

@@ -684,6 +684,7 @@ async def test_policy_when_the_registry_is_down(
         f"schema registry unavailable: schema id {schema_id}: {registry.url}: ConnectError: "
         "All connection attempts failed (Connection refused)",
         policy="schema",
+        resend=True,  # retriable: the batch comes again, so it is not journaled
     )
     assert verdict.code == 7
 
