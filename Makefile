@@ -1,5 +1,5 @@
 # kvproxy: `make demo` and `make test` set up everything they need on a fresh Debian machine
-# (Python 3.11; Java 17 only for the Spark extra).
+# (Python 3.11; Java 17 for the Spark audit and for Apache Kafka, the tests' reference broker).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup system-deps browser lint test demo bench fuzz clean
+.PHONY: setup system-deps java-deps browser lint test demo bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -21,7 +21,15 @@ $(STAMP): pyproject.toml
 system-deps:
 	@command -v kcat >/dev/null 2>&1 || { \
 		echo "kcat is missing: installing it with apt-get"; \
-		$(SUDO) apt-get update && $(SUDO) apt-get install -y kcat; }
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends kcat; }
+
+# Apache Kafka for the tests: a JDK (java, javac for the Java client program) and Maven, which
+# fetches Kafka's jars from Maven Central into ~/.cache/kvproxy/kafka on first use
+java-deps:
+	@{ command -v java && command -v javac && command -v mvn; } >/dev/null 2>&1 || { \
+		echo "java, javac or mvn is missing: installing a JDK and Maven with apt-get"; \
+		$(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y --no-install-recommends default-jdk-headless maven; }
 
 setup: $(STAMP) system-deps
 
@@ -37,7 +45,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint browser
+test: lint browser java-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup
