@@ -378,6 +378,11 @@ class KafkaCluster:
         return ",".join(f"{HOST}:{node.port}" for node in self.brokers)
 
     @property
+    def bootstrap_servers(self) -> list[str]:
+        """``host:port`` of every broker's first listener (kvproxy's ``upstream.bootstrap_servers``)."""
+        return [f"{HOST}:{node.port}" for node in self.brokers]
+
+    @property
     def host(self) -> str:
         return HOST
 

@@ -188,6 +188,13 @@ def test_compose_has_the_three_services() -> None:
     assert services["kvproxy"]["build"] in (".", {"context": "."})
 
 
+def test_compose_runs_the_kafka_version_the_suite_tests() -> None:
+    """The compose file's broker is the Kafka 4.x the integration tests start."""
+    from tests.harness.kafka_broker import KAFKA_4
+
+    assert _service("kafka")["image"] == f"apache/kafka:{KAFKA_4}"
+
+
 def test_every_mounted_file_exists_in_the_repo() -> None:
     for name, service in _compose()["services"].items():
         for source, target in _bind_mounts(service):
