@@ -379,7 +379,7 @@ class KafkaCluster:
 
     @property
     def bootstrap_servers(self) -> list[str]:
-        """``host:port`` of every broker's first listener (kvproxy's ``upstream.bootstrap_servers``)."""
+        """``host:port`` of every broker's first listener (kvproxy's upstream servers)."""
         return [f"{HOST}:{node.port}" for node in self.brokers]
 
     @property
