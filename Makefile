@@ -56,8 +56,9 @@ demo: setup
 fuzz: setup
 	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q tests/integration/test_fuzz_proxy.py
 
-# The six benchmarks of docs/benchmarks.md (under 10 minutes); figures in bench/results/latest.md
-bench: setup
+# The seven benchmarks of docs/benchmarks.md (under 10 minutes), against Apache Kafka (Java and
+# Maven for its jars) where they compare with a broker; figures in bench/results/latest.md
+bench: setup java-deps
 	$(BIN)/python bench/run_all.py
 
 clean:

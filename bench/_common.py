@@ -1,5 +1,5 @@
-"""What the benchmarks share: a Tansu broker, a `kvproxy serve` process, CPU and memory readings,
-alternating runs and the results file.
+"""What the benchmarks share: the broker (Apache Kafka or Tansu), a `kvproxy serve` process, CPU
+and memory readings, alternating runs and the results file.
 
 Every benchmark compares kvproxy with a baseline measured in the same run (these machines are
 noisy): it alternates the variants run by run and reports medians and ratios. Each one writes its
@@ -27,16 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from confluent_kafka.admin import AdminClient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.harness.kafka_broker import KAFKA_4, run_kafka  # noqa: E402
 from tests.harness.proxy import free_port_range  # noqa: E402
 from tests.harness.tansu import TansuServer, create_topic, free_port, run_tansu  # noqa: E402
 
 __all__ = [
     "ROOT",
+    "UPSTREAMS",
+    "BrokerUnderTest",
     "ProxyProcess",
+    "add_upstream_option",
     "alternate",
     "create_topic",
     "free_port",
@@ -45,6 +50,7 @@ __all__ = [
     "run_tansu",
     "start_proxy",
     "tansu",
+    "upstream",
     "write_results",
 ]
 
@@ -69,6 +75,73 @@ def tansu() -> Iterator[TansuServer]:
     """Tansu on a free loopback port, in memory."""
     with run_tansu() as server:
         yield server
+
+
+UPSTREAMS = ("kafka", "tansu")
+"""The brokers a benchmark can run against; Apache Kafka (KAFKA_4) is the default."""
+
+
+@dataclass
+class BrokerUnderTest:
+    """The broker a benchmark measures against: where clients reach it, what it is, its process.
+
+    `label` names it in printed tables ("Kafka" or "Tansu"), `version` in the results file."""
+
+    kind: str
+    label: str
+    version: str
+    bootstrap: str
+    process: psutil.Process
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the broker process so far."""
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
+    def create_topic(self, name: str, partitions: int = 1, timeout: float = 30.0) -> str:
+        """Create `name` and wait until Metadata gives every partition a leader (Kafka elects
+        them a moment after CreateTopics answers)."""
+        create_topic(self.bootstrap, name, partitions, None, timeout)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        deadline = time.monotonic() + timeout
+        while True:
+            topic = admin.list_topics(name, timeout=timeout).topics.get(name)
+            if topic is not None and all(p.leader >= 0 for p in topic.partitions.values()):
+                return name
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {name} has no leader for every partition: {topic}")
+            time.sleep(0.05)
+
+
+def add_upstream_option(parser: Any) -> None:
+    """`--upstream kafka|tansu` on a benchmark's argument parser."""
+    parser.add_argument(
+        "--upstream",
+        choices=UPSTREAMS,
+        default="kafka",
+        help=f"the broker: Apache Kafka {KAFKA_4} (default, one KRaft node) or Tansu (in memory)",
+    )
+
+
+@contextlib.contextmanager
+def upstream(kind: str = "kafka") -> Iterator[BrokerUnderTest]:
+    """A fresh broker on loopback for one benchmark: Apache Kafka KAFKA_4 (one combined KRaft
+    node, log directory in a temporary directory removed afterwards) or Tansu in memory."""
+    if kind == "kafka":
+        with run_kafka(KAFKA_4) as cluster:
+            node = cluster.brokers[0]
+            assert node.proc is not None
+            yield BrokerUnderTest(
+                "kafka", "Kafka", KAFKA_4, cluster.bootstrap, psutil.Process(node.proc.pid)
+            )
+    elif kind == "tansu":
+        with tansu() as server:
+            assert server.proc is not None
+            yield BrokerUnderTest(
+                "tansu", "Tansu", "0.6", server.broker.bootstrap, psutil.Process(server.proc.pid)
+            )
+    else:
+        raise ValueError(f"unknown upstream {kind!r}: one of {', '.join(UPSTREAMS)}")
 
 
 @dataclass

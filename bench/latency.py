@@ -1,4 +1,6 @@
-"""Produce latency at a steady 5,000 records/s: direct to Tansu vs through kvproxy (benchmark 3).
+"""Produce latency at a steady 5,000 records/s, direct to the broker vs through kvproxy (bench 3).
+
+The broker is Apache Kafka 4.4.0 (one KRaft node) by default, Tansu with `--upstream tansu`.
 
 One librdkafka producer per side (confluent-kafka; acks=all, linger.ms=0, at most 5 requests in
 flight, 1 KiB records to one partition) is fed on a fixed schedule: one `produce()` every
@@ -20,7 +22,7 @@ warm-up second whose records are not counted. Both producers stay connected for 
 A second, shorter part measures the floor: one raw Produce request (one 1 KiB record) at a time on
 one connection, send to answer, `--round-trips` of them per side (default 3,000, after 200 not
 counted), direct and proxy alternating twice. At 5,000 records/s Tansu itself is near its limit on
-this machine, which dominates the paced figures; one request at a time shows what the proxy's
+this machine, which dominates its paced figures; one request at a time shows what the proxy's
 two extra hops and its own work add when nothing else is queued.
 
 How to read it: p50/p99/p99.9 of each side over all its slices, and the added latency (proxy minus
@@ -29,7 +31,7 @@ p50 <= 0.2 ms, added p99 <= 1 ms. `achieved` is the measured produce() rate and 
 late the calls were against their schedule (a late record is measured from its actual call).
 
     .venv/bin/python bench/latency.py [--rate 5000] [--seconds 30] [--slices 3] [--warmup 1]
-        [--record-bytes 1024] [--quick]
+        [--record-bytes 1024] [--quick] [--upstream kafka|tansu]
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import create_topic, median, start_proxy, tansu, write_results
+from _common import add_upstream_option, median, start_proxy, upstream, write_results
 from request_rate import (
     AnswerCheck,
     BenchmarkError,
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--round-trips", type=int, default=3000, help="one-at-a-time requests per side and round"
     )
     parser.add_argument("--quick", action="store_true", help="3 slices of 1 s: a smoke run")
+    add_upstream_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup = 3.0, 0.3
@@ -219,15 +222,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     slice_seconds = args.seconds / args.slices
     began = time.monotonic()
 
-    with tansu() as server, start_proxy(server.broker.bootstrap) as proxy:
-        broker = server.broker.bootstrap
+    with upstream(args.upstream) as server, start_proxy(server.bootstrap) as proxy:
+        broker = server.bootstrap
         url = metrics_url(proxy)
         producers: dict[str, PacedProducer] = {}
         slices: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
         pooled: dict[str, list[float]] = {"direct": [], "proxy": []}
         try:
             for side, bootstrap in (("direct", broker), ("proxy", proxy.bootstrap)):
-                topic = create_topic(broker, f"latency-{side}", 1, None)
+                topic = server.create_topic(f"latency-{side}")
                 producers[side] = PacedProducer(bootstrap, topic, args.record_bytes)
             print(
                 f"latency: {args.rate:,.0f} records/s of {args.record_bytes} B, librdkafka "
@@ -269,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if accepted != proxied:
                 raise BenchmarkError(f"the proxy accepted {accepted:.0f} records, {proxied} sent")
             trips: dict[str, list[float]] = {"direct": [], "proxy": []}
-            trip_topics = {s: create_topic(broker, f"latency-rt-{s}", 1, None) for s in trips}
+            trip_topics = {s: server.create_topic(f"latency-rt-{s}") for s in trips}
             for _ in range(2):
                 for side, bootstrap in (("direct", broker), ("proxy", proxy.bootstrap)):
                     trips[side] += round_trips(bootstrap, trip_topics[side], args.round_trips)
@@ -314,6 +317,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "client": "confluent-kafka (librdkafka), acks=all, linger.ms=0, max.in.flight 5",
         "producers_per_side": 1,
         "proxy": "kvproxy serve, default checks, 1 process",
+        "upstream": args.upstream,
+        "upstream_version": server.version,
         "quick": args.quick,
     }
     samples = {side: len(values) for side, values in pooled.items()}
@@ -322,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{'ms':16}{'p50':>9}{'p99':>9}{'p99.9':>9}   "
         f"({samples['direct']:,} / {samples['proxy']:,} records)"
     )
-    for name, side in (("direct to Tansu", "direct"), ("through kvproxy", "proxy")):
+    for name, side in ((f"direct to {server.label}", "direct"), ("through kvproxy", "proxy")):
         print(f"{name:16}" + "".join(f"{overall[side][k]:9.3f}" for k in PERCENTILES))
     print(f"{'added':16}" + "".join(f"{added[k]:9.3f}" for k in PERCENTILES))
     print(f"{'target (added)':16}{'<= 0.2':>9}{'<= 1':>9}{'-':>9}")
@@ -346,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"proxy CPU       : {proxy_share:.2f} of a core during the proxy slices")
     print(f"\none request at a time ({len(trips['direct']):,} per side, 1 KiB record, raw client)")
     print(f"{'ms':16}{'p50':>9}{'p99':>9}{'p99.9':>9}")
-    for name, side in (("direct to Tansu", "direct"), ("through kvproxy", "proxy")):
+    for name, side in ((f"direct to {server.label}", "direct"), ("through kvproxy", "proxy")):
         print(f"{name:16}" + "".join(f"{unloaded[side][k]:9.3f}" for k in PERCENTILES))
     print(f"{'added':16}" + "".join(f"{unloaded_added[k]:9.3f}" for k in PERCENTILES))
     print("every record delivered without error; stored records = delivered records")

@@ -1,4 +1,4 @@
-"""Small-request rate: Produce requests/s direct to Tansu vs through kvproxy (benchmark 2).
+"""Small-request rate: Produce requests/s direct to the broker vs through kvproxy (benchmark 2).
 
 Every Produce request carries exactly one record (one magic-2 batch of one record, acks=all),
 and every connection keeps 5 requests in flight; 4 connections, one partition. The client is a raw
@@ -12,13 +12,15 @@ benchmark.
 Direct and proxied runs alternate (fixed duration each, default 10 s); the figures are medians of 3
 rounds. How to read it: `ratio` = proxied requests/s / direct requests/s, target >= 0.8
 (docs/benchmarks.md, "Results against the targets"); `proxy CPU` is the proxy's user+system CPU
-seconds per 100,000 requests, `Tansu CPU` the broker's, for scale. `client CPU` is the load
+seconds per 100,000 requests, `broker CPU` the broker's, for scale. The broker is Apache Kafka
+4.4.0 (one KRaft node) unless `--upstream tansu` asks for Tansu. `client CPU` is the load
 generator's share of a core: well below 1 means it waits on the server, so the server side sets the
 figure. One client process is the default: on a 2-core machine, more processes only take CPU from
 the servers (four processes measured a lower direct rate than one).
 
     .venv/bin/python bench/request_rate.py [--seconds 10] [--rounds 3] [--connections 4]
         [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--quick]
+        [--upstream kafka|tansu]
 
 The raw client (`run_load`, `ProduceTemplate`, `AnswerCheck`, ...) is shared with
 bench/latency.py and bench/connections.py.
@@ -54,11 +56,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     ProxyProcess,
+    add_upstream_option,
     alternate,
-    create_topic,
     median,
     start_proxy,
-    tansu,
+    upstream,
     write_results,
 )
 
@@ -244,7 +246,7 @@ def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
 
 
 def cpu_seconds(process: psutil.Process) -> float:
-    """User + system CPU seconds of one process (Tansu) so far."""
+    """User + system CPU seconds of one process (the broker) so far."""
     times = process.cpu_times()
     return float(times.user + times.system)
 
@@ -513,24 +515,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="processes sharing the connections (one is enough: see the module docstring)",
     )
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s: a smoke run")
+    add_upstream_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds = 2.0, 1
     began = time.monotonic()
 
-    with tansu() as server, start_proxy(server.broker.bootstrap) as proxy:
-        broker = server.broker.bootstrap
+    with upstream(args.upstream) as server, start_proxy(server.bootstrap) as proxy:
+        broker = server.bootstrap
         url = metrics_url(proxy)
-        assert server.proc is not None
-        broker_process = psutil.Process(server.proc.pid)
+        broker_process = server.process
         runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
 
         def one_run(side: str, round_index: int) -> float:
-            topic = create_topic(broker, f"rate-{side}-{round_index}", 1, None)
+            topic = server.create_topic(f"rate-{side}-{round_index}")
             host, port = leader_address(broker if side == "direct" else proxy.bootstrap, topic)
             produce_before = metric(url, "kvproxy_requests_total", {"api": "produce"})
             cpu_before = proxy.cpu_seconds()
-            tansu_before = cpu_seconds(broker_process)
+            broker_before = cpu_seconds(broker_process)
             result = run_load(
                 host,
                 port,
@@ -542,7 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 processes=args.client_processes,
             )
             proxy_cpu = proxy.cpu_seconds() - cpu_before
-            tansu_cpu = cpu_seconds(broker_process) - tansu_before
+            broker_cpu = cpu_seconds(broker_process) - broker_before
             check_offsets(result.offsets, result.answered)
             stored = check_stored(broker, topic, result.answered)
             relayed = metric(url, "kvproxy_requests_total", {"api": "produce"}) - produce_before
@@ -558,7 +560,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "stored_check": stored,
                 "window_seconds": result.seconds,
                 "client_cpu_share": result.client_cpu_seconds / result.seconds,
-                "tansu_cpu_s_per_100k": tansu_cpu / result.answered * 100_000,
+                "broker_cpu_s_per_100k": broker_cpu / result.answered * 100_000,
             }
             if side == "proxy":
                 figures["proxy_cpu_seconds"] = proxy_cpu
@@ -586,8 +588,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratios = [p / d for d, p in zip(rates["direct req/s"], rates["proxy req/s"], strict=True)]
     cpu_per_100k = median([r["proxy_cpu_s_per_100k"] for r in runs["proxy"]])
     client_share = {side: median([r["client_cpu_share"] for r in runs[side]]) for side in runs}
-    tansu_per_100k = {
-        side: median([r["tansu_cpu_s_per_100k"] for r in runs[side]]) for side in runs
+    broker_per_100k = {
+        side: median([r["broker_cpu_s_per_100k"] for r in runs[side]]) for side in runs
     }
     elapsed = time.monotonic() - began
     summary = {
@@ -598,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "target_ratio": 0.8,
         "proxy_cpu_s_per_100k_requests": cpu_per_100k,
         "client_cpu_share": client_share,
-        "tansu_cpu_s_per_100k_requests": tansu_per_100k,
+        "broker_cpu_s_per_100k_requests": broker_per_100k,
     }
     settings = {
         "seconds": args.seconds,
@@ -612,10 +614,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "client": "raw pipelined asyncio client on protocol/ (uvloop)",
         "client_processes": min(args.client_processes, args.connections),
         "proxy": "kvproxy serve, default checks, 1 process",
+        "upstream": args.upstream,
+        "upstream_version": server.version,
         "quick": args.quick,
     }
     print()
-    print(f"direct to Tansu : {direct:10,.0f} requests/s (median of {args.rounds})")
+    print(f"{'direct to ' + server.label:16}: {direct:10,.0f} requests/s (median of {args.rounds})")
     print(f"through kvproxy : {proxied:10,.0f} requests/s")
     print(
         f"ratio           : {proxied / direct:10.2f}   (target >= 0.8; per round: "
@@ -624,8 +628,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(f"proxy CPU       : {cpu_per_100k:10.2f} s per 100k requests")
     print(
-        f"Tansu CPU       : {tansu_per_100k['direct']:10.2f} s per 100k requests direct, "
-        f"{tansu_per_100k['proxy']:.2f} through the proxy"
+        f"{server.label + ' CPU':16}: {broker_per_100k['direct']:10.2f} s per 100k requests "
+        f"direct, {broker_per_100k['proxy']:.2f} through the proxy"
     )
     print(
         f"client CPU      : {client_share['direct']:.2f} (direct) / {client_share['proxy']:.2f} "

@@ -1,11 +1,13 @@
-"""`make bench`: the six benchmarks of docs/benchmarks.md, one after the other.
+"""`make bench`: the seven benchmarks of docs/benchmarks.md, one after the other.
 
-Each runs as its own process (a fresh Tansu and kvproxy each, nothing shared) and writes
+Each runs as its own process (a fresh broker and kvproxy each, nothing shared) and writes
 `bench/results/<name>.json`; this collects what each printed into `bench/results/latest.md`
 with the machine and the time each took. `--quick` passes `--quick` on (a smoke run of about a
-minute); `--only NAME ...` runs some of them.
+minute); `--only NAME ...` runs some of them. The benchmarks that compare direct with proxied
+traffic (1, 2, 3 and 7) run against Apache Kafka 4.4.0 unless `--upstream tansu` is given (it is
+passed on to them); connections and workers run against Tansu.
 
-    .venv/bin/python bench/run_all.py [--quick] [--only engine latency]
+    .venv/bin/python bench/run_all.py [--quick] [--only engine latency] [--upstream kafka|tansu]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, ROOT, machine
+from _common import RESULTS, ROOT, UPSTREAMS, machine
 
 BENCHMARKS = (
     ("throughput", "1. End-to-end produce throughput"),
@@ -27,13 +29,22 @@ BENCHMARKS = (
     ("engine", "4. Validation engine alone"),
     ("connections", "5. Connections: idle memory, then 100 active"),
     ("workers", "6. Scale: --workers 1 vs 2"),
+    ("producer_perf", "7. Kafka's kafka-producer-perf-test, direct vs through kvproxy"),
 )
+WITH_UPSTREAM = {"throughput", "request_rate", "latency", "producer_perf"}
+"""The benchmarks that take `--upstream` (the others start Tansu)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small and short")
     parser.add_argument("--only", nargs="+", choices=[name for name, _ in BENCHMARKS])
+    parser.add_argument(
+        "--upstream",
+        choices=UPSTREAMS,
+        default="kafka",
+        help="the broker of benchmarks 1, 2, 3 and 7 (default: Apache Kafka)",
+    )
     args = parser.parse_args(argv)
     chosen = [(n, t) for n, t in BENCHMARKS if args.only is None or n in args.only]
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -52,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, str(ROOT / "bench" / f"{name}.py")]
         if args.quick:
             command.append("--quick")
+        if name in WITH_UPSTREAM:
+            command += ["--upstream", args.upstream]
         print(f"\n=== {title}: {' '.join(command[1:])}", flush=True)
         begun = time.monotonic()
         printed: list[str] = []
@@ -70,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         report += [
             f"## {title}",
             "",
-            f"`{Path(sys.executable).name} bench/{name}.py{' --quick' if args.quick else ''}`: "
+            f"`{Path(sys.executable).name} {' '.join(command[1:]).replace(str(ROOT) + '/', '')}`: "
             f"{status}, {took:.0f} s",
             "",
             "```",

@@ -1,7 +1,8 @@
 """Benchmark 1: end-to-end produce throughput, direct to the broker vs through kvproxy.
 
 One librdkafka producer (confluent-kafka; 1 KiB records, acks=all, linger.ms=5,
-batch.size=1 MiB) sends `--mib` MiB to a fresh single-partition topic on Tansu, three ways:
+batch.size=1 MiB) sends `--mib` MiB to a fresh single-partition topic on the broker (Apache
+Kafka 4.4.0, one KRaft node, by default; Tansu in memory with `--upstream tansu`), three ways:
 
 - `direct`: straight to the broker (the baseline);
 - `default`: through `kvproxy serve` with the default checks (batch_integrity, crc, timestamps,
@@ -40,6 +41,7 @@ shared by all three, so whatever the proxy burns is taken from the broker and th
 go to bench/results/throughput.json.
 
     .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick] [--schema]
+        [--upstream kafka|tansu]
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 from confluent_kafka import KafkaError, Message, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,16 +65,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     RECORD_LEVEL_RULE,
     ROOT,
+    BrokerUnderTest,
     ProxyProcess,
-    create_topic,
+    add_upstream_option,
     median,
     start_proxy,
-    tansu,
+    upstream,
     write_results,
 )
 
 from tests.harness.schema_registry import TestRegistry
-from tests.harness.tansu import TansuServer
 
 RECORD_BYTES = 1024
 DISTINCT_VALUES = 1024
@@ -107,23 +108,6 @@ PRODUCER_CONFIG: dict[str, Any] = {
     "batch.size": 1048576,
     "queue.buffering.max.messages": 200000,
 }
-
-
-@dataclass
-class Broker:
-    """The Tansu broker under test: where to reach it and its process, for its CPU."""
-
-    bootstrap: str
-    process: psutil.Process
-
-    @classmethod
-    def of(cls, server: TansuServer) -> Broker:
-        assert server.proc is not None
-        return cls(server.broker.bootstrap, psutil.Process(server.proc.pid))
-
-    def cpu_seconds(self) -> float:
-        times = self.process.cpu_times()
-        return float(times.user + times.system)
 
 
 def source_state() -> dict[str, Any]:
@@ -312,9 +296,9 @@ def register_schema_subjects(registry: TestRegistry, labels: list[str]) -> int:
     return ids.pop()
 
 
-def check_schema_active(broker: Broker, proxy: ProxyProcess) -> str:
+def check_schema_active(broker: BrokerUnderTest, proxy: ProxyProcess) -> str:
     """The schema proxy must refuse an unframed value on an `sc-` topic; returns its error."""
-    topic = create_topic(broker.bootstrap, topic_name("schema", "refused"), 1, None)
+    topic = broker.create_topic(topic_name("schema", "refused"))
     outcome: list[KafkaError | None] = []
     producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
     producer.produce(
@@ -327,9 +311,9 @@ def check_schema_active(broker: Broker, proxy: ProxyProcess) -> str:
     return str(outcome[0])
 
 
-def check_policies_active(broker: Broker, proxy: ProxyProcess) -> str:
+def check_policies_active(broker: BrokerUnderTest, proxy: ProxyProcess) -> str:
     """The record-level proxy must refuse a non-JSON value on an `rl-` topic; returns its error."""
-    topic = create_topic(broker.bootstrap, topic_name("record-level", "refused"), 1, None)
+    topic = broker.create_topic(topic_name("record-level", "refused"))
     outcome: list[KafkaError | None] = []
     producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
     producer.produce(
@@ -360,7 +344,7 @@ class VariantRun:
 
 def measure(
     variant: str,
-    broker: Broker,
+    broker: BrokerUnderTest,
     proxy: ProxyProcess | None,
     *,
     records: int,
@@ -369,7 +353,7 @@ def measure(
     values: list[bytes] | None = None,
 ) -> VariantRun:
     """One checked run of `variant` to a fresh topic; the proxy's and broker's CPU during it."""
-    topic = create_topic(broker.bootstrap, topic_name(variant, label), 1, None)
+    topic = broker.create_topic(topic_name(variant, label))
     bootstrap = proxy.bootstrap if proxy else broker.bootstrap
     cpu0 = proxy.cpu_seconds() if proxy else 0.0
     broker_cpu0 = broker.cpu_seconds()
@@ -496,6 +480,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="add the `schema` variant (schema ids checked against a test registry)",
     )
+    add_upstream_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.mib, args.rounds = 20, 2
@@ -511,7 +496,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     values: dict[str, list[bytes]] = {}
     schema_extra: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        broker = Broker.of(stack.enter_context(tansu()))
+        broker = stack.enter_context(upstream(args.upstream))
+        print(f"broker: {broker.label} {broker.version} at {broker.bootstrap}", flush=True)
         default_proxy = stack.enter_context(start_proxy(broker.bootstrap))
         rule = RECORD_LEVEL_RULE.format(pattern=f"{RECORD_LEVEL_PREFIX}*")
         record_proxy = stack.enter_context(start_proxy(broker.bootstrap, rules=rule))
@@ -593,6 +579,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "producer": PRODUCER_CONFIG,
             "record_level_rule": rule,
             "partitions": 1,
+            "upstream": args.upstream,
+            "upstream_version": broker.version,
         },
         "source": source,
         "targets": TARGETS,

@@ -204,3 +204,141 @@ def test_the_hostile_bench_refuses_an_unknown_scenario() -> None:
     assert result.returncode == 2
     assert "unknown scenarios ['nope']" in result.stderr
     assert "zstd-5, zstd-20, zstd-60, gzip-bomb" in result.stderr
+
+
+# ---- bench/producer_perf.py: reading kafka-producer-perf-test's output ----
+
+PERF_OUTPUT = """\
+Option --producer-props has been deprecated and will be removed in a future version.
+[2026-11-26 16:49:54,846] INFO [Producer clientId=perf-producer-client] Instantiated an \
+idempotent producer. (org.apache.kafka.clients.producer.KafkaProducer)
+40276 records sent, 8052.0 records/sec (7.86 MB/sec), 2163.9 ms avg latency, 2716.0 ms max \
+latency.
+[2026-11-26 16:50:01,261] INFO [Producer clientId=perf-producer-client] Closing the Kafka \
+producer with timeoutMillis = 9223372036854775807 ms.
+100000 records sent, 13090.718680 records/sec (12.78 MB/sec), 1762.25 ms avg latency, 2716.00 \
+ms max latency, 1702 ms 50th, 2636 ms 95th, 2686 ms 99th, 2712 ms 99.9th.
+"""
+"""What ProducerPerformance of Kafka 4.4.0 printed for 100,000 records of 1 KiB (abridged)."""
+
+PERF_WARM_UP_OUTPUT = """\
+Warmup first 20000 records. Steady state results will print after the complete test summary.
+1516 records sent, 301.3 records/sec (0.29 MB/sec), 1270.5 ms avg latency, 2142.0 ms max latency.
+In steady state.
+18120 records sent, 3596.7 records/sec (3.51 MB/sec), 15780.0 ms avg latency, 17613.0 ms max \
+latency.
+60000 records sent, 1795.170990 records/sec (1.75 MB/sec), 11641.26 ms avg latency, 17613.00 ms \
+max latency, 11947 ms 50th, 17336 ms 95th, 17575 ms 99th, 17597 ms 99.9th.
+40000 steady state records sent, 1596.678908 records/sec (1.56 MB/sec), 13547.27 ms avg latency, \
+17613.00 ms max latency, 14105 ms 50th, 17444 ms 95th, 17579 ms 99th, 17598 ms 99.9th.
+"""
+"""The same tool with `--warmup-records 20000` (60,000 records): a second, steady-state summary."""
+
+
+@pytest.fixture(scope="module")
+def producer_perf() -> Iterator[ModuleType]:
+    """bench/producer_perf.py as a module; sys.path is put back afterwards."""
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location(
+        "producer_perf_bench", ROOT / "bench" / "producer_perf.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop(spec.name, None)
+
+
+def test_the_perf_summary_is_read_and_progress_lines_are_not(producer_perf: ModuleType) -> None:
+    summary = producer_perf.parse_summary(PERF_OUTPUT)
+    assert summary == producer_perf.PerfSummary(
+        records=100_000,
+        records_per_s=13090.71868,
+        mb_per_s=12.78,
+        avg_ms=1762.25,
+        max_ms=2716.0,
+        p50_ms=1702,
+        p95_ms=2636,
+        p99_ms=2686,
+        p999_ms=2712,
+    )
+
+
+def test_the_whole_run_and_the_steady_state_are_told_apart(producer_perf: ModuleType) -> None:
+    whole = producer_perf.parse_summary(PERF_WARM_UP_OUTPUT)
+    steady = producer_perf.parse_summary(PERF_WARM_UP_OUTPUT, steady_state=True)
+    assert (whole.records, whole.records_per_s, whole.p99_ms) == (60_000, 1795.17099, 17575)
+    assert (steady.records, steady.records_per_s, steady.p50_ms) == (40_000, 1596.678908, 14105)
+    with pytest.raises(ValueError, match="no ProducerPerformance steady-state summary"):
+        producer_perf.parse_summary(PERF_OUTPUT, steady_state=True)
+
+
+def test_a_run_that_did_not_finish_has_no_summary(producer_perf: ModuleType) -> None:
+    """Progress lines alone (the tool killed, or stuck until its timeout) are no result."""
+    cut = PERF_OUTPUT.rsplit("100000 records sent", 1)[0]
+    with pytest.raises(ValueError, match="no ProducerPerformance summary line"):
+        producer_perf.parse_summary(cut)
+    nan = "0 records sent, NaN records/sec (NaN MB/sec), NaN ms avg latency, NaN ms max latency, "
+    empty = producer_perf.parse_summary(nan + "0 ms 50th, 0 ms 95th, 0 ms 99th, 0 ms 99.9th.\n")
+    assert empty.records == 0
+
+
+def test_a_send_that_failed_is_found_in_the_output(producer_perf: ModuleType) -> None:
+    failed = PERF_OUTPUT + (
+        "org.apache.kafka.common.InvalidRecordException: One or more records have been rejected\n"
+        "[2026-11-26 16:50:02,000] ERROR [Producer clientId=perf-producer-client] boom\n"
+    )
+    assert producer_perf.tool_errors(PERF_OUTPUT) == []
+    assert len(producer_perf.tool_errors(failed)) == 2
+
+
+def test_the_perf_command_is_kafka_tools_producer_performance(producer_perf: ModuleType) -> None:
+    command = producer_perf.perf_command("127.0.0.1:9", "t", 1000, 1024, ["acks=all", "x=1"])
+    tail = command[command.index(producer_perf.MAIN_CLASS) :]
+    assert tail == [
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic",
+        "t",
+        "--num-records",
+        "1000",
+        "--record-size",
+        "1024",
+        "--throughput",
+        "-1",
+        "--bootstrap-server",
+        "127.0.0.1:9",
+        "--command-property",
+        "acks=all",
+        "x=1",
+    ]
+    assert command[command.index("-cp") + 1].endswith("/4.4.0/*")
+
+
+def test_run_all_passes_upstream_only_to_benchmarks_that_take_it() -> None:
+    """`run_all.py --upstream` goes to 1, 2, 3 and 7; each of them must accept it."""
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location("run_all_bench", ROOT / "bench" / "run_all.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    names = {name for name, _ in module.BENCHMARKS}
+    assert {"throughput", "request_rate", "latency", "producer_perf"} == module.WITH_UPSTREAM
+    assert names >= module.WITH_UPSTREAM
+    for name in sorted(module.WITH_UPSTREAM):
+        shown = subprocess.run(
+            [sys.executable, f"bench/{name}.py", "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "--upstream {kafka,tansu}" in shown.stdout, name
