@@ -1,0 +1,273 @@
+"""The Java client (kafka-clients 4.4.0) through kvproxy in front of Apache Kafka 4.4.0.
+
+Each test runs `tests/harness/java_client/KvproxyJavaClient.java` (one JVM per command) and
+asserts what the application sees: offsets, the records a consumer reads back, the exception
+class and message a refused send fails with (docs/clients.md quotes them), and, from the proxy's
+record of every answer it sent, which APIs and versions the client used through it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from protocol.messages import PRODUCE
+from tests.harness.java_client import run_java_client
+from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.raw_client import (
+    RawKafkaClient,
+    api_versions_v0_request,
+    parse_api_versions_v0_response,
+)
+
+INIT_PRODUCER_ID = 22
+END_TXN = 26
+JOIN_GROUP = 11
+SYNC_GROUP = 14
+CONSUMER_GROUP_HEARTBEAT = 68
+GET_TELEMETRY_SUBSCRIPTIONS = 71
+PUSH_TELEMETRY = 72
+
+CURRENCY = {
+    "custom": {"class": "examples.policies:CurrencyPolicy", "config": {"allowed": ["EUR", "USD"]}}
+}
+GBP = '{"amount": 5, "currency": "GBP"}'
+BATCH_REFUSED = (
+    "org.apache.kafka.common.KafkaException",
+    "Failed to append record because it was part of a batch which had one more more invalid "
+    "records",
+)
+
+
+@dataclass
+class Stage:
+    kafka: KafkaCluster
+    proxy: RunningProxy
+    topics: dict[str, str]
+
+    def answered(self, since: int = 0) -> Counter[tuple[int, int]]:
+        """(api key, version) of every answer the proxy sent a client after the `since`th."""
+        return Counter((key, version) for key, version, _ in self.proxy.responses[since:])
+
+
+@pytest.fixture(scope="module")
+def stage(kafka: KafkaCluster) -> Iterator[Stage]:
+    topics = {
+        "customers": kafka.create_topic(config={"cleanup.policy": "compact"}),
+        "orders": kafka.create_topic(),
+        "payments": kafka.create_topic(),
+    }
+    rules = [
+        {"match": topics["orders"], "policies": ["json"]},
+        {"match": topics["payments"], "policies": ["batch_integrity", "crc", CURRENCY]},
+    ]
+    with run_proxy(kafka.bootstrap_servers, topics=rules) as proxy:
+        yield Stage(kafka, proxy, topics)
+
+
+def offered(host: str, port: int) -> dict[int, tuple[int, int]]:
+    """The API version ranges an ApiVersions answer offers, by api key."""
+    with RawKafkaClient(host, port) as client:
+        return parse_api_versions_v0_response(client.request(api_versions_v0_request()))[2]
+
+
+def produce(bootstrap: str, topic: str, values: list[str], **args: Any) -> list[dict[str, Any]]:
+    props = args.pop("props", {})
+    run = run_java_client(
+        "produce", bootstrap, topic=topic, values="\n".join(values), props=props, **args
+    )
+    return run.result["results"]
+
+
+def consume(bootstrap: str, topic: str, group: str, **args: Any) -> list[dict[str, Any]]:
+    return run_java_client("consume", bootstrap, topic=topic, group=group, **args).result["members"]
+
+
+def read_back(members: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(value for member in members for _key, value, _p, _o in member["records"])
+
+
+def failure(result: dict[str, Any]) -> tuple[str, str]:
+    """The exception of a record's future; its callback must have got the same."""
+    assert result["error"] is not None, result
+    assert result["callback_error"] == result["error"]
+    return result["error"]["class"], result["error"]["message"]
+
+
+# ---- producing --------------------------------------------------------------------------------
+
+
+def test_idempotent_producer_records_read_back_exactly_once(stage: Stage) -> None:
+    topic = stage.kafka.create_topic(partitions=2)
+    values = [f"value-{i}" for i in range(200)]
+    before = len(stage.proxy.responses)
+    results = produce(stage.proxy.bootstrap, topic, values)
+    answered = stage.answered(before)
+
+    assert [r.get("error") for r in results] == [None] * len(values)
+    assert len({(r["partition"], r["offset"]) for r in results}) == len(values)
+    # enable.idempotence is the Java default: the producer asked for a producer id
+    assert any(key == INIT_PRODUCER_ID for key, _ in answered)
+    assert {version for key, version in answered if key == PRODUCE} == {12}
+
+    members = consume(stage.proxy.bootstrap, topic, "idempotent-readers")
+    assert read_back(members) == Counter(values)
+    per_partition = Counter(r["partition"] for r in results)
+    assert members[0]["committed"] == {str(p): n for p, n in per_partition.items()}
+
+
+def test_produce_is_capped_at_v12_and_v12_loses_nothing(stage: Stage) -> None:
+    """Kafka 4.4 and its Java client speak Produce v13 (topics named by id); kvproxy offers v12
+    (topics named by name), and the client negotiates down: the same records, offsets and
+    idempotence, which the test above reads back exactly once."""
+    client_latest = run_java_client("versions", stage.proxy.bootstrap).result["produce_latest"]
+    direct = offered(stage.kafka.host, stage.kafka.port)[PRODUCE]
+    through = offered(stage.proxy.host, stage.proxy.port)[PRODUCE]
+    assert (client_latest, direct, through) == (13, (0, 13), (0, 12))
+
+    topic = stage.kafka.create_topic()
+    before = len(stage.proxy.responses)
+    results = produce(stage.proxy.bootstrap, topic, ["a", "b", "c"])
+    assert [(r["partition"], r["offset"]) for r in results] == [(0, 0), (0, 1), (0, 2)]
+    assert {v for k, v in stage.answered(before) if k == PRODUCE} == {12}
+
+
+def test_transactions_commit_and_abort(stage: Stage) -> None:
+    topic = stage.kafka.create_topic()
+    before = len(stage.proxy.responses)
+    run_java_client(
+        "transactions", stage.proxy.bootstrap, topic=topic, transactional_id=f"tx-{topic}",
+        commit=5, abort=3,
+    )  # fmt: skip
+    answered = stage.answered(before)
+    assert sum(n for (key, _), n in answered.items() if key == END_TXN) == 2
+    assert {v for k, v in answered if k == PRODUCE} == {12}
+
+    committed = [f"committed-{i}" for i in range(5)]
+    aborted = [f"aborted-{i}" for i in range(3)]
+    readers = {"isolation.level": "read_committed"}
+    members = consume(stage.proxy.bootstrap, topic, "committed-readers", props=readers)
+    assert read_back(members) == Counter(committed)
+    readers = {"isolation.level": "read_uncommitted"}
+    members = consume(stage.proxy.bootstrap, topic, "uncommitted-readers", props=readers)
+    assert read_back(members) == Counter(committed + aborted)
+    # two commit markers after the records: the committed offset is past both
+    assert members[0]["committed"] == {"0": 10}
+
+
+# ---- consumer groups --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("protocol", "group_api"),
+    [("consumer", CONSUMER_GROUP_HEARTBEAT), ("classic", JOIN_GROUP)],
+)
+def test_consumer_group_of_two_members(stage: Stage, protocol: str, group_api: int) -> None:
+    """The second member joins after the first holds both partitions: the group rebalances,
+    each member ends with one partition, reads it and commits its offset."""
+    topic = stage.kafka.create_topic(partitions=2)
+    values = [f"{protocol}-{i}" for i in range(40)]
+    results = produce(stage.proxy.bootstrap, topic, values)
+    per_partition = Counter(r["partition"] for r in results)
+    assert set(per_partition) == {0, 1}
+
+    before = len(stage.proxy.responses)
+    members = consume(
+        stage.proxy.bootstrap, topic, f"group-{protocol}", members=2,
+        props={"group.protocol": protocol},
+    )  # fmt: skip
+    answered = stage.answered(before)
+
+    assert sorted(p for member in members for p in member["assignment"]) == [0, 1]
+    assert all(len(member["assignment"]) == 1 for member in members)
+    assert read_back(members) == Counter(values)
+    for member in members:
+        [partition] = member["assignment"]
+        assert {r[2] for r in member["records"]} == {partition}
+        assert member["committed"] == {str(partition): per_partition[partition]}
+    assert any(key == group_api for key, _ in answered)
+    if protocol == "classic":
+        assert any(key == SYNC_GROUP for key, _ in answered)
+        assert not any(key == CONSUMER_GROUP_HEARTBEAT for key, _ in answered)
+
+
+# ---- client telemetry (KIP-714) ---------------------------------------------------------------
+
+
+def test_telemetry_apis_follow_the_broker(stage: Stage) -> None:
+    """A broker without a ClientTelemetry metrics reporter leaves GetTelemetrySubscriptions and
+    PushTelemetry out of ApiVersions; kvproxy passes that on, so the Java client (metrics push
+    on by default) sends neither and works."""
+    direct = offered(stage.kafka.host, stage.kafka.port)
+    through = offered(stage.proxy.host, stage.proxy.port)
+    for key in (GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY):
+        assert key not in direct
+        assert key not in through
+
+    topic = stage.kafka.create_topic()
+    before = len(stage.proxy.responses)
+    props = {"enable.metrics.push": "true"}
+    results = produce(stage.proxy.bootstrap, topic, ["t"], props=props)
+    assert results[0]["offset"] == 0
+    answered = stage.answered(before)
+    assert not {GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY} & {key for key, _ in answered}
+
+
+# ---- refusals ---------------------------------------------------------------------------------
+
+
+def test_null_key_to_compacted_topic(stage: Stage) -> None:
+    topic = stage.topics["customers"]
+    [result] = produce(stage.proxy.bootstrap, topic, ["no key"], null_key="true")
+    assert failure(result) == (
+        "org.apache.kafka.common.InvalidRecordException",
+        f"Compacted topic cannot accept message without key in topic partition {topic}-0",
+    )
+
+
+def test_one_refused_record_in_a_batch(stage: Stage) -> None:
+    """Three records in one batch (linger.ms 1000, one partition), the second not JSON."""
+    topic = stage.topics["orders"]
+    values = ['{"n": 1}', "not json", '{"n": 1}']
+    before = len(stage.proxy.responses)
+    first, refused, third = produce(
+        stage.proxy.bootstrap, topic, values, props={"linger.ms": "1000"}
+    )
+    assert sum(n for (key, _), n in stage.answered(before).items() if key == PRODUCE) == 1
+    assert failure(refused) == (
+        "org.apache.kafka.common.InvalidRecordException",
+        "Record value is not valid JSON (invalid literal, expected 'null': line 1 column 1) "
+        f"in topic partition {topic}-0",
+    )
+    assert failure(first) == BATCH_REFUSED
+    assert failure(third) == BATCH_REFUSED
+    assert read_back(consume(stage.proxy.bootstrap, topic, "orders-readers")) == Counter()
+
+
+def test_policy_violation(stage: Stage) -> None:
+    [result] = produce(stage.proxy.bootstrap, stage.topics["payments"], [GBP])
+    assert failure(result) == (
+        "org.apache.kafka.common.errors.PolicyViolationException",
+        "currency GBP is not allowed; allowed: EUR, USD",
+    )
+
+
+def test_timestamp_out_of_range(stage: Stage) -> None:
+    """A record two hours ahead: the default `timestamps` check (Kafka 4's one hour ahead)."""
+    topic = stage.kafka.create_topic()
+    ahead = int(time.time() * 1000) + 2 * 3_600_000
+    [result] = produce(stage.proxy.bootstrap, topic, ["late"], timestamp=ahead)
+    name, message = failure(result)
+    assert name == "org.apache.kafka.common.errors.InvalidTimestampException"
+    assert re.fullmatch(
+        rf"Timestamp {ahead} of message with offset 0 is out of range\. The timestamp should be "
+        r"within \[-?\d+, \d+\]",
+        message,
+    ), message
