@@ -1,24 +1,33 @@
 """Shared fixtures.
 
-Broker fixtures (tests using them are marked ``broker`` automatically):
+Broker fixtures (tests on Tansu are marked ``broker``, tests on Apache Kafka ``kafka``,
+automatically):
 
 * ``tansu`` (session): a running Tansu broker on a free 127.0.0.1 port; yields
   ``Broker(host, port, bootstrap)``. Shared by the whole session: do not restart it. For a broker
   of your own (restarts, a different advertised address) use ``tests.harness.run_tansu()``.
-* ``make_topic`` (function): ``make_topic(partitions=1, config=None, prefix="t") -> name``
-  creates a fresh uniquely named topic on ``tansu`` via CreateTopics.
-* ``topic`` (function): a fresh uniquely named topic with one partition.
-* ``raw_client`` (function): a ``RawKafkaClient`` connected to ``tansu``; closed afterwards.
-* ``spark`` (session, tests/pipeline): a local[2] SparkSession; tests using it are marked
-  ``spark`` and run on one xdist worker (``--dist loadgroup``).
 * ``kafka`` (session): Apache Kafka 4.x (:data:`tests.harness.kafka_broker.KAFKA_4`), one KRaft
   combined node (node id 1); yields a ``KafkaCluster`` (``.bootstrap``, ``.create_topic()``,
   ``.leader_of()``, ``.tool()``). ``kafka3``: the same with Kafka 3.9
   (:data:`~tests.harness.kafka_broker.KAFKA_3`, which still takes Produce v0-v2 and magic 0/1).
-  ``any_kafka``: parametrised over both. Tests using them are marked ``kafka``. For a cluster of
-  your own (three brokers, kills, security settings) use ``run_kafka()``.
-* ``proxy`` (function): kvproxy in front of ``tansu`` (``tests.harness.proxy.RunningProxy``:
-  ``.bootstrap``, ``.stats()``, ``.broker_port(node_id)``, ``.wait_until_idle()``).
+  ``any_kafka``: parametrised over both. For a cluster of your own (three brokers, kills,
+  security settings) use ``run_kafka()``. Each session broker starts once per xdist worker, on
+  first use.
+* ``upstream`` (session): the broker behind the test, a ``tests.harness.upstream.Upstream``
+  (``.name``, ``.host``, ``.port``, ``.bootstrap``, ``.node_id``, ``.is_kafka``, ``.kafka``,
+  ``.create_topic()``): the session's Tansu unless the module or test says otherwise with
+  ``pytest.mark.upstreams("tansu", "kafka")``, which runs each test once per named broker (ids
+  ``[tansu]`` and ``[kafka]``, Kafka being the session's ``kafka``). A mark on a test overrides
+  the module's: ``@pytest.mark.upstreams("tansu")`` keeps one test on Tansu (say why).
+* ``make_topic`` (function): ``make_topic(partitions=1, config=None, prefix="t") -> name``
+  creates a fresh uniquely named topic on ``upstream`` via CreateTopics.
+* ``topic`` (function): a fresh uniquely named topic with one partition on ``upstream``.
+* ``raw_client`` (function): a ``RawKafkaClient`` connected to ``upstream``; closed afterwards.
+* ``proxy`` (function): kvproxy in front of ``upstream`` (``tests.harness.proxy.RunningProxy``:
+  ``.bootstrap``, ``.stats()``, ``.broker_port(node_id)`` with ``upstream.node_id``,
+  ``.wait_until_idle()``).
+* ``spark`` (session, tests/pipeline): a local[2] SparkSession; tests using it are marked
+  ``spark`` and run on one xdist worker (``--dist loadgroup``).
 """
 
 from __future__ import annotations
@@ -27,27 +36,56 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.harness import (
-    Broker,
-    RawKafkaClient,
-    create_topic,
-    run_tansu,
-    unique_topic_name,
-)
+from tests.harness import Broker, RawKafkaClient, run_tansu
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KAFKA_VERSIONS, KafkaCluster, run_kafka
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.upstream import UPSTREAMS, Upstream
 
-BROKER_FIXTURES = {"tansu", "topic", "make_topic", "raw_client", "proxy"}
+BROKER_FIXTURES = {"tansu", "topic", "make_topic", "raw_client", "proxy", "upstream"}
 KAFKA_FIXTURES = {"kafka", "kafka3", "any_kafka"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "upstreams(*names): run the test once per named broker behind ``upstream`` "
+        f"(of {', '.join(UPSTREAMS)}); a test's mark overrides its module's",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "upstream" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("upstreams")
+    if marker is None:
+        return
+    names = list(marker.args)
+    unknown = [name for name in names if name not in UPSTREAMS]
+    if not names or unknown:
+        raise pytest.UsageError(f"upstreams{tuple(names)}: name brokers of {UPSTREAMS}")
+    metafunc.parametrize("upstream", names, indirect=True, ids=names)
+
+
+def _upstream_of(item: pytest.Item) -> str | None:
+    """The broker behind ``upstream`` for this item (Tansu when not parametrised)."""
+    if "upstream" not in getattr(item, "fixturenames", ()):
+        return None
+    callspec = getattr(item, "callspec", None)
+    return str(callspec.params.get("upstream", "tansu")) if callspec else "tansu"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if BROKER_FIXTURES.intersection(fixtures):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        upstream = _upstream_of(item)
+        if (
+            "tansu" in fixtures
+            or upstream == "tansu"
+            or (upstream is None and BROKER_FIXTURES.intersection(fixtures))
+        ):
             item.add_marker(pytest.mark.broker)
-        if KAFKA_FIXTURES.intersection(fixtures):
+        if KAFKA_FIXTURES.intersection(fixtures) or upstream == "kafka":
             item.add_marker(pytest.mark.kafka)
         if "spark" in fixtures:
             # One SparkSession (one JVM) per worker: keep every Spark test on the same one.
@@ -83,10 +121,20 @@ def any_kafka(request: pytest.FixtureRequest) -> KafkaCluster:
     return cluster
 
 
+@pytest.fixture(scope="session")
+def upstream(request: pytest.FixtureRequest) -> Upstream:
+    """The session broker this test runs against (``upstreams`` mark; Tansu by default). Session
+    scope, so a module-scoped fixture may build on it; the brokers themselves start once."""
+    name = getattr(request, "param", "tansu")
+    if name == "kafka":
+        return Upstream.of_kafka(request.getfixturevalue("kafka"))
+    return Upstream.of_tansu(request.getfixturevalue("tansu"))
+
+
 @pytest.fixture
-def make_topic(tansu: Broker) -> Callable[..., str]:
+def make_topic(upstream: Upstream) -> Callable[..., str]:
     def _make(partitions: int = 1, config: dict[str, str] | None = None, prefix: str = "t") -> str:
-        return create_topic(tansu.bootstrap, unique_topic_name(prefix), partitions, config)
+        return upstream.create_topic(partitions, config, prefix)
 
     return _make
 
@@ -97,8 +145,8 @@ def topic(make_topic: Callable[..., str]) -> str:
 
 
 @pytest.fixture
-def raw_client(tansu: Broker) -> Iterator[RawKafkaClient]:
-    client = RawKafkaClient(tansu.host, tansu.port)
+def raw_client(upstream: Upstream) -> Iterator[RawKafkaClient]:
+    client = RawKafkaClient(upstream.host, upstream.port)
     try:
         yield client
     finally:
@@ -106,7 +154,7 @@ def raw_client(tansu: Broker) -> Iterator[RawKafkaClient]:
 
 
 @pytest.fixture
-def proxy(tansu: Broker) -> Iterator[RunningProxy]:
-    """kvproxy in front of the session's Tansu broker (node 111), on free loopback ports."""
-    with run_proxy(tansu.bootstrap) as running:
+def proxy(upstream: Upstream) -> Iterator[RunningProxy]:
+    """kvproxy in front of ``upstream``, on free loopback ports."""
+    with run_proxy(upstream.bootstrap) as running:
         yield running

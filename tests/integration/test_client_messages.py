@@ -1,8 +1,9 @@
 """What each real client tells its user when kvproxy refuses a record (docs/clients.md).
 
-One kvproxy in front of Tansu serves the document's topics: `customers` (compacted: a null key is
-refused with INVALID_RECORD), `orders` (the `json` policy: INVALID_RECORD), `payments` (a custom
-policy: POLICY_VIOLATION) and `events` (default policies: a bad CRC is CORRUPT_MESSAGE).
+One kvproxy in front of the broker (Tansu, then Apache Kafka: the clients see the same) serves
+the document's topics: `customers` (compacted: a null key is refused with INVALID_RECORD),
+`orders` (the `json` policy: INVALID_RECORD), `payments` (a custom policy: POLICY_VIOLATION) and
+`events` (default policies: a bad CRC is CORRUPT_MESSAGE).
 confluent-kafka, kcat, kafka-python and aiokafka each produce the same records, and the exact
 exception type and text each client gives is asserted, together with the Produce version it used.
 The last test refuses one record on `invoices` (`json`) and reads the reason back from the proxy's
@@ -40,17 +41,18 @@ import pytest
 
 from protocol.messages import PRODUCE
 from proxy.logs import TEXT_FORMAT, JsonFormatter
-from tests.harness import Broker, create_topic, unique_topic_name
 from tests.harness.clients import LINGER_MS
 from tests.harness.kcat import run_kcat
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.upstream import Upstream
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "clients.md"
 RELAY_HOST = "127.0.0.2"
 PROXY_HOST = "127.0.0.1"
-TANSU_NODE = 111
 KVPROXY = [sys.executable, "-m", "kvproxy.cli"]
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 MARK = b"flip-me"
 FLIPPED = b"flip-md"  # "e" 0x65 -> "d" 0x64: one bit
@@ -193,9 +195,9 @@ class Stage:
 
 
 @pytest.fixture(scope="module")
-def stage(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
+def stage(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     def topic(prefix: str, config: dict[str, str] | None = None) -> str:
-        return create_topic(tansu.bootstrap, unique_topic_name(prefix), 1, config)
+        return upstream.create_topic(1, config, prefix)
 
     topics = {
         "customers": topic("customers", {"cleanup.policy": "compact"}),
@@ -215,14 +217,14 @@ def stage(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     rejection_log.addHandler(handler)
     try:
         with run_proxy(
-            tansu.bootstrap,
+            upstream.bootstrap,
             topics=rules,
             listen={"advertised_host": RELAY_HOST},
             quarantine={"dir": str(journal), "flush_interval_ms": 50},
         ) as proxy:
             relays = [
                 FlippingRelay((RELAY_HOST, port), (PROXY_HOST, port))
-                for port in (proxy.port, proxy.broker_port(TANSU_NODE))
+                for port in (proxy.port, proxy.broker_port(upstream.node_id))
             ]
             try:
                 yield Stage(proxy, topics, journal, handler)

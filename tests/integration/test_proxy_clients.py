@@ -1,4 +1,5 @@
-"""Real clients through kvproxy to the real broker: everything works, nothing bypasses the proxy."""
+"""Real clients through kvproxy to the real brokers (Tansu and Apache Kafka): everything works,
+nothing bypasses the proxy."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from protocol.messages import (
     PRODUCE,
     decode_response,
 )
-from tests.harness import Broker
 from tests.harness.kcat import run_kcat
 from tests.harness.proxy import RunningProxy
+from tests.harness.upstream import Upstream
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 N = 20
 RECORDS = [(f"key-{i}".encode(), f"value-{i}".encode()) for i in range(N)]
@@ -38,20 +41,20 @@ def _addresses(api_key: int, api_version: int, payload: bytes) -> list[tuple[int
     return [(int(n.node_id), n.host, int(n.port)) for n in nodes]
 
 
-def assert_only_proxy_addresses(proxy: RunningProxy, tansu: Broker, *apis: int) -> set[int]:
+def assert_only_proxy_addresses(proxy: RunningProxy, upstream: Upstream, *apis: int) -> set[int]:
     """Every address any client was told is a proxy listener; returns the versions seen."""
     seen_versions: dict[int, set[int]] = {}
     for api_key, api_version, payload in list(proxy.responses):
         for node_id, host, port in _addresses(api_key, api_version, payload):
             assert (host, port) == (proxy.host, proxy.broker_port(node_id))
-            assert port != tansu.port
+            assert port != upstream.port
             seen_versions.setdefault(api_key, set()).add(api_version)
     for api in apis:
         assert api in seen_versions, f"no answer of api {api} reached a client"
     return {v for versions in seen_versions.values() for v in versions}
 
 
-def test_confluent_kafka_produces_and_consumes(proxy: RunningProxy, tansu: Broker, topic: str):
+def test_confluent_kafka_produces_and_consumes(proxy: RunningProxy, upstream: Upstream, topic: str):
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", "linger.ms": 5})
@@ -61,7 +64,8 @@ def test_confluent_kafka_produces_and_consumes(proxy: RunningProxy, tansu: Broke
     assert producer.flush(20) == 0
     assert errors == [None] * N
     brokers = producer.list_topics(timeout=10).brokers
-    assert {(b.host, b.port) for b in brokers.values()} == {(proxy.host, proxy.broker_port(111))}
+    listener = (proxy.host, proxy.broker_port(upstream.node_id))
+    assert {(b.host, b.port) for b in brokers.values()} == {listener}
 
     consumer = Consumer(
         {"bootstrap.servers": proxy.bootstrap, "group.id": "unused", "enable.auto.commit": False}
@@ -75,10 +79,10 @@ def test_confluent_kafka_produces_and_consumes(proxy: RunningProxy, tansu: Broke
             got.append((message.key(), message.value()))
     consumer.close()
     assert got == RECORDS
-    assert_only_proxy_addresses(proxy, tansu, METADATA)
+    assert_only_proxy_addresses(proxy, upstream, METADATA)
 
 
-def test_kafka_python_produces_and_consumes(proxy: RunningProxy, tansu: Broker, topic: str):
+def test_kafka_python_produces_and_consumes(proxy: RunningProxy, upstream: Upstream, topic: str):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all")
@@ -97,13 +101,16 @@ def test_kafka_python_produces_and_consumes(proxy: RunningProxy, tansu: Broker, 
             break
     consumer.close()
     assert got == RECORDS
-    assert_only_proxy_addresses(proxy, tansu, METADATA)
+    assert_only_proxy_addresses(proxy, upstream, METADATA)
 
 
-async def test_aiokafka_produces_and_consumes(proxy: RunningProxy, tansu: Broker, topic: str):
+async def test_aiokafka_produces_and_consumes(proxy: RunningProxy, upstream: Upstream, topic: str):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, enable_idempotence=False)
+    # aiokafka's idempotent producer fails on Tansu (InitProducerId v0 only): on Kafka it is on.
+    producer = AIOKafkaProducer(
+        bootstrap_servers=proxy.bootstrap, enable_idempotence=upstream.is_kafka
+    )
     await producer.start()
     try:
         for key, value in RECORDS:
@@ -124,10 +131,10 @@ async def test_aiokafka_produces_and_consumes(proxy: RunningProxy, tansu: Broker
     finally:
         await consumer.stop()
     assert got == RECORDS
-    assert_only_proxy_addresses(proxy, tansu, METADATA)
+    assert_only_proxy_addresses(proxy, upstream, METADATA)
 
 
-def test_kcat_produces_and_consumes(proxy: RunningProxy, tansu: Broker, topic: str) -> None:
+def test_kcat_produces_and_consumes(proxy: RunningProxy, upstream: Upstream, topic: str) -> None:
     lines = "".join(f"{k.decode()}:{v.decode()}\n" for k, v in RECORDS).encode()
     produced = run_kcat(
         ["-b", proxy.bootstrap, "-P", "-t", topic, "-p", "0", "-K:"], input_bytes=lines
@@ -137,10 +144,10 @@ def test_kcat_produces_and_consumes(proxy: RunningProxy, tansu: Broker, topic: s
     consumed = run_kcat([*consume, "-f", "%k:%s\n"])
     assert consumed.returncode == 0, consumed.stderr.decode(errors="replace")
     assert [tuple(line.split(b":", 1)) for line in consumed.stdout.splitlines()] == RECORDS
-    assert_only_proxy_addresses(proxy, tansu, METADATA)
+    assert_only_proxy_addresses(proxy, upstream, METADATA)
 
 
-def test_consumer_group_commits_and_resumes(proxy: RunningProxy, tansu: Broker, topic: str):
+def test_consumer_group_commits_and_resumes(proxy: RunningProxy, upstream: Upstream, topic: str):
     """A group member commits through the proxy; a new member resumes from the commit."""
     from confluent_kafka import Consumer, Producer
 
@@ -178,12 +185,12 @@ def test_consumer_group_commits_and_resumes(proxy: RunningProxy, tansu: Broker, 
     assert len(first) >= N // 2
     rest = consume(N - len(first))
     assert first + rest == RECORDS
-    assert_only_proxy_addresses(proxy, tansu, METADATA, FIND_COORDINATOR)
+    assert_only_proxy_addresses(proxy, upstream, METADATA, FIND_COORDINATOR)
 
 
 @pytest.mark.parametrize("version", [0, 1, 4, 9, 12])
 def test_metadata_every_version_names_only_proxy_listeners(
-    proxy: RunningProxy, tansu: Broker, version: int
+    proxy: RunningProxy, upstream: Upstream, version: int
 ) -> None:
     from protocol.messages import codec_for, encode_request, make_request
     from tests.harness.raw_client import RawKafkaClient
@@ -202,13 +209,15 @@ def test_metadata_every_version_names_only_proxy_listeners(
         answer = client.request(encode_request(make_request(METADATA, version, 7, "t", body)))
     finally:
         client.close()
-    assert _addresses(METADATA, version, answer) == [(111, proxy.host, proxy.broker_port(111))]
+    assert _addresses(METADATA, version, answer) == [
+        (upstream.node_id, proxy.host, proxy.broker_port(upstream.node_id))
+    ]
 
 
 def test_system_kcat_works_through_the_proxy(proxy: RunningProxy, topic: str) -> None:
     """Debian 12's kcat links librdkafka 2.0.2, which cannot parse Tansu's ApiVersions v3 answer
     (a tag sent at its default value) when it talks to Tansu directly. The proxy re-encodes that
-    answer, so the same old client works through it."""
+    answer, so the same old client works through it; and through it to Apache Kafka 4.x."""
     import subprocess
 
     def system_kcat(*args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -1,22 +1,26 @@
-"""Real clients against the real broker (Tansu), no proxy: the baseline later tests rely on."""
+"""Real clients against the real brokers (Tansu and Apache Kafka), no proxy: the baseline later
+tests rely on."""
 
 from __future__ import annotations
 
 import confluent_kafka
+import pytest
 
 from tests.harness import (
-    Broker,
     RawKafkaClient,
     api_versions_v0_request,
     parse_api_versions_v0_response,
 )
 from tests.harness.kcat import librdkafka_version, run_kcat
+from tests.harness.upstream import Upstream
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 N = 10
 RECORDS = [(f"key-{i}".encode(), f"value-{i}".encode()) for i in range(N)]
 
 
-def _consume_confluent(broker: Broker, topic: str, n: int) -> list[tuple[bytes, bytes]]:
+def _consume_confluent(broker: Upstream, topic: str, n: int) -> list[tuple[bytes, bytes]]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -40,10 +44,10 @@ def _consume_confluent(broker: Broker, topic: str, n: int) -> list[tuple[bytes, 
         consumer.close()
 
 
-def test_confluent_kafka_produce_and_consume(tansu: Broker, topic: str) -> None:
+def test_confluent_kafka_produce_and_consume(upstream: Upstream, topic: str) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": tansu.bootstrap, "acks": "all", "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": upstream.bootstrap, "acks": "all", "linger.ms": 5})
     reports: list[tuple[object, int, int]] = []
     for key, value in RECORDS:
         producer.produce(
@@ -58,13 +62,13 @@ def test_confluent_kafka_produce_and_consume(tansu: Broker, topic: str) -> None:
     assert [err for err, _, _ in reports] == [None] * N
     assert sorted(off for _, _, off in reports) == list(range(N))
 
-    assert _consume_confluent(tansu, topic, N) == RECORDS
+    assert _consume_confluent(upstream, topic, N) == RECORDS
 
 
-def test_kafka_python_produce_and_consume(tansu: Broker, topic: str) -> None:
+def test_kafka_python_produce_and_consume(upstream: Upstream, topic: str) -> None:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, acks="all", linger_ms=5)
+    producer = KafkaProducer(bootstrap_servers=upstream.bootstrap, acks="all", linger_ms=5)
     try:
         futures = [producer.send(topic, value=v, key=k, partition=0) for k, v in RECORDS]
         producer.flush(10)
@@ -74,7 +78,7 @@ def test_kafka_python_produce_and_consume(tansu: Broker, topic: str) -> None:
     assert [m.offset for m in metas] == list(range(N))
 
     consumer = KafkaConsumer(
-        bootstrap_servers=tansu.bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000
+        bootstrap_servers=upstream.bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000
     )
     try:
         consumer.assign([TopicPartition(topic, 0)])
@@ -89,27 +93,27 @@ def test_kafka_python_produce_and_consume(tansu: Broker, topic: str) -> None:
     assert got == RECORDS
 
 
-def test_kcat_produce_and_consume(tansu: Broker, topic: str) -> None:
+def test_kcat_produce_and_consume(upstream: Upstream, topic: str) -> None:
     assert librdkafka_version() == confluent_kafka.libversion()[0]
     lines = "".join(f"{k.decode()}:{v.decode()}\n" for k, v in RECORDS)
     produced = run_kcat(
-        ["-b", tansu.bootstrap, "-P", "-t", topic, "-p", "0", "-K:", "-X", "acks=all"],
+        ["-b", upstream.bootstrap, "-P", "-t", topic, "-p", "0", "-K:", "-X", "acks=all"],
         input_bytes=lines.encode(),
     )
     assert produced.returncode == 0, produced.stderr.decode(errors="replace")
-    consume = ["-b", tansu.bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e"]
+    consume = ["-b", upstream.bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e"]
     consumed = run_kcat([*consume, "-f", "%k:%s\n"])
     assert consumed.returncode == 0, consumed.stderr.decode(errors="replace")
     got = [tuple(line.split(b":", 1)) for line in consumed.stdout.splitlines()]
     assert got == RECORDS
 
 
-async def test_aiokafka_produce_and_consume(tansu: Broker, topic: str) -> None:
+async def test_aiokafka_produce_and_consume(upstream: Upstream, topic: str) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    # aiokafka's idempotent producer fails on Tansu (InitProducerId v0 only): keep it off.
+    # aiokafka's idempotent producer fails on Tansu (InitProducerId v0 only): on Kafka it is on.
     producer = AIOKafkaProducer(
-        bootstrap_servers=tansu.bootstrap, acks="all", enable_idempotence=False
+        bootstrap_servers=upstream.bootstrap, acks="all", enable_idempotence=upstream.is_kafka
     )
     await producer.start()
     try:
@@ -118,7 +122,7 @@ async def test_aiokafka_produce_and_consume(tansu: Broker, topic: str) -> None:
         await producer.stop()
     assert [m.offset for m in metas] == list(range(N))
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=tansu.bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=upstream.bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
