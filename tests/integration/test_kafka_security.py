@@ -1,0 +1,305 @@
+"""SASL and TLS through kvproxy to Apache Kafka listeners that require them.
+
+The broker (tests/harness/kafka_security.py) has a PLAINTEXT listener (inter-broker, and the
+test's own topic creation), a SASL_PLAINTEXT and a SASL_SSL listener, each offering PLAIN,
+SCRAM-SHA-256 and SCRAM-SHA-512, with users the broker itself holds. kvproxy's upstream is one
+of the SASL listeners; clients log in through the proxy with their own credentials, which the
+proxy passes through. Two certificate authorities: the brokers' (only kvproxy trusts it) and
+kvproxy's (clients trust it; it also signs the client certificates of mutual TLS), so a client
+that gets through has spoken TLS to kvproxy and kvproxy to Kafka.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster, run_kafka
+from tests.harness.kafka_security import (
+    MECHANISMS,
+    SECURE_LISTENERS,
+    broker_properties,
+    console_consume,
+    console_produce,
+    consumed_records,
+    java_properties,
+    keystore_pem,
+    librdkafka_settings,
+    sasl_authenticate_error,
+    scram_format_arguments,
+    write_properties,
+)
+from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.tls import TlsFiles, write_tls_files
+
+SASL_AUTHENTICATE = 36
+SASL_AUTHENTICATION_FAILED = 58
+KAFKA_MESSAGES = {
+    "PLAIN": "Authentication failed: Invalid username or password",
+    "SCRAM-SHA-256": "Authentication failed during authentication due to invalid credentials "
+    "with SASL mechanism SCRAM-SHA-256",
+    "SCRAM-SHA-512": "Authentication failed during authentication due to invalid credentials "
+    "with SASL mechanism SCRAM-SHA-512",
+}
+"""What Kafka answers a wrong password with (SaslAuthenticate's error_message)."""
+
+
+@dataclass
+class SecureKafka:
+    cluster: KafkaCluster
+    kafka_tls: TlsFiles
+    """The brokers' certificate and CA: only kvproxy trusts it."""
+    proxy_tls: TlsFiles
+    """kvproxy's listener certificate, its CA (clients trust it) and a client certificate."""
+    directory: Path
+
+    def address(self, listener: str) -> str:
+        return f"127.0.0.1:{self.cluster.brokers[0].ports[listener]}"
+
+    @contextlib.contextmanager
+    def proxy(self, listener: str, *, mutual: bool = False) -> Iterator[RunningProxy]:
+        """kvproxy in front of ``listener``: TLS on both sides for SASL_SSL (``mutual``: clients
+        must present a certificate signed by kvproxy's CA), plain TCP for SASL_PLAINTEXT."""
+        sections: dict[str, Any] = {}
+        if listener == "SASL_SSL":
+            tls = {"cert_file": str(self.proxy_tls.server_cert)}
+            tls["key_file"] = str(self.proxy_tls.server_key)
+            if mutual:
+                tls["client_ca_file"] = str(self.proxy_tls.ca)
+            sections = {
+                "listen": {"tls": tls},
+                "upstream": {"tls": {"ca_file": str(self.kafka_tls.ca)}},
+            }
+        with run_proxy([self.address(listener)], **sections) as proxy:
+            yield proxy
+
+    def client(self, listener: str, mechanism: str, password: str, **extra: Any) -> dict[str, str]:
+        """librdkafka settings for a client of :meth:`proxy` (``ca`` is kvproxy's CA)."""
+        ca = self.proxy_tls.ca if listener == "SASL_SSL" else None
+        return librdkafka_settings(mechanism, password, ca=ca, **extra)
+
+
+@contextlib.contextmanager
+def secure_kafka(version: str, directory: Path) -> Iterator[SecureKafka]:
+    kafka_tls = write_tls_files(directory / "kafka-ca")
+    proxy_tls = write_tls_files(directory / "proxy-ca")
+    with run_kafka(
+        version,
+        listeners=SECURE_LISTENERS,
+        properties=broker_properties(kafka_tls, directory),
+        format_arguments=scram_format_arguments(),
+    ) as cluster:
+        yield SecureKafka(cluster, kafka_tls, proxy_tls, directory)
+
+
+def round_trip(
+    bootstrap: str, topic: str, settings: dict[str, str], count: int = 5
+) -> tuple[list[bytes], dict[int, str]]:
+    """Produce ``count`` values with confluent-kafka, read them back from the beginning; return
+    the values read and the brokers the consumer's Metadata named."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **settings})
+    delivered: list[object] = []
+    for n in range(count):
+        producer.produce(
+            topic, b"secret-%d" % n, partition=0, on_delivery=lambda e, m: delivered.append(e)
+        )
+    assert producer.flush(30) == 0
+    assert delivered == [None] * count
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "sec", "enable.auto.commit": False, **settings}
+    )
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+        brokers = {
+            b.id: f"{b.host}:{b.port}"
+            for b in consumer.list_topics(topic, timeout=10).brokers.values()
+        }
+    finally:
+        consumer.close()
+    return got, brokers
+
+
+def authentication_error(bootstrap: str, settings: dict[str, str]) -> tuple[Any, str]:
+    """The first error a librdkafka producer with these settings reports (error_cb), and the
+    broker's reason inside its text."""
+    from confluent_kafka import KafkaError, Producer
+
+    errors: list[Any] = []
+    producer = Producer({"bootstrap.servers": bootstrap, **settings, "error_cb": errors.append})
+    deadline = time.monotonic() + 30
+    while not errors and time.monotonic() < deadline:
+        producer.poll(0.2)
+    assert errors, "no error reported"
+    error = errors[0]
+    assert error.code() == KafkaError._AUTHENTICATION, error
+    found = re.search(r"SASL authentication error: (.*) \(after \d+ms", error.str())
+    assert found, error.str()
+    return error, found.group(1)
+
+
+@pytest.fixture(scope="class")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
+    """Kafka 4.x for the tests of one class: stopped before the 3.9 test starts its own."""
+    with secure_kafka(KAFKA_4, tmp_path_factory.mktemp("kafka-security")) as secured:
+        yield secured
+
+
+class TestKafka4:
+    """Apache Kafka 4.x, one node."""
+
+    @pytest.mark.parametrize("listener", ["SASL_PLAINTEXT", "SASL_SSL"])
+    @pytest.mark.parametrize("mechanism", MECHANISMS)
+    def test_librdkafka_logs_in_produces_and_consumes(
+        self, secured: SecureKafka, mechanism: str, listener: str
+    ) -> None:
+        topic = secured.cluster.create_topic()
+        with secured.proxy(listener) as proxy:
+            settings = secured.client(listener, mechanism, "alice-secret")
+            got, brokers = round_trip(proxy.bootstrap, topic, settings)
+            assert got == [b"secret-%d" % n for n in range(5)]
+            # The client only ever learned kvproxy's address; kvproxy reached the broker on the
+            # listener it was given (Kafka names, in Metadata, the listener asked on).
+            assert brokers == {1: f"127.0.0.1:{proxy.broker_port(1)}"}
+            assert proxy.nodes == {1: ("127.0.0.1", secured.cluster.brokers[0].ports[listener])}
+
+    @pytest.mark.parametrize("mechanism", MECHANISMS)
+    def test_wrong_password_is_kafkas_authentication_error(
+        self, secured: SecureKafka, mechanism: str
+    ) -> None:
+        listener = "SASL_SSL"
+        direct = librdkafka_settings(mechanism, "wrong", ca=secured.kafka_tls.ca)
+        _, said_direct = authentication_error(secured.address(listener), direct)
+        with secured.proxy(listener) as proxy:
+            error, said = authentication_error(
+                proxy.bootstrap, secured.client(listener, mechanism, "wrong")
+            )
+            assert said == said_direct == KAFKA_MESSAGES[mechanism]
+            assert not error.retriable()
+            # On the wire: Kafka's SaslAuthenticate answer, relayed as it came.
+            answers = [
+                sasl_authenticate_error(version, frame)
+                for key, version, frame in list(proxy.responses)
+                if key == SASL_AUTHENTICATE
+            ]
+            failures = {answer for answer in answers if answer[0] != 0}
+            assert failures == {(SASL_AUTHENTICATION_FAILED, KAFKA_MESSAGES[mechanism])}
+            stats = proxy.wait_until_idle()
+            assert stats.upstream_connections == 0  # Kafka closed them; kvproxy followed
+
+    def test_java_console_tools_with_scram_over_mutual_tls(
+        self, secured: SecureKafka, tmp_path: Path
+    ) -> None:
+        """Kafka's own console producer and consumer (the Java client) with SCRAM-SHA-256 and a
+        client certificate: records typed in come out."""
+        topic = secured.cluster.create_topic()
+        keystore = keystore_pem(
+            secured.proxy_tls.client_cert, secured.proxy_tls.client_key, tmp_path / "client.pem"
+        )
+        config = write_properties(
+            tmp_path / "client.properties",
+            java_properties(
+                "SCRAM-SHA-256", "alice-secret", ca=secured.proxy_tls.ca, keystore=keystore
+            ),
+        )
+        lines = ["first record", "second record", "third record"]
+        with secured.proxy("SASL_SSL", mutual=True) as proxy:
+            produced = console_produce(KAFKA_4, proxy.bootstrap, topic, config, lines)
+            assert produced.returncode == 0, produced.stderr[-3000:]
+            consumed = console_consume(KAFKA_4, proxy.bootstrap, topic, config, len(lines))
+            assert consumed.returncode == 0, consumed.stderr[-3000:]
+            assert consumed_records(consumed.stdout) == [
+                (0, n, line) for n, line in enumerate(lines)
+            ]
+            assert "Processed a total of 3 messages" in consumed.stderr
+
+    def test_java_wrong_password_is_a_sasl_authentication_exception(
+        self, secured: SecureKafka, tmp_path: Path
+    ) -> None:
+        topic = secured.cluster.create_topic()
+        config = write_properties(
+            tmp_path / "client.properties",
+            java_properties("SCRAM-SHA-256", "wrong", ca=secured.proxy_tls.ca),
+        )
+        with secured.proxy("SASL_SSL") as proxy:
+            produced = console_produce(KAFKA_4, proxy.bootstrap, topic, config, ["never stored"])
+        output = produced.stdout + produced.stderr
+        assert (
+            "org.apache.kafka.common.errors.SaslAuthenticationException: "
+            + KAFKA_MESSAGES["SCRAM-SHA-256"]
+        ) in output, output[-3000:]
+        assert produced.returncode != 0
+
+    def test_mutual_tls_refuses_a_client_without_a_certificate(self, secured: SecureKafka) -> None:
+        """What librdkafka says when kvproxy's mutual TLS listener refuses it: every broker down
+        (an error) and the handshake's end in its log. Nothing reaches Kafka."""
+        from confluent_kafka import KafkaError, Producer
+
+        log = logging.getLogger(f"librdkafka-{id(self)}")
+        lines: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+        log.addHandler(handler)
+        log.propagate = False
+        log.setLevel(logging.INFO)  # librdkafka logs a refused handshake at level 6, INFO
+        with secured.proxy("SASL_SSL", mutual=True) as proxy:
+            errors: list[Any] = []
+            settings = secured.client("SASL_SSL", "SCRAM-SHA-512", "alice-secret")
+            producer = Producer(
+                {
+                    "bootstrap.servers": proxy.bootstrap,
+                    **settings,
+                    "error_cb": errors.append,
+                    "logger": log,
+                }
+            )
+            closed = "Disconnected: SSL connection closed by peer"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                errors and any(closed in line for line in lines)
+            ):
+                producer.poll(0.2)
+            assert errors
+            assert errors[0].code() == KafkaError._ALL_BROKERS_DOWN
+            assert any(closed in line for line in lines), lines
+            assert proxy.stats().upstream_connections == 0
+            assert not proxy.responses  # nothing relayed
+            del producer
+
+
+def test_kafka_3_scram_sha_512_over_tls(tmp_path: Path) -> None:
+    """Apache Kafka 3.9: SCRAM-SHA-512 over SASL_SSL with librdkafka and with 3.9's own console
+    tools; a wrong PLAIN password gets Kafka's message."""
+    with secure_kafka(KAFKA_3, tmp_path) as secured, secured.proxy("SASL_SSL") as proxy:
+        topic = secured.cluster.create_topic()
+        settings = secured.client("SASL_SSL", "SCRAM-SHA-512", "alice-secret")
+        got, brokers = round_trip(proxy.bootstrap, topic, settings)
+        assert got == [b"secret-%d" % n for n in range(5)]
+        assert brokers == {1: f"127.0.0.1:{proxy.broker_port(1)}"}
+        _, said = authentication_error(proxy.bootstrap, secured.client("SASL_SSL", "PLAIN", "x"))
+        assert said == KAFKA_MESSAGES["PLAIN"]
+        config = write_properties(
+            tmp_path / "client.properties",
+            java_properties("SCRAM-SHA-512", "bob-secret", user="bob", ca=secured.proxy_tls.ca),
+        )
+        produced = console_produce(KAFKA_3, proxy.bootstrap, topic, config, ["from java"])
+        assert produced.returncode == 0, produced.stderr[-3000:]
+        consumed = console_consume(KAFKA_3, proxy.bootstrap, topic, config, 6)
+        assert consumed.returncode == 0, consumed.stderr[-3000:]
+        values = [value for _, _, value in consumed_records(consumed.stdout)]
+        assert values == [f"secret-{n}" for n in range(5)] + ["from java"]
