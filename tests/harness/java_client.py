@@ -9,20 +9,27 @@ the Java client logs retries there rather than raising them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+from tests.harness import kafka_broker
 from tests.harness.kafka_broker import KAFKA_4, kafka_classpath
 
 SOURCE = Path(__file__).with_name("java_client") / "KvproxyJavaClient.java"
 MAIN_CLASS = "KvproxyJavaClient"
+TELEMETRY_REPORTER = f"{MAIN_CLASS}$TelemetryReporter"
+"""A broker metrics reporter that accepts client telemetry and writes each push it gets to the
+file named by the broker property `kvproxy.telemetry.file`."""
 JVM_OPTIONS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto")
 LOG4J2 = """\
 status = error
@@ -78,16 +85,14 @@ def compiled(version: str = KAFKA_4) -> Path:
     return target
 
 
-def run_java_client(
+def java_client_argv(
     command: str,
     bootstrap: str,
-    *,
     props: dict[str, str] | None = None,
     version: str = KAFKA_4,
-    timeout: float = 180,
     **args: str | int,
-) -> JavaRun:
-    """Run `KvproxyJavaClient command --bootstrap B --name value ... --prop k=v ...`."""
+) -> list[str]:
+    """`java ... KvproxyJavaClient command --bootstrap B --name value ... --prop k=v ...`."""
     classes = compiled(version)
     argv = [
         shutil.which("java") or "java",
@@ -104,6 +109,20 @@ def run_java_client(
         argv += [f"--{name.replace('_', '-')}", str(value)]
     for key, value in (props or {}).items():
         argv += ["--prop", f"{key}={value}"]
+    return argv
+
+
+def run_java_client(
+    command: str,
+    bootstrap: str,
+    *,
+    props: dict[str, str] | None = None,
+    version: str = KAFKA_4,
+    timeout: float = 180,
+    **args: str | int,
+) -> JavaRun:
+    """Run one command to its end and return the JSON line it printed."""
+    argv = java_client_argv(command, bootstrap, props, version, **args)
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
     )
@@ -114,3 +133,40 @@ def run_java_client(
             f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
         )
     return JavaRun(json.loads(lines[-1]), done.stderr)
+
+
+@contextlib.contextmanager
+def held_producer(
+    bootstrap: str, *, props: dict[str, str] | None = None, timeout: float = 120, **args: str | int
+) -> Iterator[dict[str, Any]]:
+    """`produce --hold true`: yields its report while the producer is still open (its telemetry,
+    for one, goes on); the producer closes when the block ends."""
+    argv = java_client_argv("produce", bootstrap, props, hold="true", **args)
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            line = proc.stdout.readline()  # the report, or "" when the JVM died first
+            if not line.startswith("{"):
+                raise JavaClientError(f"produce --hold printed {line!r}, exit {proc.poll()}")
+            yield json.loads(line)
+            proc.stdin.close()
+            proc.wait(timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+@contextlib.contextmanager
+def brokers_load_the_reporter(version: str = KAFKA_4) -> Iterator[None]:
+    """While open, the Kafka JVMs the harness starts (brokers, tools) also load the compiled
+    classes, so a broker can name `TELEMETRY_REPORTER` in `metric.reporters`."""
+    classes = compiled(version)
+    original = kafka_broker.kafka_classpath
+
+    def with_classes(version: str = KAFKA_4) -> str:
+        return f"{classes}:{original(version)}"
+
+    with mock.patch.object(kafka_broker, "kafka_classpath", with_classes):
+        yield

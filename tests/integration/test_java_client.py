@@ -11,15 +11,21 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from protocol.messages import PRODUCE
-from tests.harness.java_client import run_java_client
-from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.java_client import (
+    TELEMETRY_REPORTER,
+    brokers_load_the_reporter,
+    held_producer,
+    run_java_client,
+)
+from tests.harness.kafka_broker import KafkaCluster, run_kafka
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import (
     RawKafkaClient,
@@ -76,6 +82,16 @@ def offered(host: str, port: int) -> dict[int, tuple[int, int]]:
     """The API version ranges an ApiVersions answer offers, by api key."""
     with RawKafkaClient(host, port) as client:
         return parse_api_versions_v0_response(client.request(api_versions_v0_request()))[2]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> bool:
+    """Ask `condition` until it holds or `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def produce(bootstrap: str, topic: str, values: list[str], **args: Any) -> list[dict[str, Any]]:
@@ -218,6 +234,41 @@ def test_telemetry_apis_follow_the_broker(stage: Stage) -> None:
     assert results[0]["offset"] == 0
     answered = stage.answered(before)
     assert not {GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY} & {key for key, _ in answered}
+
+
+def test_telemetry_reaches_a_broker_that_collects_it(tmp_path: Path) -> None:
+    """With a ClientTelemetry reporter on the broker and a client-metrics subscription, the broker
+    offers both APIs; kvproxy passes them through unchanged, and the Java client's pushes reach
+    the broker's reporter."""
+    pushes = tmp_path / "pushes.txt"
+    reporter = {"metric.reporters": TELEMETRY_REPORTER, "kvproxy.telemetry.file": str(pushes)}
+    with brokers_load_the_reporter(), run_kafka(properties=reporter) as kafka:
+        kafka.tool(
+            "org.apache.kafka.tools.ClientMetricsCommand", "--bootstrap-server", kafka.bootstrap,
+            "--alter", "--name", "everything", "--metrics", "*", "--interval", "1000",
+        )  # fmt: skip
+        direct = offered(kafka.host, kafka.port)
+        topic = kafka.create_topic()
+        with run_proxy(kafka.bootstrap_servers) as proxy:
+            through = offered(proxy.host, proxy.port)
+            producer = held_producer(proxy.bootstrap, topic=topic, values="t", instance_id="true")
+            with producer as report:
+                instance = report["client_instance_id"]
+                assert report["results"][0]["offset"] == 0
+                pushed = wait_for(
+                    lambda: instance in pushes.read_text() if pushes.exists() else False
+                )
+            answered = Counter(key for key, _, _ in proxy.responses)
+        for key in (GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY):
+            assert direct[key] == through[key]
+        assert instance is not None
+        assert pushed, f"no push from {instance} reached the broker's reporter"
+        assert answered[GET_TELEMETRY_SUBSCRIPTIONS] >= 1
+        assert answered[PUSH_TELEMETRY] >= 1
+        [_, _, content_type, size] = next(
+            line.split() for line in pushes.read_text().splitlines() if line.startswith(instance)
+        )
+        assert (content_type, int(size) > 0) == ("OTLP", True)
 
 
 # ---- refusals ---------------------------------------------------------------------------------

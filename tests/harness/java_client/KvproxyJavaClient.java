@@ -1,3 +1,8 @@
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.nio.file.StandardOpenOption;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
@@ -18,9 +23,16 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.metrics.KafkaMetric;
+import org.apache.kafka.common.metrics.MetricsReporter;
 import org.apache.kafka.common.protocol.ApiKeys;
 import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
+import org.apache.kafka.server.telemetry.ClientTelemetryContext;
+import org.apache.kafka.server.telemetry.ClientTelemetryExporter;
+import org.apache.kafka.server.telemetry.ClientTelemetryExporterProvider;
+import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
 
 /**
  * The Java client (kafka-clients) as an application uses it, driven by the test harness.
@@ -29,9 +41,11 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * Every command prints one JSON line on stdout (the client's own logging goes to stderr):
  *
  * <ul>
- *   <li>{@code produce --topic T --values V [--null-key true] [--timestamp MS]}: sends the
- *       values (V's lines; keys k0, k1, ...) without waiting between them, flushes, and reports each record's
- *       partition and offset or the exception its future and its callback got.
+ *   <li>{@code produce --topic T --values V [--null-key true] [--timestamp MS] [--instance-id true]
+ *       [--hold true]}: sends the values (V's lines; keys k0, k1, ...) without waiting between
+ *       them, flushes, and reports each record's partition and offset or the exception its future
+ *       and its callback got, and the client instance id telemetry gave it; with hold, the
+ *       producer stays open after the report until stdin ends.
  *   <li>{@code transactions --topic T --transactional-id ID --commit N --abort M}: one transaction
  *       of N records committed, then one of M records aborted.
  *   <li>{@code consume --topic T --group G --members N}: N members of group G in one thread; each
@@ -40,6 +54,9 @@ import org.apache.kafka.common.serialization.StringSerializer;
  *       the committed offsets.
  *   <li>{@code versions}: the highest Produce version this client can send.
  * </ul>
+ *
+ * <p>{@link TelemetryReporter} is not part of the client: it is a broker's metrics reporter, which a
+ * broker needs before it offers client telemetry (KIP-714) at all.
  */
 public final class KvproxyJavaClient {
     private KvproxyJavaClient() {}
@@ -74,8 +91,10 @@ public final class KvproxyJavaClient {
             default:
                 throw new IllegalArgumentException("unknown command " + command);
         }
-        System.out.println(out);
-        System.out.flush();
+        if (out != null) {
+            System.out.println(out);
+            System.out.flush();
+        }
     }
 
     private static KafkaProducer<String, String> producer(Properties props) {
@@ -103,6 +122,11 @@ public final class KvproxyJavaClient {
                 }));
             }
             producer.flush();
+            String instance = "null";
+            if (Boolean.parseBoolean(args.getOrDefault("instance-id", "false"))) {
+                Uuid id = producer.clientInstanceId(Duration.ofSeconds(30));
+                instance = id == null ? "null" : quote(id.toString());
+            }
             StringBuilder results = new StringBuilder("[");
             for (int i = 0; i < futures.size(); i++) {
                 if (i > 0) {
@@ -120,7 +144,18 @@ public final class KvproxyJavaClient {
                 }
                 results.append('}');
             }
-            return "{\"results\":" + results.append(']') + "}";
+            String out = "{\"results\":" + results.append(']') + ",\"client_instance_id\":"
+                    + instance + "}";
+            if (Boolean.parseBoolean(args.getOrDefault("hold", "false"))) {
+                // the caller decides when the producer closes: at the end of stdin
+                System.out.println(out);
+                System.out.flush();
+                while (System.in.read() != -1) {
+                    // wait
+                }
+                return null;
+            }
+            return out;
         }
     }
 
@@ -144,6 +179,51 @@ public final class KvproxyJavaClient {
             producer.abortTransaction();
         }
         return "{\"committed\":" + commit + ",\"aborted\":" + abort + "}";
+    }
+
+    /**
+     * A broker metrics reporter that accepts client telemetry: each push it is handed is appended
+     * to the file named by the broker property {@code kvproxy.telemetry.file} as one line
+     * "client-instance-id terminating content-type bytes".
+     */
+    public static final class TelemetryReporter
+            implements MetricsReporter, ClientTelemetryExporterProvider, ClientTelemetryExporter {
+        private String file;
+
+        @Override
+        public void configure(Map<String, ?> configs) {
+            file = String.valueOf(configs.get("kvproxy.telemetry.file"));
+        }
+
+        @Override
+        public void init(List<KafkaMetric> metrics) {}
+
+        @Override
+        public void metricChange(KafkaMetric metric) {}
+
+        @Override
+        public void metricRemoval(KafkaMetric metric) {}
+
+        @Override
+        public void close() {}
+
+        @Override
+        public ClientTelemetryExporter clientTelemetryExporter() {
+            return this;
+        }
+
+        @Override
+        public synchronized void exportMetrics(
+                ClientTelemetryContext context, ClientTelemetryPayload payload) {
+            String line = payload.clientInstanceId() + " " + payload.isTerminating() + " "
+                    + payload.contentType() + " " + payload.data().remaining() + "\n";
+            try {
+                Files.write(Paths.get(file), line.getBytes(StandardCharsets.UTF_8),
+                        StandardOpenOption.CREATE, StandardOpenOption.APPEND);
+            } catch (IOException e) {
+                throw new IllegalStateException(e);
+            }
+        }
     }
 
     /** Pauses every partition as it is assigned, so no member reads before all have joined. */
