@@ -41,8 +41,8 @@ HOST = "127.0.0.1"
 DELIVERY_TIMEOUT_MS = 120_000
 """How long a client may keep retrying a record: far longer than a leader election or a proxy
 restart on a loaded machine, so a record fails only if something is really wrong."""
-PACE_S = 0.005
-"""One record every 5 ms per producer: thousands of records in a run of 20-40 s."""
+PACE_S = 0.008
+"""One record every 8 ms per producer: thousands of records in a run of 20-40 s."""
 NOT_LEADER_OR_FOLLOWER = 6
 T = TypeVar("T")
 
@@ -82,6 +82,11 @@ class Numbered:
     def acked_on(self, partition: int) -> int:
         with self._lock:
             return sum(1 for p, _ in self.acked.values() if p == partition)
+
+    def last_offset(self, partition: int) -> int:
+        """The highest offset acknowledged on `partition` so far (-1: none)."""
+        with self._lock:
+            return max((o for p, o in self.acked.values() if p == partition), default=-1)
 
     def _ack(self, value: bytes, partition: int, offset: int) -> None:
         with self._lock:
@@ -175,6 +180,7 @@ class ConfluentNumbered(Numbered):
     def finish(self, timeout: float) -> None:
         self._producer.flush(timeout)
         self._producer.poll(0.6)  # one more statistics report
+        self._producer = None  # its stats callback holds this object: free it now, not at GC
 
     def broker_addresses(self) -> set[tuple[str, int]]:
         with self._lock:
@@ -250,33 +256,92 @@ def wait_for_acks(
 # ---- reading back and counting ----
 
 
-def read_back(bootstrap: str, topic: str, partitions: int, timeout: float = 90) -> Counter[bytes]:
-    """How often each value is stored, read from the beginning of every partition up to its
-    high watermark with confluent-kafka through `bootstrap`."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+class Follower:
+    """A consumer (confluent-kafka) reading every partition from the beginning in a thread of its
+    own, how often it read each value, until told where the partitions end."""
 
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "read-back", "enable.auto.commit": False}
-    )
-    stored: Counter[bytes] = Counter()
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.stored: Counter[bytes] = Counter()
+        self.next_offset = dict.fromkeys(range(partitions), 0)
+        self.ends: dict[int, int] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
+
+    def start(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def _done(self) -> bool:
+        ends = self.ends
+        return ends is not None and all(self.next_offset[p] >= ends[p] for p in ends)
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        try:
+            consumer = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": "follower",
+                    "enable.auto.commit": False,
+                }
+            )
+            try:
+                consumer.assign(
+                    [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self.next_offset]
+                )
+                while not self._done():
+                    message = consumer.poll(0.2)
+                    if message is None or message.error() is not None:
+                        continue
+                    self.stored[message.value() or b""] += 1
+                    self.next_offset[message.partition() or 0] = (message.offset() or 0) + 1
+            finally:
+                consumer.close()
+        except BaseException as error:  # reported by finish()
+            self.error = error
+
+    def read_past(self, partition: int, offset: int, timeout: float = 90) -> None:
+        """Until the consumer has read `partition` beyond `offset`."""
+        wait_until(
+            lambda: self.error is not None or self.next_offset[partition] > offset,
+            f"the consumer to read {self.topic}/{partition} past offset {offset}",
+            timeout,
+        )
+        if self.error is not None:
+            raise self.error
+
+    def finish(self, ends: dict[int, int], timeout: float = 90) -> Counter[bytes]:
+        """Read up to `ends` (partition -> high watermark), stop, and how often each value was
+        read."""
+        self.ends = ends
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"read {self.next_offset} of {ends} in {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.stored
+
+
+def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
     try:
-        ends = {
+        return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
             for p in range(partitions)
         }
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        next_offset = dict.fromkeys(range(partitions), 0)
-        deadline = time.monotonic() + timeout
-        while any(next_offset[p] < ends[p] for p in ends):
-            assert time.monotonic() < deadline, f"read {next_offset} of {ends} in {timeout} s"
-            message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
-                continue
-            stored[message.value()] += 1
-            next_offset[message.partition()] = message.offset() + 1
     finally:
         consumer.close()
-    return stored
+
+
+def read_back(bootstrap: str, topic: str, partitions: int, timeout: float = 90) -> Counter[bytes]:
+    """How often each value is stored, read from the beginning of every partition up to its
+    high watermark with confluent-kafka through `bootstrap`."""
+    ends = high_watermarks(bootstrap, topic, partitions)
+    return Follower(bootstrap, topic, partitions).start().finish(ends, timeout)
 
 
 @dataclass(frozen=True)
@@ -316,7 +381,7 @@ def tally_of(producers: Iterable[Numbered], stored: Counter[bytes]) -> Tally:
     )
 
 
-def print_tally(name: str, tally: Tally) -> None:
+def print_tally(name: str, tally: object) -> None:
     """One line in the test output (pytest -s) and in the log of a run, for the docs."""
     print(f"[cluster fault run] {name}: {tally}", file=sys.stderr)
 
@@ -342,9 +407,9 @@ def addresses_in_answers(responses: Iterable[tuple[int, int, bytes]]) -> set[tup
     return found
 
 
-def not_leader_answers(responses: Iterable[tuple[int, int, bytes]]) -> list[Any]:
-    """The partition answers with NOT_LEADER_OR_FOLLOWER among the Produce answers sent, each
-    with its body's `node_endpoints` (v10+): (partition answer, endpoints)."""
+def not_leader_answers(responses: Iterable[tuple[int, int, bytes]]) -> list[tuple[int, Any, Any]]:
+    """The partition answers with NOT_LEADER_OR_FOLLOWER among the Produce answers sent:
+    (version, partition answer, the body's `node_endpoints`, empty below v10)."""
     found = []
     for api_key, version, frame in responses:
         if api_key != PRODUCE:
@@ -353,7 +418,7 @@ def not_leader_answers(responses: Iterable[tuple[int, int, bytes]]) -> list[Any]
         for topic in body.responses:
             for answer in topic.partition_responses:
                 if int(answer.error_code) == NOT_LEADER_OR_FOLLOWER:
-                    found.append((answer, getattr(body, "node_endpoints", ())))
+                    found.append((version, answer, getattr(body, "node_endpoints", ())))
     return found
 
 
@@ -361,7 +426,7 @@ def not_leader_answers(responses: Iterable[tuple[int, int, bytes]]) -> list[Any]
 
 PARTITIONS = 3
 BROKERS = (1, 2, 3)
-ACKS_PER_PHASE = 200
+ACKS_PER_PHASE = 100
 """Acknowledgements each producer must get on the killed leader's partition in each phase."""
 
 
@@ -392,16 +457,43 @@ def new_leader(cluster: KafkaCluster, topic: str, partition: int, old: int) -> i
 
 
 def kill_leader_and_restart(
-    cluster: KafkaCluster, topic: str, producers: Sequence[Numbered], partition: int = 0
+    cluster: KafkaCluster,
+    topic: str,
+    producers: Sequence[Numbered],
+    follower: Follower | None = None,
+    partition: int = 0,
 ) -> tuple[int, int]:
     """With `producers` running: acknowledgements on `partition`, kill -9 of its leader, a new
-    leader and acknowledgements from it, the old leader started again (rejoined), and more
-    acknowledgements. (killed leader, new leader)."""
+    leader and acknowledgements from it (and `follower` reading them), the old leader started
+    again (rejoined), then made leader again, and acknowledgements after each step.
+    (killed leader, interim leader)."""
     victim = cluster.leader_of(topic, partition)
     wait_for_acks(producers, partition, ACKS_PER_PHASE, "before the kill")
     cluster.node(victim).kill()
     successor = new_leader(cluster, topic, partition, victim)
     wait_for_acks(producers, partition, ACKS_PER_PHASE, f"from the new leader {successor}")
+    if follower is not None:
+        follower.read_past(partition, max(p.last_offset(partition) for p in producers))
     cluster.restart(victim)
     wait_for_acks(producers, partition, ACKS_PER_PHASE, f"after broker {victim} rejoined")
+    lead_again(cluster, topic, partition, victim)
+    wait_for_acks(producers, partition, ACKS_PER_PHASE, f"from broker {victim}, leader again")
     return victim, successor
+
+
+def lead_again(cluster: KafkaCluster, topic: str, partition: int, preferred: int) -> None:
+    """A preferred leader election until `preferred` (the first replica: the leader a fresh
+    topic had) leads `partition` again: clients must go back to the restarted broker. It fails
+    until the broker has caught up and is in sync, so it is asked again."""
+    from confluent_kafka import ElectionType, TopicPartition
+
+    admin = cluster.admin()
+    wanted = [TopicPartition(topic, partition)]
+
+    def elected() -> bool:
+        with contextlib.suppress(Exception):  # not in sync yet (or no election needed)
+            admin.elect_leaders(ElectionType.PREFERRED, wanted).result(timeout=10)
+        found = admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+        return int(found) == preferred
+
+    wait_until(elected, f"broker {preferred} to lead {topic}/{partition} again", 90)
