@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from protocol import error_codes
 from protocol.budget import Allowance
-from protocol.errors import BufferUnderflow, DecodeError
+from protocol.errors import BatchFraming, BufferUnderflow, DecodeError
 from protocol.records import Record, RecordBatch, read_batches
 from protocol.records.readers import first_batch_incomplete
 
@@ -340,6 +340,15 @@ def needs_of(policy: object) -> frozenset[Need]:
     return needs
 
 
+def _corrupt(topic: str, partition: int, exc: DecodeError) -> Verdict:
+    """CORRUPT_MESSAGE for records that do not parse, in Kafka's words where it has them."""
+    if isinstance(exc, BatchFraming):
+        message = exc.kafka_message
+    else:
+        message = f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}"
+    return Verdict(code=error_codes.CORRUPT_MESSAGE, message=message, policy="batch_integrity")
+
+
 def parse_records(
     topic: str,
     partition: int,
@@ -377,17 +386,9 @@ def parse_records(
                 "one record batch per partition",
                 policy="batch_integrity",
             )
-        return Verdict(
-            code=error_codes.CORRUPT_MESSAGE,
-            message=f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}",
-            policy="batch_integrity",
-        )
+        return _corrupt(topic, partition, exc)
     except DecodeError as exc:
-        return Verdict(
-            code=error_codes.CORRUPT_MESSAGE,
-            message=f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}",
-            policy="batch_integrity",
-        )
+        return _corrupt(topic, partition, exc)
     return ProducedRecords(
         topic=topic,
         partition=partition,

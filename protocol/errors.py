@@ -41,6 +41,15 @@ class CorruptRecords(DecodeError):
     error_code: ClassVar[int] = error_codes.CORRUPT_MESSAGE
 
 
+class BatchFraming(CorruptRecords):
+    """A batch whose size or magic is nonsense, with the words Kafka's batch iterator
+    (`ByteBufferLogInputStream.nextBatchSize`) answers it with in `kafka_message`."""
+
+    def __init__(self, message: str, kafka_message: str) -> None:
+        super().__init__(message)
+        self.kafka_message = kafka_message
+
+
 class InvalidRecords(CorruptRecords):
     """A batch whose CRC holds but whose records do not match its header or do not parse: the
     producer wrote them so, and a retry sends the same bytes. Kafka answers INVALID_RECORD with

@@ -5,7 +5,8 @@ Sources (apache/kafka): `ProduceRequest.validateRecords` (per-version batch rule
 `validateRecord`, `validateKey`, `validateTimestamp`, `validateRecordCompression` and
 `processRecordErrors` (record-level rules and the batch message). Where the broker's message
 embeds a Java `toString()` of a record, `java_record` reproduces it (exactly for magic 2's
-`DefaultRecord`; for legacy records without the inner CRC, which the batch view does not expose).
+`DefaultRecord`, and `PartialDefaultRecord` in a compressed batch; for legacy records without
+the inner CRC, which the batch view does not expose).
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def java_record(batch: RecordBatch, record: Record, offset: int) -> str:
     key_len = 0 if record.key is None else len(record.key)
     value_len = 0 if record.value is None else len(record.value)
     if record.magic == 2:
+        if batch.codec is not Codec.NONE:
+            # LogValidator reads a compressed batch it appends as it is with
+            # skipKeyValueIterator: PartialDefaultRecord, whose sizes say -1 for null
+            key_size = -1 if record.key is None else key_len
+            value_size = -1 if record.value is None else value_len
+            return (
+                f"PartialDefaultRecord(offset={offset}, timestamp={record.timestamp}, "
+                f"key={key_size} bytes, value={value_size} bytes)"
+            )
         return (
             f"DefaultRecord(offset={offset}, timestamp={record.timestamp}, "
             f"key={key_len} bytes, value={value_len} bytes)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from protocol.budget import Allowance
-from protocol.errors import BufferUnderflow, CorruptRecords
+from protocol.errors import BatchFraming, BufferUnderflow, CorruptRecords
 from protocol.records.batch import RecordBatch
 from protocol.records.layout import LOG_OVERHEAD, MAGIC_POS, MIN_LENGTH, MIN_LENGTH_BY_MAGIC, PREFIX
 
@@ -39,11 +39,17 @@ def _read_batch(
         raise BufferUnderflow(f"batch header at byte {offset} needs 12 bytes, {available} left")
     (_, length) = PREFIX.unpack_from(view, offset)
     if length < MIN_LENGTH:
-        raise CorruptRecords(f"batch at byte {offset} has length {length}, below the minimum")
+        raise BatchFraming(
+            f"batch at byte {offset} has length {length}, below the minimum",
+            f"Record size {length} is less than the minimum record overhead ({MIN_LENGTH})",
+        )
     if available > MAGIC_POS:
         magic = view[offset + MAGIC_POS]
         if magic > 2:
-            raise CorruptRecords(f"batch at byte {offset} has unknown magic {magic}")
+            raise BatchFraming(
+                f"batch at byte {offset} has unknown magic {magic}",
+                f"Invalid magic found in record: {magic - 256 if magic > 127 else magic}",
+            )
         if length < MIN_LENGTH_BY_MAGIC[magic]:
             raise CorruptRecords(
                 f"magic {magic} batch at byte {offset} has length {length}, below the minimum"
