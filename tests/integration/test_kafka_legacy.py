@@ -170,17 +170,20 @@ OLD_CLIENTS = [(0, 10), (0, 9)]
 def test_legacy_client_behind_kafka_3(kafka3: KafkaCluster, api_version: tuple[int, int]) -> None:
     """Behind 3.9 a legacy producer works through the proxy; a refused record (null key on a
     compacted topic) is answered CORRUPT_MESSAGE, the proxy's `errors.legacy_code`, where Kafka
-    3.9 itself answers INVALID_RECORD."""
+    3.9 itself answers INVALID_RECORD, as the proxy does with `errors.legacy_below: 0`."""
     plain = ensure_topic(kafka3, "legacy-plain")
     compacted = ensure_topic(kafka3, "legacy-compacted", {"cleanup.policy": "compact"})
     with run_proxy(kafka3.bootstrap_servers) as proxy:
         offset = legacy_send(proxy.bootstrap, api_version, plain, b"k")
         refused = legacy_send(proxy.bootstrap, api_version, compacted, None)
+    with run_proxy(kafka3.bootstrap_servers, errors={"legacy_below": 0}) as proxy:
+        as_kafka = legacy_send(proxy.bootstrap, api_version, compacted, None)
     direct = legacy_send(kafka3.bootstrap, api_version, compacted, None)
     assert isinstance(offset, int), offset
     assert read_back(kafka3.bootstrap, plain, offset, 1) == [(b"k", b"legacy")]
     assert isinstance(refused, CorruptRecordError), refused
     assert isinstance(direct, InvalidRecordError), direct
+    assert isinstance(as_kafka, InvalidRecordError), as_kafka  # errors.legacy_below: 0
     assert end_offset(kafka3.bootstrap, compacted) == 0
 
 
@@ -196,6 +199,7 @@ def test_legacy_client_behind_kafka_4(kafka: KafkaCluster, api_version: tuple[in
     direct = legacy_send(kafka.bootstrap, api_version, plain, b"k")
     assert isinstance(direct, KafkaConnectionError), direct
     assert isinstance(through, KafkaConnectionError), through
-    assert str(through) == str(direct)
+    assert str(through) == str(direct) == "KafkaConnectionError: socket disconnected"
     assert isinstance(refused, CorruptRecordError), refused
+    assert str(refused) == "[Error 2] CorruptRecordError: None"
     assert end_offset(kafka.bootstrap, plain) == 0
