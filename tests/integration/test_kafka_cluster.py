@@ -40,6 +40,8 @@ from tests.harness.cluster_faults import (
     addresses_in_answers,
     high_watermarks,
     kill_leader_and_restart,
+    lead_again,
+    new_leader,
     not_leader_answers,
     print_tally,
     read_back,
@@ -282,5 +284,35 @@ def test_kvproxy_restarted_mid_stream(
 
     tally = tally_of(producers, read_back(proxy_process.bootstrap, topic, PARTITIONS))
     print_tally(f"kvproxy restarted ({how.name}) mid-stream", tally)
+    assert (tally.lost, tally.duplicated, tally.failed) == (0, 0, 0), tally
+    assert_clients_saw_only(proxy_process, producers, healthy)
+
+
+def test_kvproxy_restarted_while_its_first_bootstrap_broker_is_down(
+    healthy: KafkaCluster, proxy_process: ProxyProcess
+) -> None:
+    """Broker 1 (the first of kvproxy's bootstrap servers) killed, kvproxy restarted while it is
+    down, then broker 1 started again and made leader of its partition once more: the restarted
+    kvproxy starts from the brokers that answer and opens broker 1's listener when it returns."""
+    proxy_process.start()
+    topic = spread_topic(healthy)
+    partition = next(p for p in range(PARTITIONS) if healthy.leader_of(topic, p) == 1)
+    producers = [
+        ConfluentNumbered(proxy_process.bootstrap, topic, PARTITIONS, "librdkafka"),
+        PythonNumbered(proxy_process.bootstrap, topic, PARTITIONS, "kafka-python"),
+    ]
+    with streaming(producers):
+        wait_for_acks(producers, partition, ACKS_PER_PHASE, "before the kill")
+        healthy.node(1).kill()
+        new_leader(healthy, topic, partition, 1)
+        proxy_process.stop(signal.SIGTERM)
+        proxy_process.start()
+        wait_for_acks(producers, partition, ACKS_PER_PHASE, "through the restarted kvproxy")
+        healthy.restart(1)
+        lead_again(healthy, topic, partition, 1)
+        wait_for_acks(producers, partition, ACKS_PER_PHASE, "from broker 1, leader again")
+
+    tally = tally_of(producers, read_back(proxy_process.bootstrap, topic, PARTITIONS))
+    print_tally("kvproxy restarted while broker 1 is down", tally)
     assert (tally.lost, tally.duplicated, tally.failed) == (0, 0, 0), tally
     assert_clients_saw_only(proxy_process, producers, healthy)
