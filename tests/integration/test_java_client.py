@@ -8,8 +8,10 @@ record of every answer it sent, which APIs and versions the client used through 
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,8 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.produce.v13.request import PartitionProduceData, TopicProduceData
+from kio.schema.produce.v13.request import ProduceRequest as ProduceRequestV13
+from kio.static.primitive import i16, i32, i32Timedelta
 
-from protocol.messages import PRODUCE
+from protocol.messages import PRODUCE, decode_response, encode_request, make_request
+from protocol.records import build_batch
 from tests.harness.java_client import (
     TELEMETRY_REPORTER,
     brokers_load_the_reporter,
@@ -33,7 +40,9 @@ from tests.harness.raw_client import (
     parse_api_versions_v0_response,
 )
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
 INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
 END_TXN = 26
 JOIN_GROUP = 11
 SYNC_GROUP = 14
@@ -110,6 +119,12 @@ def read_back(members: list[dict[str, Any]]) -> Counter[str]:
     return Counter(value for member in members for _key, value, _p, _o in member["records"])
 
 
+def documented(stage: Stage, name: str, message: tuple[str, str]) -> None:
+    """docs/clients.md quotes `class: message`, with the example's topic name in it."""
+    quoted = f"{message[0]}: {message[1]}".replace(stage.topics[name], name)
+    assert quoted in DOC.read_text(), quoted
+
+
 def failure(result: dict[str, Any]) -> tuple[str, str]:
     """The exception of a record's future; its callback must have got the same."""
     assert result["error"] is not None, result
@@ -155,6 +170,35 @@ def test_produce_is_capped_at_v12_and_v12_loses_nothing(stage: Stage) -> None:
     assert {v for k, v in stage.answered(before) if k == PRODUCE} == {12}
 
 
+def test_produce_v13_sent_anyway(stage: Stage) -> None:
+    """No client sends a version the proxy does not list; one that does gets what Kafka gives an
+    unlisted version, a closed connection. Kafka itself answers an unknown topic id with
+    UNKNOWN_TOPIC_ID."""
+    body = ProduceRequestV13(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
+        topic_data=(
+            TopicProduceData(
+                topic_id=uuid.uuid4(),
+                partition_data=(
+                    PartitionProduceData(
+                        index=i32(0), records=build_batch([(b"k", b"v", None, None)])
+                    ),
+                ),
+            ),
+        ),
+    )
+    frame = encode_request(make_request(PRODUCE, 13, 7, "v13", body))
+    with RawKafkaClient(stage.kafka.host, stage.kafka.port) as client:
+        answer = decode_response(client.request(frame), PRODUCE, 13).body
+    [topic] = answer.responses
+    assert int(topic.partition_responses[0].error_code) == ErrorCode.unknown_topic_id.value
+    with RawKafkaClient(stage.proxy.host, stage.proxy.port) as client:
+        client.send_frame(frame)
+        assert client.is_closed_by_peer()
+
+
 def test_transactions_commit_and_abort(stage: Stage) -> None:
     topic = stage.kafka.create_topic()
     before = len(stage.proxy.responses)
@@ -164,6 +208,9 @@ def test_transactions_commit_and_abort(stage: Stage) -> None:
     )  # fmt: skip
     answered = stage.answered(before)
     assert sum(n for (key, _), n in answered.items() if key == END_TXN) == 2
+    # transactions v2 (KIP-890): Produce v12 adds the partition, EndTxn v5 ends the transaction
+    assert {v for k, v in answered if k == END_TXN} == {5}
+    assert not any(key == ADD_PARTITIONS_TO_TXN for key, _ in answered)
     assert {v for k, v in answered if k == PRODUCE} == {12}
 
     committed = [f"committed-{i}" for i in range(5)]
@@ -277,6 +324,7 @@ def test_telemetry_reaches_a_broker_that_collects_it(tmp_path: Path) -> None:
 def test_null_key_to_compacted_topic(stage: Stage) -> None:
     topic = stage.topics["customers"]
     [result] = produce(stage.proxy.bootstrap, topic, ["no key"], null_key="true")
+    documented(stage, "customers", failure(result))
     assert failure(result) == (
         "org.apache.kafka.common.InvalidRecordException",
         f"Compacted topic cannot accept message without key in topic partition {topic}-0",
@@ -297,6 +345,8 @@ def test_one_refused_record_in_a_batch(stage: Stage) -> None:
         "Record value is not valid JSON (invalid literal, expected 'null': line 1 column 1) "
         f"in topic partition {topic}-0",
     )
+    documented(stage, "orders", failure(refused))
+    documented(stage, "orders", failure(first))
     assert failure(first) == BATCH_REFUSED
     assert failure(third) == BATCH_REFUSED
     assert read_back(consume(stage.proxy.bootstrap, topic, "orders-readers")) == Counter()
@@ -304,6 +354,7 @@ def test_one_refused_record_in_a_batch(stage: Stage) -> None:
 
 def test_policy_violation(stage: Stage) -> None:
     [result] = produce(stage.proxy.bootstrap, stage.topics["payments"], [GBP])
+    documented(stage, "payments", failure(result))
     assert failure(result) == (
         "org.apache.kafka.common.errors.PolicyViolationException",
         "currency GBP is not allowed; allowed: EUR, USD",
