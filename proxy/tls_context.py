@@ -16,13 +16,63 @@ def client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
     tls = config.listen.tls
     if tls is None:
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context = ListenerContext(ssl.PROTOCOL_TLS_SERVER)  # as create_default_context(CLIENT_AUTH)
     password = tls.key_password.get_secret_value() if tls.key_password is not None else None
     context.load_cert_chain(str(tls.cert_file), str(tls.key_file), password)
     if tls.client_ca_file is not None:
         context.load_verify_locations(cafile=str(tls.client_ca_file))
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+class AlertingSSLObject(ssl.SSLObject):
+    """A server-side TLS session that sends its alert before a failed handshake ends.
+
+    The event loop's TLS layer (uvloop's, like asyncio's) closes the socket as soon as
+    ``do_handshake()`` raises, and the alert OpenSSL has written (certificate required, unknown
+    CA, ...) is never sent. A refused client then sees the connection end without a reason: the
+    Java client logs "terminated during authentication" and reconnects until ``max.block.ms``,
+    librdkafka says "SSL connection closed by peer". A Kafka broker sends the alert, and both
+    fail at once. So a failure with an alert to send is reported once as "want read", which
+    makes the loop send what is pending (the alert), and raised at the next call (the client's
+    next bytes); a client that closes on the alert ends the connection itself. A failure with
+    nothing to send (bytes that are not TLS at all) is raised at once, as before."""
+
+    outgoing: ssl.MemoryBIO | None = None
+    _failure: ssl.SSLError | None = None
+
+    def do_handshake(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            if self.outgoing is None or not self.outgoing.pending:
+                raise
+            self._failure = exc
+            raise ssl.SSLWantReadError("the handshake failed; its alert is sent first") from exc
+
+
+class ListenerContext(ssl.SSLContext):
+    """The listeners' context: its sessions know their outgoing buffer (see
+    :class:`AlertingSSLObject`)."""
+
+    sslobject_class = AlertingSSLObject
+
+    def wrap_bio(  # type: ignore[override]
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        tls = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        if isinstance(tls, AlertingSSLObject):
+            tls.outgoing = outgoing
+        return tls
 
 
 def upstream_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
