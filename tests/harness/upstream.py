@@ -5,6 +5,7 @@ narrows it with its own ``@pytest.mark.upstreams("tansu")`` and says why."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -50,8 +51,31 @@ class Upstream:
     def create_topic(
         self, partitions: int = 1, config: Mapping[str, str] | None = None, prefix: str = "t"
     ) -> str:
-        """A fresh uniquely named topic; on Kafka, returned once every partition has a leader."""
+        """A fresh uniquely named topic; on Kafka, returned once every partition's leader answers
+        (Metadata names the leader a moment before it takes Produce: NOT_LEADER_OR_FOLLOWER)."""
         name = unique_topic_name(prefix)
-        if self.kafka is not None:
-            return self.kafka.create_topic(name, partitions, config)
-        return create_topic(self.bootstrap, name, partitions, dict(config) if config else None)
+        if self.kafka is None:
+            return create_topic(self.bootstrap, name, partitions, dict(config) if config else None)
+        self.kafka.create_topic(name, partitions, config)
+        _wait_for_leaders(self.bootstrap, name, partitions)
+        return name
+
+
+def _wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Until each partition's leader answers ListOffsets (asked, with a deadline)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kvproxy-tests-unused"})
+    deadline = time.monotonic() + timeout
+    try:
+        for partition in range(partitions):
+            while True:
+                try:
+                    consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+                    break
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+    finally:
+        consumer.close()

@@ -1,9 +1,10 @@
-"""Produce answers of the validation engine, seen by a raw client, with Tansu as the upstream.
+"""Produce answers of the validation engine, seen by a raw client, with Tansu and with Apache
+Kafka as the upstream.
 
 Each request is built with the project codec (`protocol.messages`, kio's request classes) and
 `protocol.records.build_batch`, sent through kvproxy, and the decoded answer is checked field by
 field (error_code, error_message, record_errors). What reached the broker is read back with a Fetch
-sent straight to Tansu, so "nothing stored" means the broker's log really is empty.
+sent straight to the broker, so "nothing stored" means the broker's log really is empty.
 
 The request and read-back helpers are `tests/harness/produce.py`'s.
 """
@@ -14,10 +15,10 @@ import struct
 import time
 from typing import Any
 
+import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from protocol.messages import PRODUCE, decode_response
-from tests.harness import Broker
 from tests.harness.produce import (
     ANOTHER_PARTITION,
     CLIENT_ID,
@@ -36,12 +37,17 @@ from tests.harness.produce import (
 )
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
+from tests.harness.upstream import Upstream
 
-# ---- corrupt batches: the proxy refuses what Tansu would store ----
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
+
+COORDINATOR_NOT_READY = {14, 15, 16}  # load in progress, not available, not the coordinator
+
+# ---- corrupt batches: the proxy refuses what Tansu would store and Kafka refuses too ----
 
 
-def test_flipped_byte_is_corrupt_message_through_the_proxy_but_stored_by_tansu(
-    tansu: Broker, make_topic: Any
+def test_flipped_byte_is_corrupt_message_through_the_proxy_and_on_kafka_stored_by_tansu(
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(2)
     good = batch(b"good")
@@ -50,30 +56,35 @@ def test_flipped_byte_is_corrupt_message_through_the_proxy_but_stored_by_tansu(
     corrupt[-2] ^= 0x01  # inside the value: the batch still parses, its CRC32C no longer matches
     corrupt = bytes(corrupt)
 
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, corrupt), (topic, 1, good)])
     bad, ok = answers[(topic, 0)], answers[(topic, 1)]
     assert bad.error_code == CORRUPT_MESSAGE, bad
     assert record_errors(bad) == []
     assert bad.error_message is None or "corrupt" in bad.error_message.lower(), bad
     assert ok.error_code == 0, ok
-    assert stored(tansu, topic, 0) == []
-    assert stored(tansu, topic, 1) == [b"good"]
+    assert stored(upstream, topic, 0) == []
+    assert stored(upstream, topic, 1) == [b"good"]
 
-    # The very same bytes straight to the broker: Tansu does not check the CRC and stores them.
-    direct = produce(tansu.host, tansu.port, 9, [(topic, 0, corrupt)])
-    assert direct[(topic, 0)].error_code == 0
-    assert stored(tansu, topic, 0) == [b"payload-with-a-flipped-byt" + b"d"]
+    # The very same bytes straight to the broker: Kafka answers as the proxy did; Tansu does not
+    # check the CRC and stores them.
+    direct = produce(upstream.host, upstream.port, 9, [(topic, 0, corrupt)])
+    if upstream.is_kafka:
+        assert direct[(topic, 0)].error_code == CORRUPT_MESSAGE
+        assert stored(upstream, topic, 0) == []
+    else:
+        assert direct[(topic, 0)].error_code == 0
+        assert stored(upstream, topic, 0) == [b"payload-with-a-flipped-byt" + b"d"]
 
 
 # ---- null key on a compacted topic (compaction discovered with DescribeConfigs) ----
 
 
 def test_null_key_on_compacted_topic_v9_has_kafka_message_and_record_errors(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(2, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -86,13 +97,15 @@ def test_null_key_on_compacted_topic_v9_has_kafka_message_and_record_errors(
     assert record_errors(bad) == expected
     assert bad.error_message == kafka_message(expected)
     assert ok.error_code == 0 and ok.error_message is None and record_errors(ok) == []
-    assert stored(tansu, topic, 0) == []
-    assert stored(tansu, topic, 1) == [b"keyed"]
+    assert stored(upstream, topic, 0) == []
+    assert stored(upstream, topic, 1) == [b"keyed"]
 
 
-def test_null_key_on_compacted_topic_v7_gets_the_code_alone(tansu: Broker, make_topic: Any) -> None:
+def test_null_key_on_compacted_topic_v7_gets_the_code_alone(
+    upstream: Upstream, make_topic: Any
+) -> None:
     topic = make_topic(2, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -103,26 +116,28 @@ def test_null_key_on_compacted_topic_v7_gets_the_code_alone(tansu: Broker, make_
     assert bad.error_code == INVALID_RECORD, bad
     assert not hasattr(bad, "error_message") and not hasattr(bad, "record_errors")
     assert ok.error_code == 0
-    assert stored(tansu, topic, 0) == []
-    assert stored(tansu, topic, 1) == [b"keyed"]
+    assert stored(upstream, topic, 0) == []
+    assert stored(upstream, topic, 1) == [b"keyed"]
 
 
-def test_null_key_on_compacted_topic_kip_profile_answers_45(tansu: Broker, make_topic: Any) -> None:
+def test_null_key_on_compacted_topic_kip_profile_answers_45(
+    upstream: Upstream, make_topic: Any
+) -> None:
     topic = make_topic(1, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap, errors={"profile": "kip"}) as proxy:
+    with run_proxy(upstream.bootstrap, errors={"profile": "kip"}) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"v", key=None))])
     bad = answers[(topic, 0)]
     assert bad.error_code == 45, bad  # KIP-135's INVALID_RECORD_KEY
     assert record_errors(bad) == [(0, compacted_message(topic, 0))]
-    assert stored(tansu, topic, 0) == []
+    assert stored(upstream, topic, 0) == []
 
 
 def test_compacted_override_in_yaml_applies_to_a_non_compacted_topic(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(1)  # cleanup.policy=delete on the broker
     other = make_topic(1)
-    with run_proxy(tansu.bootstrap, topics=[{"match": topic, "compacted": True}]) as proxy:
+    with run_proxy(upstream.bootstrap, topics=[{"match": topic, "compacted": True}]) as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -132,19 +147,19 @@ def test_compacted_override_in_yaml_applies_to_a_non_compacted_topic(
     assert answers[(topic, 0)].error_code == INVALID_RECORD
     assert record_errors(answers[(topic, 0)]) == [(0, compacted_message(topic, 0))]
     assert answers[(other, 0)].error_code == 0  # not compacted: a null key is fine
-    assert stored(tansu, topic) == []
-    assert stored(tansu, other) == [b"w"]
+    assert stored(upstream, topic) == []
+    assert stored(upstream, other) == [b"w"]
 
 
 # ---- record_errors: records 1 and 3 of 5 ----
 
 
 def test_records_1_and_3_of_5_bad_give_their_indexes_and_messages(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(2)
     values = [b'{"n": 0}', b"not json", b'{"n": 2}', b"{broken", b'{"n": 4}']
-    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=JSON_ONLY) as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -173,18 +188,18 @@ def test_records_1_and_3_of_5_bad_give_their_indexes_and_messages(
         "One or more records have been rejected due to 2 record errors in total, "
     )
     assert answers[(topic, 1)].error_code == 0
-    assert stored(tansu, topic, 0) == [], "no record of a rejected partition may be written"
-    assert stored(tansu, topic, 1) == [b'{"ok": true}']
+    assert stored(upstream, topic, 0) == [], "no record of a rejected partition may be written"
+    assert stored(upstream, topic, 1) == [b'{"ok": true}']
 
 
 # ---- acks ----
 
 
 def test_acks0_rejection_closes_the_connection_and_stores_nothing(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(1)
-    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=JSON_ONLY) as proxy:
         with RawKafkaClient(proxy.host, proxy.port) as client:
             client.send_frame(produce_frame(9, 11, [(topic, 0, batch(b"not json"))], acks=0))
             assert client.is_closed_by_peer(timeout=3), "acks=0 rejection must close the connection"
@@ -192,53 +207,53 @@ def test_acks0_rejection_closes_the_connection_and_stores_nothing(
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"[1]"))])
         assert answers[(topic, 0)].error_code == 0
         assert proxy.server.sink.rejections[(topic, "json", INVALID_RECORD)] == 1
-    assert stored(tansu, topic) == [b"[1]"], "the acks=0 bad record must not be stored"
+    assert stored(upstream, topic) == [b"[1]"], "the acks=0 bad record must not be stored"
 
 
 def test_acks0_mixed_request_writes_the_valid_partition_then_closes(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     """As a broker does with acks=0: valid partitions are appended, then the connection closes.
 
     Five rounds, one connection each, so that a race between forwarding and closing shows.
     """
     topic = make_topic(2)
-    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=JSON_ONLY) as proxy:
         for n in range(5):
             parts: list[Part] = [(topic, 0, batch(b"not json")), (topic, 1, batch(b"[%d]" % n))]
             with RawKafkaClient(proxy.host, proxy.port) as client:
                 client.send_frame(produce_frame(9, 12, parts, acks=0))
                 assert client.is_closed_by_peer(timeout=3)
         deadline = time.monotonic() + 3
-        while len(stored(tansu, topic, 1)) < 5 and time.monotonic() < deadline:
+        while len(stored(upstream, topic, 1)) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert stored(tansu, topic, 0) == []
+    assert stored(upstream, topic, 0) == []
     # One connection per round: no order is owed between them, only that nothing is lost.
-    assert sorted(stored(tansu, topic, 1)) == [b"[%d]" % n for n in range(5)], (
+    assert sorted(stored(upstream, topic, 1)) == [b"[%d]" % n for n in range(5)], (
         "the valid partition of an acks=0 request with a rejection must be written before the "
         "proxy closes the connection"
     )
 
 
-def test_acks0_good_request_keeps_the_connection_open(tansu: Broker, make_topic: Any) -> None:
+def test_acks0_good_request_keeps_the_connection_open(upstream: Upstream, make_topic: Any) -> None:
     topic = make_topic(1)
     with (
-        run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy,
+        run_proxy(upstream.bootstrap, defaults=JSON_ONLY) as proxy,
         RawKafkaClient(proxy.host, proxy.port) as client,
     ):
         client.send_frame(produce_frame(9, 11, [(topic, 0, batch(b'"fine"'))], acks=0))
         assert not client.is_closed_by_peer(timeout=0.5)
         deadline = time.monotonic() + 5
-        while not stored(tansu, topic) and time.monotonic() < deadline:
+        while not stored(upstream, topic) and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert stored(tansu, topic) == [b'"fine"']
+    assert stored(upstream, topic) == [b'"fine"']
 
 
 def test_acks_2_is_invalid_required_acks_for_every_partition(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(2)
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -247,17 +262,17 @@ def test_acks_2_is_invalid_required_acks_for_every_partition(
             acks=2,
         )
     assert [answers[(topic, p)].error_code for p in (0, 1)] == [21, 21]
-    assert stored(tansu, topic, 0) == [] and stored(tansu, topic, 1) == []
+    assert stored(upstream, topic, 0) == [] and stored(upstream, topic, 1) == []
 
 
 def test_pipelined_requests_with_a_rejection_in_the_middle_stay_in_order(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(1)
     values = [b"[0]", b"[1]", b"not json", b"[3]", b"[4]"]
     frames = [produce_frame(9, 300 + n, [(topic, 0, batch(v))]) for n, v in enumerate(values)]
     with (
-        run_proxy(tansu.bootstrap, defaults=JSON_ONLY) as proxy,
+        run_proxy(upstream.bootstrap, defaults=JSON_ONLY) as proxy,
         RawKafkaClient(proxy.host, proxy.port) as client,
     ):
         client.send_raw(b"".join(struct.pack(">i", len(f)) + f for f in frames))
@@ -267,15 +282,15 @@ def test_pipelined_requests_with_a_rejection_in_the_middle_stay_in_order(
     assert [p.error_code for p in parts] == [0, 0, INVALID_RECORD, 0, 0]
     assert [int(p.base_offset) for p in parts] == [0, 1, -1, 2, 3]
     assert record_errors(parts[2])[0][0] == 0
-    assert stored(tansu, topic) == [b"[0]", b"[1]", b"[3]", b"[4]"]
+    assert stored(upstream, topic) == [b"[0]", b"[1]", b"[3]", b"[4]"]
 
 
 # ---- reject: request, modes warn / off ----
 
 
-def test_reject_request_fails_every_partition(tansu: Broker, make_topic: Any) -> None:
+def test_reject_request_fails_every_partition(upstream: Upstream, make_topic: Any) -> None:
     topic, other = make_topic(2), make_topic(1)
-    with run_proxy(tansu.bootstrap, defaults=JSON_ONLY, reject="request") as proxy:
+    with run_proxy(upstream.bootstrap, defaults=JSON_ONLY, reject="request") as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -288,41 +303,43 @@ def test_reject_request_fails_every_partition(tansu: Broker, make_topic: Any) ->
         assert answers[key].error_code == INVALID_RECORD, answers[key]
         assert answers[key].error_message == ANOTHER_PARTITION
         assert record_errors(answers[key]) == []
-    assert stored(tansu, topic, 0) == [] and stored(tansu, topic, 1) == []
-    assert stored(tansu, other) == []
+    assert stored(upstream, topic, 0) == [] and stored(upstream, topic, 1) == []
+    assert stored(upstream, other) == []
 
 
-def test_warn_mode_stores_the_bad_record_and_counts_it(tansu: Broker, make_topic: Any) -> None:
+def test_warn_mode_stores_the_bad_record_and_counts_it(upstream: Upstream, make_topic: Any) -> None:
     topic = make_topic(1)
     topics = [{"match": topic, "mode": "warn", "policies": ["json"]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json"))])
         assert answers[(topic, 0)].error_code == 0
         assert proxy.server.sink.rejections == {(topic, "json", INVALID_RECORD): 1}
-    assert stored(tansu, topic) == [b"not json"]
+    assert stored(upstream, topic) == [b"not json"]
 
 
-def test_off_mode_stores_the_bad_record_and_counts_nothing(tansu: Broker, make_topic: Any) -> None:
+def test_off_mode_stores_the_bad_record_and_counts_nothing(
+    upstream: Upstream, make_topic: Any
+) -> None:
     topic = make_topic(1)
     topics = [{"match": topic, "mode": "off", "policies": ["json"]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json"))])
         assert answers[(topic, 0)].error_code == 0
         assert not proxy.server.sink.rejections
-    assert stored(tansu, topic) == [b"not json"]
+    assert stored(upstream, topic) == [b"not json"]
 
 
 # ---- policies a real client cannot violate ----
 
 
-def test_batch_integrity_base_offset_and_control_batch(tansu: Broker, make_topic: Any) -> None:
+def test_batch_integrity_base_offset_and_control_batch(upstream: Upstream, make_topic: Any) -> None:
     topic = make_topic(3)
     parts: list[Part] = [
         (topic, 0, batch(b"a", base_offset=5)),
         (topic, 1, batch(b"b", is_control=True)),
         (topic, 2, batch(b"c")),
     ]
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(proxy.host, proxy.port, 9, parts)
     base, control, ok = (answers[(topic, p)] for p in (0, 1, 2))
     assert base.error_code == INVALID_RECORD and record_errors(base) == []
@@ -336,16 +353,16 @@ def test_batch_integrity_base_offset_and_control_batch(tansu: Broker, make_topic
         f"Clients are not allowed to write control records in topic partition {topic}-1",
     ), control
     assert ok.error_code == 0
-    assert stored(tansu, topic, 0) == [] and stored(tansu, topic, 1) == []
-    assert stored(tansu, topic, 2) == [b"c"]
+    assert stored(upstream, topic, 0) == [] and stored(upstream, topic, 1) == []
+    assert stored(upstream, topic, 2) == [b"c"]
 
 
-def test_batch_integrity_two_batches_in_one_partition(tansu: Broker, make_topic: Any) -> None:
+def test_batch_integrity_two_batches_in_one_partition(upstream: Upstream, make_topic: Any) -> None:
     topic = make_topic(1)
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"a") + batch(b"b"))])
     assert answers[(topic, 0)].error_code == INVALID_RECORD
-    assert stored(tansu, topic) == []
+    assert stored(upstream, topic) == []
 
 
 def _non_incremental_batch() -> bytes:
@@ -358,11 +375,11 @@ def _non_incremental_batch() -> bytes:
 
 
 def test_offsets_policy_rejects_non_incremental_inner_offsets(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(2)
     raw = _non_incremental_batch()
-    with run_proxy(tansu.bootstrap, defaults={"policies": ["crc", "offsets"]}) as proxy:
+    with run_proxy(upstream.bootstrap, defaults={"policies": ["crc", "offsets"]}) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, raw), (topic, 1, batch(b"ok"))])
     bad = answers[(topic, 0)]
     assert bad.error_code == INVALID_RECORD, bad
@@ -375,12 +392,12 @@ def test_offsets_policy_rejects_non_incremental_inner_offsets(
     )
     assert bad.error_message == kafka_message(errors)
     assert answers[(topic, 1)].error_code == 0
-    assert stored(tansu, topic, 0) == []
-    assert stored(tansu, topic, 1) == [b"ok"]
+    assert stored(upstream, topic, 0) == []
+    assert stored(upstream, topic, 1) == [b"ok"]
 
 
 def test_message_format_idempotent_and_transactional_batches_need_magic_2(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(3)
     policies = {"policies": [{"message_format": {"topic_magic": 1}}]}
@@ -395,7 +412,7 @@ def test_message_format_idempotent_and_transactional_batches_need_magic_2(
         ),
         (topic, 2, batch(b"plain")),
     ]
-    with run_proxy(tansu.bootstrap, defaults=policies) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=policies) as proxy:
         # a transactional batch needs a transactional id (without one the request is refused
         # as a whole: test_produce_refusals.py)
         answers = produce(proxy.host, proxy.port, 9, parts, transactional_id="txn")
@@ -405,12 +422,12 @@ def test_message_format_idempotent_and_transactional_batches_need_magic_2(
     assert txn.error_code == 43, txn
     assert txn.error_message in (None, "Transactional records cannot be used with magic version 1")
     assert ok.error_code == 0
-    assert stored(tansu, topic, 0) == [] and stored(tansu, topic, 1) == []
-    assert stored(tansu, topic, 2) == [b"plain"]
+    assert stored(upstream, topic, 0) == [] and stored(upstream, topic, 1) == []
+    assert stored(upstream, topic, 2) == [b"plain"]
 
 
 def test_message_format_min_magic_on_produce_v2_is_legacy_corrupt_message(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     """A magic 1 message set under min_magic 2, sent with Produce v2: the legacy answer.
 
@@ -418,15 +435,15 @@ def test_message_format_min_magic_on_produce_v2_is_legacy_corrupt_message(
     """
     topic = make_topic(1)
     with run_proxy(
-        tansu.bootstrap, defaults={"policies": [{"message_format": {"min_magic": 2}}]}
+        upstream.bootstrap, defaults={"policies": [{"message_format": {"min_magic": 2}}]}
     ) as proxy:
         answers = produce(proxy.host, proxy.port, 2, [(topic, 0, batch(b"old", magic=1))])
     assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE
-    assert stored(tansu, topic) == []
+    assert stored(upstream, topic) == []
 
 
-def init_producer_id(tansu: Broker, transactional_id: str) -> tuple[int, int]:
-    """InitProducerId v3 straight to Tansu (each call for the same id bumps the epoch)."""
+def init_producer_id(upstream: Upstream, transactional_id: str) -> tuple[int, int]:
+    """InitProducerId v3 straight to the broker (each call for the same id bumps the epoch)."""
     client_id, tid = CLIENT_ID.encode(), transactional_id.encode()
     request = (
         struct.pack(">hhih", 22, 3, 5, len(client_id))
@@ -437,23 +454,34 @@ def init_producer_id(tansu: Broker, transactional_id: str) -> tuple[int, int]:
         + struct.pack(">iqh", 60_000, -1, -1)
         + b"\x00"
     )
-    with RawKafkaClient(tansu.host, tansu.port) as client:
-        answer = client.request(request)
-    _throttle, error, producer_id, epoch = struct.unpack_from(">ihqh", answer, 5)
+    # FindCoordinator first, as clients do: it makes Kafka create and load __transaction_state
+    find = struct.pack(">hhih", 10, 1, 6, len(client_id)) + client_id
+    find += struct.pack(">h", len(tid)) + tid + b"\x01"  # key type 1: transaction
+    deadline = time.monotonic() + 30
+    while True:  # asked again until the coordinator has loaded
+        with RawKafkaClient(upstream.host, upstream.port) as client:
+            client.request(find)
+            answer = client.request(request)
+        _throttle, error, producer_id, epoch = struct.unpack_from(">ihqh", answer, 5)
+        if error not in COORDINATOR_NOT_READY or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert error == 0, error
     return producer_id, epoch
 
 
-def test_producer_state_sequence_gap_and_epoch_regression(tansu: Broker, make_topic: Any) -> None:
+def test_producer_state_sequence_gap_and_epoch_regression(
+    upstream: Upstream, make_topic: Any
+) -> None:
     topic = make_topic(1)
     tid = f"tx-{topic}"
-    pid, epoch = init_producer_id(tansu, tid)
+    pid, epoch = init_producer_id(upstream, tid)
 
     def idem(value: bytes, epoch: int, seq: int) -> bytes:
         return batch(value, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
 
     policies = {"policies": ["batch_integrity", "producer_state"]}
-    with run_proxy(tansu.bootstrap, defaults=policies) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=policies) as proxy:
 
         def send(raw: bytes) -> Any:
             return produce(proxy.host, proxy.port, 9, [(topic, 0, raw)])[(topic, 0)]
@@ -469,7 +497,7 @@ def test_producer_state_sequence_gap_and_epoch_regression(tansu: Broker, make_to
         ), gap
         nxt = send(idem(b"s1", epoch, 1))
         assert nxt.error_code == 0, nxt
-        _, bumped_epoch = init_producer_id(tansu, tid)
+        _, bumped_epoch = init_producer_id(upstream, tid)
         assert bumped_epoch == epoch + 1
         bumped = send(idem(b"e1", bumped_epoch, 0))
         assert bumped.error_code == 0, bumped
@@ -484,13 +512,13 @@ def test_producer_state_sequence_gap_and_epoch_regression(tansu: Broker, make_to
             (topic, "producer_state", 45): 1,
             (topic, "producer_state", 47): 1,
         }
-    assert stored(tansu, topic) == [b"s0", b"s1", b"e1"]
+    assert stored(upstream, topic) == [b"s0", b"s1", b"e1"]
 
 
-def test_acks_policy_refuses_acks_1_on_its_topic_only(tansu: Broker, make_topic: Any) -> None:
+def test_acks_policy_refuses_acks_1_on_its_topic_only(upstream: Upstream, make_topic: Any) -> None:
     strict, relaxed = make_topic(1), make_topic(1)
     topics = [{"match": strict, "policies": [{"acks": {"allowed": [-1]}}]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         answers = produce(
             proxy.host,
             proxy.port,
@@ -502,5 +530,5 @@ def test_acks_policy_refuses_acks_1_on_its_topic_only(tansu: Broker, make_topic:
     assert bad.error_code == 21, bad
     assert bad.error_message in (None, f"acks=1 is not allowed for topic {strict} (allowed: -1)")
     assert answers[(relaxed, 0)].error_code == 0
-    assert stored(tansu, strict) == []
-    assert stored(tansu, relaxed) == [b"b"]
+    assert stored(upstream, strict) == []
+    assert stored(upstream, relaxed) == [b"b"]
