@@ -9,17 +9,18 @@ must then hold all N records (`check_stored`); through the proxy, its
 `kvproxy_requests_total{api="produce"}` counter must have grown by N. Any error fails the
 benchmark.
 
-Direct and proxied runs alternate (fixed duration each, default 10 s); the figures are medians of 3
-rounds. How to read it: `ratio` = proxied requests/s / direct requests/s, target >= 0.8
-(docs/benchmarks.md, "Results against the targets"); `proxy CPU` is the proxy's user+system CPU
-seconds per 100,000 requests, `broker CPU` the broker's, for scale. The broker is Apache Kafka
-4.4.0 (one KRaft node) unless `--upstream tansu` asks for Tansu. `client CPU` is the load
-generator's share of a core: well below 1 means it waits on the server, so the server side sets the
-figure. One client process is the default: on a 2-core machine, more processes only take CPU from
-the servers (four processes measured a lower direct rate than one).
+Direct and proxied runs alternate (fixed duration each, default 10 s) after an unmeasured
+`--warmup` run of each; the figures are medians of 3 rounds. How to read it: `ratio` = proxied
+requests/s / direct requests/s, target >= 0.8 (docs/benchmarks.md, "Results against the
+targets"); `proxy CPU` is the proxy's user+system CPU seconds per 100,000 requests, `broker CPU`
+the broker's, for scale. The broker is Apache Kafka 4.4.0 (one KRaft node) unless `--upstream
+tansu` asks for Tansu. `client CPU` is the load generator's share of a core: well below 1 means it
+waits on the server, so the server side sets the figure. One client process is the default: on
+a 2-core machine, more processes only take CPU from the servers (four processes measured a lower
+direct rate than one, on Tansu).
 
     .venv/bin/python bench/request_rate.py [--seconds 10] [--rounds 3] [--connections 4]
-        [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--quick]
+        [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--warmup 3] [--quick]
         [--upstream kafka|tansu]
 
 The raw client (`run_load`, `ProduceTemplate`, `AnswerCheck`, ...) is shared with
@@ -514,11 +515,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=1,
         help="processes sharing the connections (one is enough: see the module docstring)",
     )
+    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds per side")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s: a smoke run")
     add_upstream_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.rounds = 2.0, 1
+        args.seconds, args.rounds, args.warmup = 2.0, 1, 1.0
     began = time.monotonic()
 
     with upstream(args.upstream) as server, start_proxy(server.bootstrap) as proxy:
@@ -527,8 +529,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         broker_process = server.process
         runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
 
-        def one_run(side: str, round_index: int) -> float:
-            topic = server.create_topic(f"rate-{side}-{round_index}")
+        def one_run(side: str, round_index: int, seconds: float = args.seconds) -> float:
+            topic = server.create_topic(f"rate-{side}-r{round_index + 1}")  # warm-up: r0
             host, port = leader_address(broker if side == "direct" else proxy.bootstrap, topic)
             produce_before = metric(url, "kvproxy_requests_total", {"api": "produce"})
             cpu_before = proxy.cpu_seconds()
@@ -539,7 +541,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 topic,
                 connections=args.connections,
                 depth=args.in_flight,
-                seconds=args.seconds,
+                seconds=seconds,
                 record_bytes=args.record_bytes,
                 processes=args.client_processes,
             )
@@ -575,6 +577,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"acks=all, {args.seconds:g} s per run, {args.rounds} rounds",
             flush=True,
         )
+        for side, side_runs in runs.items():  # not measured: a JVM's JIT, the first requests
+            one_run(side, -1, args.warmup)
+            side_runs.clear()
         rates = alternate(
             args.rounds,
             {
