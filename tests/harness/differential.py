@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import re
 import struct
+import threading
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -73,17 +75,19 @@ class Producers:
     """Producer ids renumbered: one new id per (case group, id, version, path)."""
 
     def __init__(self, first: int = 7_000_000_000) -> None:
+        self._lock = threading.Lock()
         self._next = first
         self._ids: dict[tuple[str, int, int, str], int] = {}
         self.original: dict[int, int] = {}
 
     def renumber(self, group: str, producer_id: int, version: int, path: str) -> int:
         key = (group, producer_id, version, path)
-        if key not in self._ids:
-            self._ids[key] = self._next
-            self.original[self._next] = producer_id
-            self._next += 1
-        return self._ids[key]
+        with self._lock:
+            if key not in self._ids:
+                self._ids[key] = self._next
+                self.original[self._next] = producer_id
+                self._next += 1
+            return self._ids[key]
 
 
 def adjust(records: bytes, shift_ms: int, renumber: Any) -> bytes:
@@ -222,31 +226,55 @@ def _normalised(answer: Answer, producers: Producers) -> Answer:
     )
 
 
-def run_cases(
-    cases: Iterable[Case],
+def _run_shard(
+    cases: Sequence[Case],
     version: int,
     topics: dict[tuple[tuple[str, str], ...], str],
-    paths: Sequence[Route],
+    routes: tuple[Route, Route],
     producers: Producers,
 ) -> list[Outcome]:
-    """Every case on Produce `version`, direct then through the proxy."""
     outcomes = []
-    with ThreadPoolExecutor(len(paths)) as pool:  # the paths at once: the run takes half as long
-        for case in cases:
-            topic = topics[case.settings]
-            now = int(time.time() * 1000)
-            shift = 0 if case.clock_ms is None else now - case.clock_ms
-            frames = [
-                _frame(case, version, topic, path, shift=shift, producers=producers)
-                for path in paths
-            ]
-            sent = [
-                pool.submit(path.send, frame, version, case.acks, case.answer_timeout_s)
-                for path, frame in zip(paths, frames, strict=True)
-            ]
-            direct, proxied = (_normalised(future.result(), producers) for future in sent)
-            outcomes.append(Outcome(case.name, version, direct, proxied))
+    for case in cases:
+        topic = topics[case.settings]
+        now = int(time.time() * 1000)
+        shift = 0 if case.clock_ms is None else now - case.clock_ms
+        direct, proxied = (
+            _normalised(
+                route.send(
+                    _frame(case, version, topic, route, shift=shift, producers=producers),
+                    version,
+                    case.acks,
+                    case.answer_timeout_s,
+                ),
+                producers,
+            )
+            for route in routes
+        )
+        outcomes.append(Outcome(case.name, version, direct, proxied))
     return outcomes
+
+
+def run_cases(
+    cases: Sequence[Case],
+    version: int,
+    topics: dict[tuple[tuple[str, str], ...], str],
+    routes: Sequence[tuple[Route, Route]],
+    producers: Producers,
+) -> list[Outcome]:
+    """Every case on Produce `version`, direct then through the proxy; the cases in as many
+    shards as there are pairs of routes (each on its own connections, at once), a case group
+    in one shard, in order."""
+    groups = sorted({case.group for case in cases})
+    shard_of = {group: i % len(routes) for i, group in enumerate(groups)}
+    shards = [[case for case in cases if shard_of[case.group] == i] for i in range(len(routes))]
+    with ThreadPoolExecutor(len(routes)) as pool:
+        runs = [
+            pool.submit(_run_shard, shard, version, topics, pair, producers)
+            for shard, pair in zip(shards, routes, strict=True)
+        ]
+        outcomes = [outcome for run in runs for outcome in run.result()]
+    order = {case.name: i for i, case in enumerate(cases)}
+    return sorted(outcomes, key=lambda outcome: order[outcome.case])
 
 
 # ---- the documented differences (docs/policies.md, "Differences from Apache Kafka") ----------
@@ -378,3 +406,31 @@ def unexplained(outcomes: Sequence[Outcome], kafka: str, version: int) -> list[s
                 seen = "not sent" if outcome is None else f"{outcome.direct} / {outcome.proxied}"
                 problems.append(f"documented difference gone: {known.section}: {case} ({seen})")
     return problems
+
+
+def create_topics(cluster: Any, configs: Sequence[dict[str, str]]) -> list[str]:
+    """One topic per config, in one CreateTopics request; waits until each has a leader."""
+    from confluent_kafka.admin import NewTopic
+
+    names = [f"diff-{uuid.uuid4().hex[:10]}" for _ in configs]
+    admin = cluster.admin()
+    futures = admin.create_topics(
+        [NewTopic(name, 1, 1, config=config) for name, config in zip(names, configs, strict=True)],
+        operation_timeout=30,
+        request_timeout=30,
+    )
+    for future in futures.values():
+        future.result(30)
+    deadline = time.monotonic() + 30
+    while True:
+        listed = admin.list_topics(timeout=10).topics
+        if all(
+            name in listed
+            and listed[name].error is None
+            and listed[name].partitions
+            and listed[name].partitions[0].leader >= 0
+            for name in names
+        ):
+            return names
+        assert time.monotonic() < deadline, "topics without a leader"
+        time.sleep(0.05)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.harness.differential import Producers, Route, run_cases, unexplained
+from tests.harness.differential import Producers, Route, create_topics, run_cases, unexplained
 from tests.harness.differential_cases import Case, all_cases
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster
 from tests.harness.proxy import run_proxy
@@ -28,11 +28,14 @@ PRODUCE_VERSIONS = {KAFKA_4: range(3, 13), KAFKA_3: range(12)}
 v0-v11."""
 
 
+SHARDS = 4
+"""Pairs of connections (direct, through the proxy) the cases are spread over."""
+
+
 @dataclass
 class Setup:
     topics: dict[tuple[tuple[str, str], ...], str]
-    direct: Route
-    proxied: Route
+    routes: list[tuple[Route, Route]]
     producers: Producers
 
 
@@ -52,18 +55,25 @@ def setups(request: pytest.FixtureRequest, cases: list[Case]) -> Iterator[Callab
                 cluster: KafkaCluster = request.getfixturevalue(
                     "kafka" if version == KAFKA_4 else "kafka3"
                 )
-                topics = {}
-                for settings in sorted({case.settings for case in cases}):
-                    config = dict(settings)
-                    if version == KAFKA_4:  # removed in 4.0 (KIP-1030)
-                        config.pop("message.timestamp.difference.max.ms", None)
-                    topics[settings] = cluster.create_topic(config=config)
+                settings = sorted({case.settings for case in cases})
+                if version == KAFKA_4:  # removed in 4.0 (KIP-1030)
+                    drop = "message.timestamp.difference.max.ms"
+                    configs = [{k: v for k, v in s if k != drop} for s in settings]
+                else:
+                    configs = [dict(s) for s in settings]
+                topics = dict(zip(settings, create_topics(cluster, configs), strict=True))
                 proxy = stack.enter_context(run_proxy(cluster.bootstrap_servers))
-                direct = Route("direct", cluster.host, cluster.port)
-                proxied = Route("proxy", proxy.host, proxy.port)
-                stack.callback(direct.close)
-                stack.callback(proxied.close)
-                made[version] = Setup(topics, direct, proxied, Producers())
+                routes = [
+                    (
+                        Route("direct", cluster.host, cluster.port),
+                        Route("proxy", proxy.host, proxy.port),
+                    )
+                    for _ in range(SHARDS)
+                ]
+                for pair in routes:
+                    for route in pair:
+                        stack.callback(route.close)
+                made[version] = Setup(topics, routes, Producers())
             return made[version]
 
         yield setup
@@ -74,8 +84,8 @@ def test_produce_versions_both_accept(kafka_version: str, setups: Callable[[str]
     """The versions the differential runs are those the broker and the proxy both offer (4.x
     offers v0-v13 but refuses v0-v2)."""
     setup = setups(kafka_version)
-    low, high = setup.direct.produce_versions()
-    proxy_low, proxy_high = setup.proxied.produce_versions()
+    low, high = setup.routes[0][0].produce_versions()
+    proxy_low, proxy_high = setup.routes[0][1].produce_versions()
     if kafka_version == KAFKA_4:
         assert (low, high, proxy_high) == (0, 13, 12)
     wanted = PRODUCE_VERSIONS[kafka_version]
@@ -100,7 +110,7 @@ def test_same_answers_direct_and_through_the_proxy(
         cases,
         produce_version,
         setup.topics,
-        [setup.direct, setup.proxied],
+        setup.routes,
         setup.producers,
     )
     assert len(outcomes) == len(cases)
