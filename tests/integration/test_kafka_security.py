@@ -63,6 +63,9 @@ class SecureKafka:
     def address(self, listener: str) -> str:
         return f"127.0.0.1:{self.cluster.brokers[0].ports[listener]}"
 
+    def addresses(self, listener: str) -> list[str]:
+        return [f"127.0.0.1:{broker.ports[listener]}" for broker in self.cluster.brokers]
+
     @contextlib.contextmanager
     def proxy(self, listener: str, *, mutual: bool = False) -> Iterator[RunningProxy]:
         """kvproxy in front of ``listener``: TLS on both sides for SASL_SSL (``mutual``: clients
@@ -77,7 +80,7 @@ class SecureKafka:
                 "listen": {"tls": tls},
                 "upstream": {"tls": {"ca_file": str(self.kafka_tls.ca)}},
             }
-        with run_proxy([self.address(listener)], **sections) as proxy:
+        with run_proxy(self.addresses(listener), **sections) as proxy:
             yield proxy
 
     def client(self, listener: str, mechanism: str, password: str, **extra: Any) -> dict[str, str]:
@@ -87,11 +90,12 @@ class SecureKafka:
 
 
 @contextlib.contextmanager
-def secure_kafka(version: str, directory: Path) -> Iterator[SecureKafka]:
+def secure_kafka(version: str, directory: Path, brokers: int = 1) -> Iterator[SecureKafka]:
     kafka_tls = write_tls_files(directory / "kafka-ca")
     proxy_tls = write_tls_files(directory / "proxy-ca")
     with run_kafka(
         version,
+        brokers=brokers,
         listeners=SECURE_LISTENERS,
         properties=broker_properties(kafka_tls, directory),
         format_arguments=scram_format_arguments(),
@@ -100,31 +104,36 @@ def secure_kafka(version: str, directory: Path) -> Iterator[SecureKafka]:
 
 
 def round_trip(
-    bootstrap: str, topic: str, settings: dict[str, str], count: int = 5
-) -> tuple[list[bytes], dict[int, str]]:
-    """Produce ``count`` values with confluent-kafka, read them back from the beginning; return
-    the values read and the brokers the consumer's Metadata named."""
+    bootstrap: str, topic: str, settings: dict[str, str], count: int = 5, partitions: int = 1
+) -> tuple[dict[int, list[bytes]], dict[int, str]]:
+    """Produce ``count`` values to each partition with confluent-kafka (idempotent, acks=all),
+    read them back from the beginning; return the values read by partition and the brokers the
+    consumer's Metadata named."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **settings})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **settings})
     delivered: list[object] = []
-    for n in range(count):
-        producer.produce(
-            topic, b"secret-%d" % n, partition=0, on_delivery=lambda e, m: delivered.append(e)
-        )
+    for partition in range(partitions):
+        for n in range(count):
+            producer.produce(
+                topic,
+                b"secret-%d" % n,
+                partition=partition,
+                on_delivery=lambda e, m: delivered.append(e),
+            )
     assert producer.flush(30) == 0
-    assert delivered == [None] * count
+    assert delivered == [None] * count * partitions
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "sec", "enable.auto.commit": False, **settings}
     )
-    got: list[bytes] = []
+    got: dict[int, list[bytes]] = {partition: [] for partition in range(partitions)}
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
+        consumer.assign([TopicPartition(topic, partition, 0) for partition in range(partitions)])
         deadline = time.monotonic() + 30
-        while len(got) < count and time.monotonic() < deadline:
+        while sum(map(len, got.values())) < count * partitions and time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is not None and message.error() is None:
-                got.append(message.value())
+                got[message.partition()].append(message.value())
         brokers = {
             b.id: f"{b.host}:{b.port}"
             for b in consumer.list_topics(topic, timeout=10).brokers.values()
@@ -171,7 +180,7 @@ class TestKafka4:
         with secured.proxy(listener) as proxy:
             settings = secured.client(listener, mechanism, "alice-secret")
             got, brokers = round_trip(proxy.bootstrap, topic, settings)
-            assert got == [b"secret-%d" % n for n in range(5)]
+            assert got == {0: [b"secret-%d" % n for n in range(5)]}
             # The client only ever learned kvproxy's address; kvproxy reached the broker on the
             # listener it was given (Kafka names, in Metadata, the listener asked on).
             assert brokers == {1: f"127.0.0.1:{proxy.broker_port(1)}"}
@@ -301,7 +310,7 @@ def test_kafka_3_scram_sha_512_over_tls(tmp_path: Path) -> None:
         topic = secured.cluster.create_topic()
         settings = secured.client("SASL_SSL", "SCRAM-SHA-512", "alice-secret")
         got, brokers = round_trip(proxy.bootstrap, topic, settings)
-        assert got == [b"secret-%d" % n for n in range(5)]
+        assert got == {0: [b"secret-%d" % n for n in range(5)]}
         assert brokers == {1: f"127.0.0.1:{proxy.broker_port(1)}"}
         _, said = authentication_error(proxy.bootstrap, secured.client("SASL_SSL", "PLAIN", "x"))
         assert said == KAFKA_MESSAGES["PLAIN"]
@@ -315,3 +324,23 @@ def test_kafka_3_scram_sha_512_over_tls(tmp_path: Path) -> None:
         assert consumed.returncode == 0, consumed.stderr[-3000:]
         values = [value for _, _, value in consumed_records(consumed.stdout)]
         assert values == [f"secret-{n}" for n in range(5)] + ["from java"]
+
+
+def test_three_brokers_behind_one_proxy_over_sasl_ssl(tmp_path: Path) -> None:
+    """Three Kafka 4.x brokers, each reached on its SASL_SSL listener through its own kvproxy
+    port: partitions led by different brokers take SCRAM-SHA-512 clients' records."""
+    with (
+        secure_kafka(KAFKA_4, tmp_path, brokers=3) as secured,
+        secured.proxy("SASL_SSL") as proxy,
+    ):
+        topic = secured.cluster.create_topic(partitions=3)
+        leaders = {secured.cluster.leader_of(topic, partition) for partition in range(3)}
+        assert leaders == {1, 2, 3}
+        settings = secured.client("SASL_SSL", "SCRAM-SHA-512", "bob-secret", user="bob")
+        got, brokers = round_trip(proxy.bootstrap, topic, settings, partitions=3)
+        assert got == {p: [b"secret-%d" % n for n in range(5)] for p in range(3)}
+        assert brokers == {n: f"127.0.0.1:{proxy.broker_port(n)}" for n in (1, 2, 3)}
+        assert proxy.nodes == {
+            broker.node_id: ("127.0.0.1", broker.ports["SASL_SSL"])
+            for broker in secured.cluster.brokers
+        }
