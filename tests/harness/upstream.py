@@ -49,11 +49,16 @@ class Upstream:
         return self.kafka is None
 
     def create_topic(
-        self, partitions: int = 1, config: Mapping[str, str] | None = None, prefix: str = "t"
+        self,
+        partitions: int = 1,
+        config: Mapping[str, str] | None = None,
+        prefix: str = "t",
+        *,
+        name: str | None = None,
     ) -> str:
-        """A fresh uniquely named topic; on Kafka, returned once every partition's leader answers
-        (Metadata names the leader a moment before it takes Produce: NOT_LEADER_OR_FOLLOWER)."""
-        name = unique_topic_name(prefix)
+        """A topic (`name`, or a fresh unique one); on Kafka, returned once every partition's
+        leader answers (Metadata names the leader a moment before it takes Produce)."""
+        name = name or unique_topic_name(prefix)
         if self.kafka is None:
             return create_topic(self.bootstrap, name, partitions, dict(config) if config else None)
         self.kafka.create_topic(name, partitions, config)

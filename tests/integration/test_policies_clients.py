@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 
 from protocol.messages import PRODUCE, decode_response
-from tests.harness import Broker
 from tests.harness.clients import LINGER_MS, confluent_send, consume, produce_partitions
 from tests.harness.proxy import run_proxy
+from tests.harness.upstream import Upstream
 
 INVALID_RECORD = 87
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 # ---- the policies, each with one bad and one good record ----
@@ -122,12 +124,12 @@ def _case(policy: str, tmp_path: Path) -> tuple[list[Any], dict[str, Any], dict[
     ],
 )
 def test_confluent_kafka_gets_the_policy_error_and_the_good_record_is_consumed(
-    tansu: Broker, make_topic: Any, tmp_path: Path, policy: str
+    upstream: Upstream, make_topic: Any, tmp_path: Path, policy: str
 ) -> None:
     topic = make_topic(2)
     policies, bad, good, expected = _case(policy, tmp_path)
     topics = [{"match": topic, "policies": ["batch_integrity", "crc", *policies]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         bad_error, good_error = confluent_send(proxy.bootstrap, topic, bad, good)
         assert bad_error is not None and bad_error.code() == expected, bad_error
         assert not bad_error.retriable()
@@ -143,11 +145,11 @@ def test_confluent_kafka_gets_the_policy_error_and_the_good_record_is_consumed(
     assert got == {0: [], 1: [good["value"]]}
 
 
-def test_confluent_kafka_null_key_on_compacted_topic(tansu: Broker, make_topic: Any) -> None:
+def test_confluent_kafka_null_key_on_compacted_topic(upstream: Upstream, make_topic: Any) -> None:
     from confluent_kafka import KafkaError
 
     topic = make_topic(2, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:  # default policies; compaction is discovered
+    with run_proxy(upstream.bootstrap) as proxy:  # default policies; compaction is discovered
         bad_error, good_error = confluent_send(
             proxy.bootstrap, topic, {"value": b"no key"}, {"key": b"id", "value": b"keyed"}
         )
@@ -172,13 +174,13 @@ def test_confluent_kafka_null_key_on_compacted_topic(tansu: Broker, make_topic: 
     assert got == {0: [], 1: [b"keyed"]}
 
 
-def test_confluent_kafka_compression_policy_per_topic(tansu: Broker, make_topic: Any) -> None:
+def test_confluent_kafka_compression_policy_per_topic(upstream: Upstream, make_topic: Any) -> None:
     """gzip is refused on a topic that allows only uncompressed batches, accepted elsewhere."""
     from confluent_kafka import KafkaError, Producer
 
     strict, relaxed = make_topic(1), make_topic(1)
     topics = [{"match": strict, "policies": [{"compression": {"allowed": ["none"]}}]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = Producer(
             {
                 "bootstrap.servers": proxy.bootstrap,
@@ -202,12 +204,12 @@ def test_confluent_kafka_compression_policy_per_topic(tansu: Broker, make_topic:
         assert consume(proxy.bootstrap, relaxed, 1) == {0: [b"b" * 200]}
 
 
-def test_confluent_kafka_acks_policy_refuses_acks_1(tansu: Broker, make_topic: Any) -> None:
+def test_confluent_kafka_acks_policy_refuses_acks_1(upstream: Upstream, make_topic: Any) -> None:
     from confluent_kafka import KafkaError, Producer
 
     strict, relaxed = make_topic(1), make_topic(1)
     topics = [{"match": strict, "policies": [{"acks": {"allowed": [-1]}}]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = Producer(
             {"bootstrap.servers": proxy.bootstrap, "acks": 1, "message.timeout.ms": 5000}
         )
@@ -222,14 +224,16 @@ def test_confluent_kafka_acks_policy_refuses_acks_1(tansu: Broker, make_topic: A
         assert consume(proxy.bootstrap, relaxed, 1) == {0: [b"b"]}
 
 
-def test_confluent_kafka_five_records_two_bad_all_five_fail(tansu: Broker, make_topic: Any) -> None:
+def test_confluent_kafka_five_records_two_bad_all_five_fail(
+    upstream: Upstream, make_topic: Any
+) -> None:
     """Records 1 and 3 of 5 are not JSON: all five fail, as with a Kafka broker."""
     from confluent_kafka import KafkaError, Producer
 
     topic = make_topic(1)
     values = [b"[0]", b"nope", b"[2]", b"nah", b"[4]"]
     topics = [{"match": topic, "policies": ["json"]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = Producer(
             {
                 "bootstrap.servers": proxy.bootstrap,
@@ -254,13 +258,13 @@ def test_confluent_kafka_five_records_two_bad_all_five_fail(tansu: Broker, make_
 
 
 def test_kafka_python_null_key_on_compacted_topic_one_request(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     from kafka import KafkaProducer
     from kafka.errors import InvalidRecordError
 
     topic = make_topic(2, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=LINGER_MS, retries=0)
         try:
             bad = producer.send(topic, value=b"no key", partition=0)
@@ -278,13 +282,13 @@ def test_kafka_python_null_key_on_compacted_topic_one_request(
     assert got == {0: [], 1: [b"keyed"]}
 
 
-def test_kafka_python_json_policy_one_request(tansu: Broker, make_topic: Any) -> None:
+def test_kafka_python_json_policy_one_request(upstream: Upstream, make_topic: Any) -> None:
     from kafka import KafkaProducer
     from kafka.errors import InvalidRecordError
 
     topic = make_topic(2)
     topics = [{"match": topic, "policies": ["json"]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=LINGER_MS, retries=0)
         try:
             bad = producer.send(topic, value=b"{oops", partition=0)
@@ -303,7 +307,7 @@ def test_kafka_python_json_policy_one_request(tansu: Broker, make_topic: Any) ->
 
 
 def test_kafka_python_produce_v2_null_key_gets_corrupt_message(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     """api_version (0, 10, 1): Produce v2 with magic 1 messages; the legacy answer is
     CORRUPT_MESSAGE. Answered by the proxy (Tansu cannot store magic 1), so only the bad record."""
@@ -311,7 +315,7 @@ def test_kafka_python_produce_v2_null_key_gets_corrupt_message(
     from kafka.errors import CorruptRecordError
 
     topic = make_topic(1, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         producer = KafkaProducer(
             bootstrap_servers=proxy.bootstrap, api_version=(0, 10, 1), retries=0
         )
@@ -353,11 +357,11 @@ async def _aiokafka_send(
     return (bad_result if isinstance(bad_result, BaseException) else None), good_result
 
 
-async def test_aiokafka_null_key_on_compacted_topic(tansu: Broker, make_topic: Any) -> None:
+async def test_aiokafka_null_key_on_compacted_topic(upstream: Upstream, make_topic: Any) -> None:
     from aiokafka.errors import UnknownError
 
     topic = make_topic(2, config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         error, good = await _aiokafka_send(
             proxy.bootstrap, topic, {"value": b"no key"}, {"value": b"keyed", "key": b"id"}
         )
@@ -371,12 +375,12 @@ async def test_aiokafka_null_key_on_compacted_topic(tansu: Broker, make_topic: A
     assert got == {0: [], 1: [b"keyed"]}
 
 
-async def test_aiokafka_json_policy(tansu: Broker, make_topic: Any) -> None:
+async def test_aiokafka_json_policy(upstream: Upstream, make_topic: Any) -> None:
     from aiokafka.errors import UnknownError
 
     topic = make_topic(2)
     topics = [{"match": topic, "policies": ["json"]}]
-    with run_proxy(tansu.bootstrap, topics=topics) as proxy:
+    with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         error, good = await _aiokafka_send(
             proxy.bootstrap, topic, {"value": b"nope"}, {"value": b"[1, 2]"}
         )

@@ -1,10 +1,11 @@
 """Requests the proxy refuses as a whole or partition by partition before anything reaches the
-broker, sent as raw bytes through a proxy in front of Tansu: each is answered the way a Kafka
-broker answers it, logged, counted and journaled like every other refusal, and the connection
-stays open for the next request.
+broker, sent as raw bytes through a proxy in front of Tansu and of Apache Kafka: each is answered
+the way a Kafka broker answers it, logged, counted and journaled like every other refusal, and the
+connection stays open for the next request.
 
 Tansu drops the connection on magic 0/1 message sets and stores transactional batches without a
-transactional id, so every partition here is refused by the proxy and nothing is forwarded.
+transactional id, and Kafka 4 refuses Produce v0-v2 altogether, so every partition here is refused
+by the proxy and nothing is forwarded.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from protocol.compression import Codec
 from protocol.messages import PRODUCE, decode_response
 from protocol.records import build_batch
 from proxy.quarantine import JournalReader
-from tests.harness import Broker, create_topic
 from tests.harness.metrics import scrape, value
 from tests.harness.processes import wait_until
 from tests.harness.produce import (
@@ -37,9 +37,12 @@ from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.proxy_checks import assert_serves
 from tests.harness.quarantine import dead_letter_counts, journal_settings
 from tests.harness.raw_client import RawKafkaClient
+from tests.harness.upstream import Upstream
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 TRANSACTIONAL_BIT = 0x10
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 def garbage_wrapper(magic: int, codec: Codec) -> bytes:
@@ -69,7 +72,7 @@ def rejection_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
 
 @pytest.mark.parametrize(("version", "magic"), [(0, 0), (1, 0), (2, 1)])
 def test_a_legacy_wrapper_that_does_not_decompress_is_corrupt_message_and_the_connection_stays(
-    tansu: Broker,
+    upstream: Upstream,
     make_topic: Callable[..., str],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -84,7 +87,7 @@ def test_a_legacy_wrapper_that_does_not_decompress_is_corrupt_message_and_the_co
     the next request."""
     caplog.set_level(logging.WARNING, logger="kvproxy.rejections")
     topic = make_topic(3)
-    create_topic(tansu.bootstrap, topic + ".dlq", 3)
+    upstream.create_topic(3, name=topic + ".dlq")
     journal_dir = tmp_path / "journal"
     parts = [
         (topic, 0, garbage_wrapper(magic, Codec.GZIP)),
@@ -92,7 +95,7 @@ def test_a_legacy_wrapper_that_does_not_decompress_is_corrupt_message_and_the_co
         (topic, 2, bad_crc_message(magic)),
     ]
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, "compacted": False}],
         quarantine=journal_settings(journal_dir, dead_letter_suffix=".dlq"),
     ) as proxy:
@@ -124,8 +127,8 @@ def test_a_legacy_wrapper_that_does_not_decompress_is_corrupt_message_and_the_co
     ]
     logged = [(r.partition, r.code) for r in rejection_lines(caplog)]  # type: ignore[attr-defined]
     assert logged == [(0, 2), (1, 2), (2, 2), (0, 2)]
-    assert [stored(tansu, topic, p) for p in range(3)] == [[], [], []]
-    assert stored(tansu, topic + ".dlq", 0) == [parts[0][2]] * 2  # as sent, marked unreadable
+    assert [stored(upstream, topic, p) for p in range(3)] == [[], [], []]
+    assert stored(upstream, topic + ".dlq", 0) == [parts[0][2]] * 2  # as sent, marked unreadable
 
 
 # ---- a transactional batch in a request without a transactional id ----
@@ -146,7 +149,7 @@ def produce_answers(
 
 @pytest.mark.parametrize("version", [3, 8, 9, 11])
 def test_a_transactional_batch_without_a_transactional_id_is_refused_for_every_partition(
-    tansu: Broker,
+    upstream: Upstream,
     make_topic: Callable[..., str],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -169,7 +172,7 @@ def test_a_transactional_batch_without_a_transactional_id_is_refused_for_every_p
     ]
     frame = produce_frame(version, 51, parts, transactional_id=None)
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": relaxed, "mode": "warn"}, {"match": topic, "compacted": False}],
         quarantine=journal_settings(journal_dir),
     ) as proxy:
@@ -203,21 +206,21 @@ def test_a_transactional_batch_without_a_transactional_id_is_refused_for_every_p
     assert all(e.client_id == CLIENT_ID for e in entries)
     logged = [(r.topic, r.partition, r.code) for r in rejection_lines(caplog)]  # type: ignore[attr-defined]
     assert logged == [(topic, 0, 53), (topic, 1, 53), (relaxed, 0, 53)]
-    assert stored(tansu, topic, 0) == [b"plain"]  # the second request's only
-    assert stored(tansu, topic, 1) == [] and stored(tansu, relaxed, 0) == []
+    assert stored(upstream, topic, 0) == [b"plain"]  # the second request's only
+    assert stored(upstream, topic, 1) == [] and stored(upstream, relaxed, 0) == []
 
 
 def test_a_transactional_batch_with_acks_0_and_no_transactional_id_closes_the_connection(
-    tansu: Broker, topic: str
+    upstream: Upstream, topic: str
 ) -> None:
     """ProduceRequest.getErrorResponse gives no answer for acks=0: the broker closes the
     connection instead, and nothing is appended."""
     frame = produce_frame(9, 61, [(topic, 0, transactional_batch(b"t"))], acks=0)
-    with run_proxy(tansu.bootstrap, topics=[{"match": topic, "compacted": False}]) as proxy:
+    with run_proxy(upstream.bootstrap, topics=[{"match": topic, "compacted": False}]) as proxy:
         with RawKafkaClient(proxy.host, proxy.port) as client:
             client.send_frame(frame)
             assert client.is_closed_by_peer(timeout=5)
         assert proxy.server.sink.rejections == {
             (topic, "transactional_id", TRANSACTIONAL_ID_AUTHORIZATION_FAILED): 1
         }
-    assert stored(tansu, topic) == []
+    assert stored(upstream, topic) == []
