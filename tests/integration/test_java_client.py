@@ -3,13 +3,20 @@
 Each test runs `tests/harness/java_client/KvproxyJavaClient.java` (one JVM per command) and
 asserts what the application sees: offsets, the records a consumer reads back, the exception
 class and message a refused send fails with (docs/clients.md quotes them), and, from the proxy's
-record of every answer it sent, which APIs and versions the client used through it.
+record of every answer it sent, which APIs and versions the client used through it. For
+CORRUPT_MESSAGE a relay between the client and the proxy flips one bit of a record, as no client
+builds a bad CRC itself. Telemetry is tested both with the session's broker (no telemetry
+reporter) and with a broker of its own that loads `KvproxyJavaClient$TelemetryReporter`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
+import socket
+import struct
+import threading
 import time
 import uuid
 from collections import Counter
@@ -40,6 +47,9 @@ from tests.harness.raw_client import (
     parse_api_versions_v0_response,
 )
 
+RELAY_HOST = "127.0.0.2"
+MARK = b"flip-me"
+FLIPPED = b"flip-md"  # "e" 0x65 -> "d" 0x64: one bit
 DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
 INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
@@ -359,6 +369,97 @@ def test_policy_violation(stage: Stage) -> None:
         "org.apache.kafka.common.errors.PolicyViolationException",
         "currency GBP is not allowed; allowed: EUR, USD",
     )
+
+
+@contextlib.contextmanager
+def flipping_relays(ports: list[int]) -> Iterator[None]:
+    """On RELAY_HOST, each port relays to the proxy's same port on 127.0.0.1, and a request frame
+    that carries MARK is forwarded with FLIPPED instead: one bit changed on the way, inside the
+    bytes the batch CRC covers (a client never builds a bad CRC itself)."""
+    servers = [socket.create_server((RELAY_HOST, port)) for port in ports]
+    opened: list[socket.socket] = []
+
+    def read(sock: socket.socket, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return data
+
+    def requests(client: socket.socket, upstream: socket.socket) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                prefix = read(client, 4)
+                frame = read(client, struct.unpack(">i", prefix)[0])
+                upstream.sendall(prefix + frame.replace(MARK, FLIPPED))
+        shut(client, upstream)
+
+    def answers(upstream: socket.socket, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := upstream.recv(65536):
+                client.sendall(chunk)
+        shut(client, upstream)
+
+    def accept(server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = server.accept()
+                upstream = socket.create_connection(("127.0.0.1", server.getsockname()[1]))
+                opened.extend((client, upstream))
+                threading.Thread(target=requests, args=(client, upstream), daemon=True).start()
+                threading.Thread(target=answers, args=(upstream, client), daemon=True).start()
+
+    for server in servers:
+        threading.Thread(target=accept, args=(server,), daemon=True).start()
+    try:
+        yield
+    finally:
+        for sock in servers + opened:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def shut(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_corrupt_batch_is_retried_until_delivery_timeout(kafka: KafkaCluster) -> None:
+    """CORRUPT_MESSAGE is retriable for the Java client: the same bytes are sent again, refused
+    again, until `delivery.timeout.ms` (shortened here) expires the record."""
+    topic = kafka.create_topic()
+    advertised = {"advertised_host": RELAY_HOST}
+    with (
+        run_proxy(kafka.bootstrap_servers, listen=advertised) as proxy,
+        flipping_relays([proxy.port, proxy.broker_port(1)]),
+    ):
+        before = len(proxy.responses)
+        run = run_java_client(
+            "produce", f"{RELAY_HOST}:{proxy.port}", topic=topic, values="a flip-me",
+            props={"delivery.timeout.ms": "3000", "request.timeout.ms": "1000",
+                   "linger.ms": "0", "retry.backoff.ms": "100"},
+        )  # fmt: skip
+        produced = [frame for key, _, frame in proxy.responses[before:] if key == PRODUCE]
+    [result] = run.result["results"]
+    name, message = failure(result)
+    assert name == "org.apache.kafka.common.errors.TimeoutException"
+    assert re.fullmatch(
+        rf"Expiring 1 record\(s\) for {topic}-0:\d+ ms has passed since batch creation\. The "
+        r"request has not been sent, or no server response has been received yet\.",
+        message,
+    ), message
+    assert len(produced) >= 2  # refused, sent again, refused again
+    # every refused attempt is logged by the client at WARN, with kvproxy's message
+    retry = re.compile(
+        rf"WARN \[Producer clientId=producer-1\] Got error produce response with correlation id "
+        rf"\d+ on topic-partition {topic}-0, retrying \(\d+ attempts left\)\. Error: "
+        rf"CORRUPT_MESSAGE\. Error Message: Record is corrupt \(stored crc = \d+\) in topic "
+        rf"partition {topic}-0\. \(org\.apache\.kafka\.clients\.producer\.internals\.Sender\)"
+    )
+    assert any(retry.fullmatch(line) for line in run.log.splitlines()), run.log
 
 
 def test_timestamp_out_of_range(stage: Stage) -> None:

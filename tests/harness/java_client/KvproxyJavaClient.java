@@ -55,8 +55,8 @@ import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
  *   <li>{@code versions}: the highest Produce version this client can send.
  * </ul>
  *
- * <p>{@link TelemetryReporter} is not part of the client: it is a broker's metrics reporter, which a
- * broker needs before it offers client telemetry (KIP-714) at all.
+ * <p>{@link TelemetryReporter} is not part of the client: it is a broker's metrics reporter,
+ * which a broker needs before it offers client telemetry (KIP-714) at all.
  */
 public final class KvproxyJavaClient {
     private KvproxyJavaClient() {}
@@ -245,7 +245,8 @@ public final class KvproxyJavaClient {
     private static String consume(Map<String, String> args, Properties props) {
         String topic = args.get("topic");
         int count = Integer.parseInt(args.getOrDefault("members", "1"));
-        long deadline = System.currentTimeMillis() + Long.parseLong(args.getOrDefault("timeout-ms", "60000"));
+        long deadline = System.currentTimeMillis()
+                + Long.parseLong(args.getOrDefault("timeout-ms", "60000"));
         props.put("group.id", args.get("group"));
         props.putIfAbsent("auto.offset.reset", "earliest");
         props.putIfAbsent("enable.auto.commit", "false");
@@ -258,15 +259,16 @@ public final class KvproxyJavaClient {
             for (int m = 0; m < count; m++) {
                 Properties own = (Properties) props.clone();
                 own.put("client.id", "member-" + m);
-                KafkaConsumer<String, String> consumer =
-                        new KafkaConsumer<>(own, new StringDeserializer(), new StringDeserializer());
+                KafkaConsumer<String, String> consumer = new KafkaConsumer<>(
+                        own, new StringDeserializer(), new StringDeserializer());
                 Pausing listener = new Pausing();
                 listener.consumer = consumer;
                 consumer.subscribe(List.of(topic), listener);
                 members.add(consumer);
                 listeners.add(listener);
                 records.add(new ArrayList<>());
-                while (!allAssigned(members, m + 1 == count ? partitionCount(consumer, topic) : 0)) {
+                int total = m + 1 == count ? partitionCount(consumer, topic) : 0;
+                while (!allAssigned(members, total)) {
                     check(deadline, "members assigned");
                     for (KafkaConsumer<String, String> member : members) {
                         member.poll(Duration.ofMillis(100));
@@ -285,7 +287,8 @@ public final class KvproxyJavaClient {
             while (!atEnd(members)) {
                 check(deadline, "records consumed");
                 for (int m = 0; m < count; m++) {
-                    for (ConsumerRecord<String, String> r : members.get(m).poll(Duration.ofMillis(100))) {
+                    Duration wait = Duration.ofMillis(100);
+                    for (ConsumerRecord<String, String> r : members.get(m).poll(wait)) {
                         records.get(m).add("[" + quote(r.key()) + "," + quote(r.value()) + ","
                                 + r.partition() + "," + r.offset() + "]");
                     }
@@ -301,7 +304,8 @@ public final class KvproxyJavaClient {
                 out.append("{\"assignment\":").append(partitions(assigned.get(m)))
                         .append(",\"records\":[").append(String.join(",", records.get(m)))
                         .append("],\"committed\":{");
-                Map<TopicPartition, OffsetAndMetadata> committed = member.committed(assigned.get(m));
+                Map<TopicPartition, OffsetAndMetadata> committed =
+                        member.committed(assigned.get(m));
                 List<String> offsets = new ArrayList<>();
                 for (Map.Entry<TopicPartition, OffsetAndMetadata> e : committed.entrySet()) {
                     offsets.add("\"" + e.getKey().partition() + "\":"
