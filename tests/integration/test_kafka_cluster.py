@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import METADATA, PRODUCE, decode_response
+from protocol.messages import FETCH, METADATA, PRODUCE, decode_response
 from tests.harness.cluster_faults import (
     ACKS_PER_PHASE,
     NOT_LEADER_OR_FOLLOWER,
@@ -56,7 +56,7 @@ from tests.harness.kafka_broker import KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.proxy_process import ProxyProcess
 from tests.harness.raw_client import RawKafkaClient
-from tests.harness.requests import metadata_request, produce_request
+from tests.harness.requests import fetch_request, metadata_request, produce_request, topic_id_of
 
 pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("kafka_cluster")]
 
@@ -190,6 +190,29 @@ def test_produce_to_a_follower_names_the_leader_at_its_proxy_port(
         (leader, HOST, healthy.node(leader).port)
     ]
     assert read_back(proxy.bootstrap, topic, 1) == {}  # the refused records were not written
+
+
+@pytest.mark.parametrize("version", [16, 17])
+def test_fetch_from_a_broker_without_the_partition_names_the_leader_at_its_proxy_port(
+    healthy: KafkaCluster, proxy: RunningProxy, version: int
+) -> None:
+    """A raw Fetch v16+ (topic by id) sent to the proxy listener of a broker that holds no
+    replica of the partition (a follower would serve it, KIP-392): NOT_LEADER_OR_FOLLOWER with
+    `current_leader`, and `node_endpoints` naming the leader at its proxy port."""
+    topic = healthy.create_topic(partitions=1, replication_factor=1)
+    leader = healthy.leader_of(topic, 0)
+    other = next(n for n in (1, 2, 3) if n != leader)
+    with RawKafkaClient(HOST, proxy.port) as client:
+        topic_id = topic_id_of(client, topic)
+    with RawKafkaClient(HOST, proxy.broker_port(other)) as client:
+        frame = client.request(fetch_request(version, 4, topic_id, max_wait_ms=0))
+    body = decode_response(frame, FETCH, version).body
+    ((answer,),) = [t.partitions for t in body.responses]
+    assert int(answer.error_code) == NOT_LEADER_OR_FOLLOWER
+    assert int(answer.current_leader.leader_id) == leader
+    assert [(int(e.node_id), e.host, int(e.port)) for e in body.node_endpoints] == [
+        (leader, HOST, proxy.broker_port(leader))
+    ]
 
 
 def test_raw_metadata_through_the_proxy_after_a_leader_change_names_proxy_ports(
