@@ -1,4 +1,10 @@
-"""producer.transactions.run_transaction (and producer.compat) through kvproxy in front of Tansu.
+"""producer.transactions.run_transaction (and producer.compat) through kvproxy in front of Tansu
+and of Apache Kafka 4.4.
+
+On Kafka every transaction works as documented: aiokafka's own InitProducerId v0 starts a
+transactional producer, the epoch bump is granted, a stale epoch is PRODUCER_FENCED, the abort
+marker is written to every partition of the transaction (the refused one included), and a
+read_committed consumer does not see aborted records. The Tansu variants pin where Tansu differs.
 
 What Tansu 0.6 does with an aiokafka 0.14 transactional producer (aiokafka's request versions):
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,7 +35,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.client import CoordinationType
-from aiokafka.errors import OutOfOrderSequenceNumber, UnknownError
+from aiokafka.errors import OutOfOrderSequenceNumber, ProducerFenced, UnknownError
 from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.structs import TopicPartition
 
@@ -43,17 +50,19 @@ from producer.errors import Classification, CommitFailedError, classify
 from producer.transactions import Transaction, TransactionOver, run_transaction
 from protocol.error_codes import INVALID_RECORD
 from protocol.records import RecordBatch, read_batch
-from tests.harness import Broker
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.upstream import Upstream
 
 COMMIT, ABORT = "COMMIT", "ABORT"
 TIMEOUT = 30
 
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
+
 
 @pytest.fixture
-def kvproxy(tansu: Broker) -> Iterator[RunningProxy]:
+def kvproxy(upstream: Upstream) -> Iterator[RunningProxy]:
     """kvproxy with its default policies (compaction is discovered with DescribeConfigs)."""
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         yield proxy
 
 
@@ -71,7 +80,7 @@ async def started_producer(bootstrap: str, txn_id: str | None = None) -> AIOKafk
     return producer
 
 
-def stored(broker: Broker, topic: str, partition: int = 0) -> list[RecordBatch]:
+def stored(broker: Upstream, topic: str, partition: int = 0) -> list[RecordBatch]:
     """Every batch the broker stored for the partition, control batches included."""
     everything = LiveRange(
         (broker.bootstrap,), topic, partition, broker.bootstrap, 0, 2**62, 0, 2**62
@@ -87,8 +96,19 @@ def marker(batch: RecordBatch) -> str:
     return {0: ABORT, 1: COMMIT}[kind]
 
 
-def log_of(broker: Broker, topic: str, partition: int = 0) -> list[tuple[Any, ...]]:
-    """The stored log as (producer id, epoch, marker or the records' values)."""
+def log_of(broker: Upstream, topic: str, partition: int = 0) -> list[tuple[Any, ...]]:
+    """The stored log as (producer id, epoch, marker or the records' values). Kafka writes the
+    markers after EndTxn has been answered: there, asked until the log ends with one."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        entries = _log_of(broker, topic, partition)
+        ended = bool(entries) and entries[-1][2] in (COMMIT, ABORT)
+        if broker.is_tansu or ended or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.05)
+
+
+def _log_of(broker: Upstream, topic: str, partition: int) -> list[tuple[Any, ...]]:
     entries: list[tuple[Any, ...]] = []
     for batch in stored(broker, topic, partition):
         assert batch.is_transactional
@@ -140,7 +160,7 @@ async def committed_offset(bootstrap: str, group_id: str, tp: TopicPartition) ->
 
 
 async def test_a_good_transaction_commits_its_records_and_offsets_once(
-    tansu: Broker, kvproxy: RunningProxy, make_topic: Callable[..., str]
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic(2)
     source = make_topic(1, prefix="src")
@@ -168,13 +188,13 @@ async def test_a_good_transaction_commits_its_records_and_offsets_once(
         (1, b"k1", b"v1"),
         (1, b"k3", b"v3"),
     ]
-    assert log_of(tansu, topic, 0) == [(pid, epoch, [b"v0", b"v2"]), (pid, epoch, COMMIT)]
-    assert log_of(tansu, topic, 1) == [(pid, epoch, [b"v1", b"v3"]), (pid, epoch, COMMIT)]
+    assert log_of(upstream, topic, 0) == [(pid, epoch, [b"v0", b"v2"]), (pid, epoch, COMMIT)]
+    assert log_of(upstream, topic, 1) == [(pid, epoch, [b"v1", b"v3"]), (pid, epoch, COMMIT)]
     assert await committed_offset(kvproxy.bootstrap, group, TopicPartition(source, 0)) == 42
 
 
 async def test_an_abortable_failure_becomes_commit_failed_and_the_producer_goes_on(
-    tansu: Broker, kvproxy: RunningProxy, make_topic: Callable[..., str]
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
 ) -> None:
     compacted = make_topic(1, config={"cleanup.policy": "compact"}, prefix="compact")
     plain = make_topic(1, prefix="plain")
@@ -218,7 +238,10 @@ async def test_an_abortable_failure_becomes_commit_failed_and_the_producer_goes_
 
     assert second_epoch == first_epoch + 1
     # the refused record never reached the broker; only the second transaction's records did
-    assert log_of(tansu, compacted) == [
+    # (Kafka marks every partition of the transaction aborted, Tansu only those with data)
+    aborted = [(pid, first_epoch, ABORT)] if upstream.is_kafka else []
+    assert log_of(upstream, compacted) == [
+        *aborted,
         (pid, second_epoch, [b"c1", b"c2"]),
         (pid, second_epoch, COMMIT),
     ]
@@ -227,16 +250,20 @@ async def test_an_abortable_failure_becomes_commit_failed_and_the_producer_goes_
         (0, b"b", b"c2"),
     ]
     # the record that did get through in the failed transaction was aborted
-    assert log_of(tansu, plain) == [
+    assert log_of(upstream, plain) == [
         (pid, first_epoch, [b"written-then-aborted"]),
         (pid, first_epoch, ABORT),
         (pid, second_epoch, [b"committed"]),
         (pid, second_epoch, COMMIT),
     ]
+    if upstream.is_kafka:  # Kafka's read_committed hides the aborted record (Tansu's does not)
+        assert await read_committed(kvproxy.bootstrap, plain, 1, expected=1) == [
+            (0, b"p", b"committed")
+        ]
 
 
 async def test_a_failed_send_aborts_even_when_the_body_swallowed_its_error(
-    tansu: Broker, kvproxy: RunningProxy, make_topic: Callable[..., str]
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
 ) -> None:
     compacted = make_topic(1, config={"cleanup.policy": "compact"}, prefix="compact")
     plain = make_topic(1, prefix="plain")
@@ -271,12 +298,14 @@ async def test_a_failed_send_aborts_even_when_the_body_swallowed_its_error(
         assert producer._txn_manager.state is TransactionState.READY
     finally:
         await producer.stop()
-    assert log_of(tansu, plain) == [(pid, epoch, [b"aborted"]), (pid, epoch, ABORT)]
-    assert log_of(tansu, compacted) == []
+    assert log_of(upstream, plain) == [(pid, epoch, [b"aborted"]), (pid, epoch, ABORT)]
+    # both transactions aborted (the epoch renewed after each): Kafka marks the refused partition
+    aborts = [(pid, epoch, ABORT), (pid, epoch + 1, ABORT)] if upstream.is_kafka else []
+    assert log_of(upstream, compacted) == aborts
 
 
 async def test_the_bodys_own_exception_aborts_and_is_raised_unchanged(
-    tansu: Broker, kvproxy: RunningProxy, make_topic: Callable[..., str]
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic(1)
     producer = await started_producer(kvproxy.bootstrap)
@@ -304,7 +333,7 @@ async def test_the_bodys_own_exception_aborts_and_is_raised_unchanged(
             await run_transaction(producer, good)
     finally:
         await producer.stop()
-    assert log_of(tansu, topic) == [
+    assert log_of(upstream, topic) == [
         (pid, epoch, [b"delivered, then aborted"]),
         (pid, epoch, ABORT),
         (pid, epoch, [b"kept"]),
@@ -313,7 +342,7 @@ async def test_the_bodys_own_exception_aborts_and_is_raised_unchanged(
 
 
 async def test_a_cancelled_body_aborts(
-    tansu: Broker, kvproxy: RunningProxy, make_topic: Callable[..., str]
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic(1)
     producer = await started_producer(kvproxy.bootstrap)
@@ -335,11 +364,14 @@ async def test_a_cancelled_body_aborts(
         assert producer._txn_manager.state is TransactionState.READY
     finally:
         await producer.stop()
-    assert log_of(tansu, topic) == [(pid, epoch, [b"sent before the cancel"]), (pid, epoch, ABORT)]
+    assert log_of(upstream, topic) == [
+        (pid, epoch, [b"sent before the cancel"]),
+        (pid, epoch, ABORT),
+    ]
 
 
 async def test_a_fenced_producer_gets_a_fatal_error_not_commit_failed(
-    kvproxy: RunningProxy, make_topic: Callable[..., str]
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic(1)
     txn_id = transactional_id()
@@ -355,10 +387,16 @@ async def test_a_fenced_producer_gets_a_fatal_error_not_commit_failed(
             with pytest.raises(Exception) as raised:
                 await run_transaction(zombie, body)
         assert not isinstance(raised.value, CommitFailedError)
-        # Tansu answers the stale epoch's AddPartitionsToTxn with UNKNOWN_SERVER_ERROR (Kafka:
-        # PRODUCER_FENCED); aiokafka's sender dies on it, and that is what is raised.
-        assert raised.value is fatal_error(zombie)
-        assert isinstance(raised.value.__cause__, UnknownError)
+        if upstream.is_kafka:
+            # Kafka answers the stale epoch PRODUCER_FENCED: aiokafka raises ProducerFenced
+            assert type(raised.value) is ProducerFenced
+            assert classify(raised.value) is Classification.FATAL
+            assert type(fatal_error(zombie)) is ProducerFenced
+        else:
+            # Tansu answers the stale epoch's AddPartitionsToTxn with UNKNOWN_SERVER_ERROR;
+            # aiokafka's sender dies on it, and that is what is raised.
+            assert raised.value is fatal_error(zombie)
+            assert isinstance(raised.value.__cause__, UnknownError)
 
         async def successor_body(txn: Transaction) -> None:
             await txn.send(topic, b"from the successor", key=b"k")
@@ -376,23 +414,35 @@ async def test_a_fenced_producer_gets_a_fatal_error_not_commit_failed(
 # -- what producer.compat works around ---------------------------------------------------------
 
 
-async def test_aiokafka_needs_init_producer_id_v3_on_tansu(kvproxy: RunningProxy) -> None:
+async def test_aiokafka_needs_init_producer_id_v3_on_tansu_not_on_kafka(
+    upstream: Upstream, kvproxy: RunningProxy, make_topic: Callable[..., str]
+) -> None:
     plain = AIOKafkaProducer(
         bootstrap_servers=kvproxy.bootstrap, transactional_id=transactional_id()
     )
     try:
         async with asyncio.timeout(TIMEOUT):
-            with pytest.raises(UnknownError):  # InitProducerId v0: UNKNOWN_SERVER_ERROR (-1)
+            if upstream.is_kafka:  # Kafka takes InitProducerId v0: aiokafka alone commits
+                topic = make_topic(1)
                 await plain.start()
+                async with plain.transaction():
+                    await plain.send_and_wait(topic, b"plain aiokafka", key=b"k")
+            else:
+                with pytest.raises(UnknownError):  # InitProducerId v0: UNKNOWN_SERVER_ERROR (-1)
+                    await plain.start()
     finally:
         await plain.stop()
+    if upstream.is_kafka:
+        assert await read_committed(kvproxy.bootstrap, topic, 1, expected=1) == [
+            (0, b"k", b"plain aiokafka")
+        ]
 
     producer = await started_producer(kvproxy.bootstrap)
     try:
         txn_manager = producer._txn_manager
         assert txn_manager.state is TransactionState.READY
         assert txn_manager.producer_id >= 0
-        # Kafka's epoch bump (InitProducerId v3 with the current id and epoch) is refused...
+        # Kafka's epoch bump (InitProducerId v3 with the current id and epoch): Tansu refuses it
         node_id = await producer._sender._find_coordinator(
             CoordinationType.TRANSACTION, txn_manager.transactional_id
         )
@@ -404,7 +454,14 @@ async def test_aiokafka_needs_init_producer_id_v3_on_tansu(kvproxy: RunningProxy
         )
         answer = await producer.client.send(node_id, bump)
         assert answer.API_VERSION == 3
-        assert (answer.error_code, answer.producer_id) == (-1, -1)
+        if upstream.is_kafka:
+            assert (answer.error_code, answer.producer_id, answer.producer_epoch) == (
+                0,
+                txn_manager.producer_id,
+                txn_manager.producer_epoch + 1,
+            )
+        else:
+            assert (answer.error_code, answer.producer_id) == (-1, -1)
     finally:
         await producer.stop()
 
