@@ -22,7 +22,7 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from tests.harness.kafka_broker import Listener, java_command
 from tests.harness.tls import TlsFiles
@@ -31,6 +31,7 @@ __all__ = [
     "MECHANISMS",
     "SECURE_LISTENERS",
     "USERS",
+    "SaslAnswer",
     "broker_properties",
     "console_consume",
     "console_produce",
@@ -39,7 +40,7 @@ __all__ = [
     "keystore_pem",
     "librdkafka_settings",
     "run_java_tool",
-    "sasl_authenticate_error",
+    "sasl_authenticate_answer",
     "scram_format_arguments",
     "write_properties",
 ]
@@ -242,21 +243,44 @@ def consumed_records(stdout: str) -> list[tuple[int, int, str]]:
     return [(int(m.group(1)), int(m.group(2)), m.group(3)) for m in found if m]
 
 
-def sasl_authenticate_error(version: int, payload: bytes) -> tuple[int, str | None]:
-    """The error code and message of a SaslAuthenticate answer (``payload`` without the size
-    prefix): what the broker put on the wire."""
+class SaslAnswer(NamedTuple):
+    """What a SaslAuthenticate answer carries besides the mechanism's bytes."""
+
+    error_code: int
+    error_message: str | None
+    session_lifetime_ms: int | None
+    """v1 and up: how long the login holds (0: until the connection closes)."""
+
+
+def sasl_authenticate_answer(version: int, payload: bytes) -> SaslAnswer:
+    """Decode a SaslAuthenticate answer (``payload`` without the size prefix): what the broker
+    put on the wire."""
     flexible = version >= 2
     offset = 4 + (1 if flexible else 0)  # correlation id, then the header's empty tagged fields
     code = int.from_bytes(payload[offset : offset + 2], "big", signed=True)
     offset += 2
+    message, offset = _string(payload, offset, flexible)
+    if version < 1:
+        return SaslAnswer(code, message, None)
     if flexible:
         length, offset = _uvarint(payload, offset)
+        offset += length - 1  # compact bytes
+    else:
+        offset += 4 + int.from_bytes(payload[offset : offset + 4], "big", signed=True)
+    lifetime = int.from_bytes(payload[offset : offset + 8], "big", signed=True)
+    return SaslAnswer(code, message, lifetime)
+
+
+def _string(data: bytes, offset: int, compact: bool) -> tuple[str | None, int]:
+    if compact:
+        length, offset = _uvarint(data, offset)
         length -= 1
     else:
-        length = int.from_bytes(payload[offset : offset + 2], "big", signed=True)
+        length = int.from_bytes(data[offset : offset + 2], "big", signed=True)
         offset += 2
-    message = None if length < 0 else payload[offset : offset + length].decode()
-    return code, message
+    if length < 0:
+        return None, offset
+    return data[offset : offset + length].decode(), offset + length
 
 
 def _uvarint(data: bytes, offset: int) -> tuple[int, int]:

@@ -32,10 +32,11 @@ from tests.harness.kafka_security import (
     java_properties,
     keystore_pem,
     librdkafka_settings,
-    sasl_authenticate_error,
+    sasl_authenticate_answer,
     scram_format_arguments,
     write_properties,
 )
+from tests.harness.metrics import CLOSED, scrape, value
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.tls import TlsFiles, write_tls_files
 
@@ -49,6 +50,10 @@ KAFKA_MESSAGES = {
     "with SASL mechanism SCRAM-SHA-512",
 }
 """What Kafka answers a wrong password with (SaslAuthenticate's error_message)."""
+SASL_HANDSHAKE = 17
+REAUTH_PROPERTY = "listener.name.sasl_ssl.scram-sha-512.connections.max.reauth.ms"
+REAUTH_MS = 2000
+"""Session lifetime of SCRAM-SHA-512 logins on the 4.x broker's SASL_SSL listener (KIP-368)."""
 
 
 @dataclass
@@ -90,14 +95,16 @@ class SecureKafka:
 
 
 @contextlib.contextmanager
-def secure_kafka(version: str, directory: Path, brokers: int = 1) -> Iterator[SecureKafka]:
+def secure_kafka(
+    version: str, directory: Path, brokers: int = 1, **properties: str
+) -> Iterator[SecureKafka]:
     kafka_tls = write_tls_files(directory / "kafka-ca")
     proxy_tls = write_tls_files(directory / "proxy-ca")
     with run_kafka(
         version,
         brokers=brokers,
         listeners=SECURE_LISTENERS,
-        properties=broker_properties(kafka_tls, directory),
+        properties={**broker_properties(kafka_tls, directory), **properties},
         format_arguments=scram_format_arguments(),
     ) as cluster:
         yield SecureKafka(cluster, kafka_tls, proxy_tls, directory)
@@ -164,7 +171,8 @@ def authentication_error(bootstrap: str, settings: dict[str, str]) -> tuple[Any,
 @pytest.fixture(scope="class")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
     """Kafka 4.x for the tests of one class: stopped before the 3.9 test starts its own."""
-    with secure_kafka(KAFKA_4, tmp_path_factory.mktemp("kafka-security")) as secured:
+    reauth = {REAUTH_PROPERTY: str(REAUTH_MS)}  # SCRAM-SHA-512 on SASL_SSL only
+    with secure_kafka(KAFKA_4, tmp_path_factory.mktemp("kafka-security"), **reauth) as secured:
         yield secured
 
 
@@ -186,6 +194,46 @@ class TestKafka4:
             assert brokers == {1: f"127.0.0.1:{proxy.broker_port(1)}"}
             assert proxy.nodes == {1: ("127.0.0.1", secured.cluster.brokers[0].ports[listener])}
 
+    def test_sessions_reauthenticate_through_the_proxy(self, secured: SecureKafka) -> None:
+        """Kafka gives SCRAM-SHA-512 sessions on SASL_SSL a 2 s lifetime (KIP-368): librdkafka
+        logs in again on the same connections (SaslHandshake and SaslAuthenticate between its
+        Produce requests), and keeps producing without a disconnect."""
+        from confluent_kafka import Producer
+
+        topic = secured.cluster.create_topic()
+        with secured.proxy("SASL_SSL") as proxy:
+            settings = secured.client("SASL_SSL", "SCRAM-SHA-512", "alice-secret")
+            errors: list[Any] = []
+            producer = Producer(
+                {"bootstrap.servers": proxy.bootstrap, **settings, "error_cb": errors.append}
+            )
+            delivered: list[Any] = []
+
+            def handshakes() -> int:
+                return sum(1 for key, _, _ in list(proxy.responses) if key == SASL_HANDSHAKE)
+
+            producer.produce(topic, b"first", on_delivery=lambda e, m: delivered.append(e))
+            assert producer.flush(30) == 0
+            logins = handshakes()
+            deadline = time.monotonic() + 60
+            while handshakes() < logins + 2 and time.monotonic() < deadline:
+                producer.poll(0.2)
+            assert handshakes() >= logins + 2  # two sessions renewed (or one, twice)
+            producer.produce(topic, b"after", on_delivery=lambda e, m: delivered.append(e))
+            assert producer.flush(30) == 0
+            assert delivered == [None, None]
+            assert errors == []
+            closed = scrape(proxy)
+            assert value(closed, CLOSED, reason="upstream_closed") == 0
+            assert value(closed, CLOSED, reason="upstream_error") == 0
+            logins_done = [
+                sasl_authenticate_answer(version, frame)
+                for key, version, frame in list(proxy.responses)
+                if key == SASL_AUTHENTICATE
+            ]
+            # SCRAM takes two rounds; the last one of each login says how long it holds.
+            assert {a.session_lifetime_ms for a in logins_done if a.error_code == 0} >= {REAUTH_MS}
+
     @pytest.mark.parametrize("mechanism", MECHANISMS)
     def test_wrong_password_is_kafkas_authentication_error(
         self, secured: SecureKafka, mechanism: str
@@ -201,11 +249,11 @@ class TestKafka4:
             assert not error.retriable()
             # On the wire: Kafka's SaslAuthenticate answer, relayed as it came.
             answers = [
-                sasl_authenticate_error(version, frame)
+                sasl_authenticate_answer(version, frame)
                 for key, version, frame in list(proxy.responses)
                 if key == SASL_AUTHENTICATE
             ]
-            failures = {answer for answer in answers if answer[0] != 0}
+            failures = {answer[:2] for answer in answers if answer.error_code != 0}
             assert failures == {(SASL_AUTHENTICATION_FAILED, KAFKA_MESSAGES[mechanism])}
             stats = proxy.wait_until_idle()
             assert stats.upstream_connections == 0  # Kafka closed them; kvproxy followed
