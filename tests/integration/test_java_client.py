@@ -71,6 +71,10 @@ BATCH_REFUSED = (
 )
 
 
+# One worker runs the module: one proxy stage, one client JVM at a time.
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("java_client")]
+
+
 @dataclass
 class Stage:
     kafka: KafkaCluster
