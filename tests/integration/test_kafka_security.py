@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -176,6 +178,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
         yield secured
 
 
+@pytest.mark.kafka
+@pytest.mark.xdist_group("kafka_security")
 class TestKafka4:
     """Apache Kafka 4.x, one node."""
 
@@ -351,6 +355,8 @@ class TestKafka4:
         assert "TimeoutException" not in output
 
 
+@pytest.mark.kafka
+@pytest.mark.xdist_group("kafka_security")
 def test_kafka_3_scram_sha_512_over_tls(tmp_path: Path) -> None:
     """Apache Kafka 3.9: SCRAM-SHA-512 over SASL_SSL with librdkafka and with 3.9's own console
     tools; a wrong PLAIN password gets Kafka's message."""
@@ -374,6 +380,8 @@ def test_kafka_3_scram_sha_512_over_tls(tmp_path: Path) -> None:
         assert values == [f"secret-{n}" for n in range(5)] + ["from java"]
 
 
+@pytest.mark.kafka
+@pytest.mark.xdist_group("kafka_security")
 def test_three_brokers_behind_one_proxy_over_sasl_ssl(tmp_path: Path) -> None:
     """Three Kafka 4.x brokers, each reached on its SASL_SSL listener through its own kvproxy
     port: partitions led by different brokers take SCRAM-SHA-512 clients' records."""
@@ -392,3 +400,36 @@ def test_three_brokers_behind_one_proxy_over_sasl_ssl(tmp_path: Path) -> None:
             broker.node_id: ("127.0.0.1", broker.ports["SASL_SSL"])
             for broker in secured.cluster.brokers
         }
+
+
+def test_a_refused_handshake_sends_its_alert(tmp_path: Path) -> None:
+    """kvproxy's mutual TLS listener tells a refused client why, with the alert OpenSSL (and a
+    Kafka listener) sends: certificate required, unknown CA. Bytes that are not TLS at all are
+    still closed at once. No broker needed: nothing gets past the handshake."""
+    tls = write_tls_files(tmp_path / "proxy-ca")
+    other = write_tls_files(tmp_path / "other-ca")
+    listen = {
+        "tls": {
+            "cert_file": str(tls.server_cert),
+            "key_file": str(tls.server_key),
+            "client_ca_file": str(tls.ca),
+        }
+    }
+
+    def refusal(context: ssl.SSLContext) -> ssl.SSLError:
+        with socket.create_connection((proxy.host, proxy.port), timeout=10) as raw:
+            secure = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            with pytest.raises(ssl.SSLError) as refused:
+                secure.sendall(b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")
+                secure.recv(4096)
+            return refused.value
+
+    with run_proxy("127.0.0.1:1", listen=listen) as proxy:  # no cluster behind it
+        assert refusal(tls.client_context()).reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+        foreign = tls.client_context()
+        foreign.load_cert_chain(other.client_cert, other.client_key)
+        assert refusal(foreign).reason == "TLSV1_ALERT_UNKNOWN_CA"
+        with socket.create_connection((proxy.host, proxy.port), timeout=10) as plain:
+            plain.sendall(b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")
+            assert plain.recv(4096) == b""
+        assert proxy.stats().upstream_connections == 0
