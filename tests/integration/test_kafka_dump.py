@@ -10,14 +10,14 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 from tests.harness.dump_log import Batch, kafka_dump, kvproxy_dump
-from tests.harness.kafka_broker import KAFKA_VERSIONS, KafkaCluster
+from tests.harness.kafka_broker import KAFKA_3, KAFKA_VERSIONS, KafkaCluster
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 KINDS = (*CODECS, "idempotent", "transactional")
@@ -78,38 +78,63 @@ def produce_transactional(cluster: KafkaCluster) -> str:
     return topic
 
 
+@dataclass
+class Written:
+    """Segments one broker wrote, a damaged copy of one of them, and what kafka-dump-log printed
+    for all of them (one JVM run)."""
+
+    cluster: KafkaCluster
+    directories: dict[str, Path]
+    damaged: Path
+    kafka: dict[str, list[Batch]]
+
+
 @pytest.fixture(scope="module", params=KAFKA_VERSIONS, ids=lambda v: f"kafka-{v}")
-def written(request: pytest.FixtureRequest) -> Iterator[tuple[KafkaCluster, dict[str, Path]]]:
+def written(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Written]:
     """One topic per kind on the session's broker of each version, written once per module."""
-    name = "kafka3" if request.param == KAFKA_VERSIONS[-1] else "kafka"
+    name = "kafka3" if request.param == KAFKA_3 else "kafka"
     cluster: KafkaCluster = request.getfixturevalue(name)
     assert cluster.version == request.param
     topics = {codec: produce_codec(cluster, codec) for codec in CODECS}
     topics["idempotent"] = produce_idempotent(cluster)
     topics["transactional"] = produce_transactional(cluster)
-    yield cluster, {kind: partition_dir(cluster, topic) for kind, topic in topics.items()}
+    directories = {kind: partition_dir(cluster, topic) for kind, topic in topics.items()}
+    damaged = damage(segments(directories["none"]), tmp_path_factory.mktemp("damaged"))
+    files = [f for d in directories.values() for f in segments(d)] + [damaged]
+    yield Written(cluster, directories, damaged, kafka_dump(cluster, files))
 
 
-def compare(cluster: KafkaCluster, files: list[Path]) -> tuple[int, list[Batch]]:
-    """Both tools over `files`: kvproxy's exit code and the batches both saw (asserted equal)."""
-    theirs = kafka_dump(cluster, files)
+def damage(files: list[Path], into: Path) -> Path:
+    """A copy of the one segment with one byte of its first batch's last record changed."""
+    (original,) = files
+    _, ours = kvproxy_dump([original])
+    first = ours[str(original)][0]
+    data = bytearray(original.read_bytes())
+    data[first.position + first.size - 2] ^= 0x20
+    copy = into / original.name
+    copy.write_bytes(bytes(data))
+    return copy
+
+
+def compare(theirs: dict[str, list[Batch]], files: list[Path]) -> tuple[int, list[Batch]]:
+    """kvproxy dump over `files` against what kafka-dump-log printed for them: kvproxy's exit
+    code and the batches both saw (asserted equal)."""
     code, ours = kvproxy_dump(files)
-    assert list(ours) == list(theirs) == [str(f) for f in files]
-    for name in theirs:
+    assert list(ours) == [str(f) for f in files]
+    for name in ours:
         assert len(ours[name]) == len(theirs[name]), name
         for mine, kafka in zip(ours[name], theirs[name], strict=True):
             # kafka-dump-log still prints the records of a batch whose CRC fails; kvproxy not
             expected = kafka if kafka.valid else replace(kafka, records=[])
             assert mine == expected, f"{name} at byte {kafka.position}"
-    return code, [batch for name in theirs for batch in theirs[name]]
+    return code, [batch for name in ours for batch in theirs[name]]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_dump_sees_what_kafka_dump_log_sees(
-    written: tuple[KafkaCluster, dict[str, Path]], kind: str
-) -> None:
-    cluster, directories = written
-    code, batches = compare(cluster, segments(directories[kind]))
+def test_dump_sees_what_kafka_dump_log_sees(written: Written, kind: str) -> None:
+    code, batches = compare(written.kafka, segments(written.directories[kind]))
     assert code == 0
     assert all(batch.valid for batch in batches)
     data = [b for b in batches if not b.control]
@@ -129,20 +154,10 @@ def test_dump_sees_what_kafka_dump_log_sees(
         assert len(records) == 6 and all(b.transactional for b in batches)
 
 
-def test_a_flipped_byte_gets_the_same_crc_verdict(
-    written: tuple[KafkaCluster, dict[str, Path]], tmp_path: Path
-) -> None:
+def test_a_flipped_byte_gets_the_same_crc_verdict(written: Written) -> None:
     """A copy of a real segment with one byte of its first batch's last record changed: both
     tools call that batch invalid, and only that one."""
-    cluster, directories = written
-    (original,) = segments(directories["none"])
-    copy = tmp_path / original.name
-    shutil.copyfile(original, copy)
-    first = compare(cluster, [copy])[1][0]
-    data = bytearray(copy.read_bytes())
-    data[first.position + first.size - 2] ^= 0x20
-    copy.write_bytes(bytes(data))
-    code, batches = compare(cluster, [copy])
+    code, batches = compare(written.kafka, [written.damaged])
     assert code == 1
     assert [batch.valid for batch in batches] == [False, True, True]
 
@@ -175,7 +190,7 @@ def test_compacted_segments_after_cleaning(any_kafka: KafkaCluster, tmp_path: Pa
         assert producer.flush(30) == 0
         cleaned = cleaned_snapshot(directory, tmp_path, produced * KEYS)
         time.sleep(0.05)
-    code, batches = compare(any_kafka, cleaned)
+    code, batches = compare(kafka_dump(any_kafka, cleaned), cleaned)
     assert code == 0
     offsets = [r.offset for b in batches for r in b.records]
     assert offsets == sorted(offsets) and len(offsets) < offsets[-1] + 1  # holes
