@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 
-from protocol.compression import Codec
+from protocol.compression import Codec, compress
 from protocol.messages import PRODUCE, decode_request
 from protocol.records import build_batch
 from tests.harness import fuzz
@@ -250,7 +251,7 @@ def _made() -> Iterator[tuple[str, bytes | None, Mapping[str, object], dict[str,
     yield "trailing-bytes", raw + b"\x00\x01\x02", plain, {}
     yield "two-batches", raw + _three(base_offset=3), plain, {}
     yield "empty-records", b"", plain, {}
-    yield "null-records", None, plain, {"answer_timeout_s": 3.0}
+    yield "null-records", None, plain, {"answer_timeout_s": 2.0}
     yield "garbage", b"\x00\x01garbage-bytes-that-are-no-batch", plain, {}
     yield "empty-batch", v2_batch([], count=0, base_timestamp=T, max_timestamp=T), plain, {}
     yield "control-no-txn", end_transaction_marker(4000, 0, T), plain, {}
@@ -274,6 +275,9 @@ def _made() -> Iterator[tuple[str, bytes | None, Mapping[str, object], dict[str,
     yield "sequence-without-producer", patch(raw, ">i", BASE_SEQUENCE, 3), plain, {}
     yield "producer-without-sequence", patch(raw, ">q", PRODUCER_ID, 4007), plain, {}
     yield "log-append-time-from-client", log_append_time(raw), plain, {}
+    for name, record in _odd_records():
+        for codec in (Codec.NONE, Codec.GZIP):
+            yield f"{name}-{codec.name.lower()}", _one_record_batch(record, codec), plain, {}
     for type_ in ("CreateTime", "LogAppendTime"):
         topic = {
             "message.timestamp.before.max.ms": 60_000,
@@ -302,6 +306,49 @@ def _made() -> Iterator[tuple[str, bytes | None, Mapping[str, object], dict[str,
     yield "acks-0-bad-crc", _flip(raw, len(raw) - 2), plain, {"acks": 0}
     yield "acks-0-null-key-compacted", _three(key=None), {"cleanup.policy": "compact"}, {"acks": 0}
     yield "acks-1-bad-crc", _flip(raw, len(raw) - 2), plain, {"acks": 1}
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _varint(value: int) -> bytes:
+    return _uvarint((value << 1) ^ (value >> 63))
+
+
+def _odd_records() -> Iterator[tuple[str, bytes]]:
+    """The inside of one record (attributes .. headers) that Kafka's record reader refuses."""
+    start = bytes([0]) + _varint(0) + _varint(0)
+    yield "key-length-minus-2", start + _varint(-2) + _varint(1) + b"v" + _varint(0)
+    yield "value-length-minus-2", start + _varint(1) + b"k" + _varint(-2) + _varint(0)
+    yield (
+        "header-key-null",
+        start
+        + _varint(1)
+        + b"k"
+        + _varint(1)
+        + b"v"
+        + _varint(1)
+        + (_varint(-1) + _varint(1) + b"h"),
+    )
+    yield "header-count-negative", start + _varint(1) + b"k" + _varint(1) + b"v" + _varint(-2)
+    yield "header-count-over", start + _varint(1) + b"k" + _varint(1) + b"v" + _varint(3)
+    yield "varint-overlong", start + b"\xff" * 10 + b"\x01" + _varint(0)
+
+
+def _one_record_batch(record: bytes, codec: Codec) -> bytes:
+    """A valid batch of one record whose inside is `record` (CRC valid)."""
+    body = _varint(len(record)) + record
+    if codec is not Codec.NONE:
+        body = compress(codec, body)
+    tail = struct.pack(">hiqqqhii", int(codec), 0, T, T, -1, -1, -1, 1) + body
+    head = struct.pack(">qiib", 0, 4 + 1 + 4 + len(tail), -1, 2)
+    return head + struct.pack(">I", crc32c.crc32c(tail)) + tail
 
 
 def made_cases() -> list[Case]:
