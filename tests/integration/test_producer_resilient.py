@@ -1,5 +1,6 @@
-"""ResilientProducer through kvproxy in front of Tansu: per-record outcomes, resends,
-idempotence."""
+"""ResilientProducer through kvproxy in front of Tansu and of Apache Kafka 4.4: per-record
+outcomes, resends, idempotence (which Kafka grants and Tansu, to aiokafka's InitProducerId v0,
+does not)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from producer.compat import enable_transactions
 from producer.resilient import ResilientProducer
 from producer.transactions import Transaction, run_transaction
 from protocol.messages import PRODUCE, decode_response
-from tests.harness import Broker
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.upstream import Upstream
 
 KEYLESS_MESSAGE = "Compacted topic cannot accept message without key in topic partition {}-0"
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 class NotEnoughReplicasFirst:
@@ -58,23 +61,23 @@ def flaky(topic: str, times: int) -> list[dict[str, Any]]:
 
 
 async def test_retriable_errors_are_retried_as_usual(
-    tansu: Broker, make_topic: Callable[..., str]
+    upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic()
-    with run_proxy(tansu.bootstrap, topics=flaky(topic, 2)) as proxy:
+    with run_proxy(upstream.bootstrap, topics=flaky(topic, 2)) as proxy:
         async with ResilientProducer(
             bootstrap_servers=proxy.bootstrap, retry_backoff_ms=50
         ) as producer:
             metadata = await producer.send_and_wait(topic, b"eventually", b"k")
     assert metadata.offset == 0
-    assert read_values(tansu.bootstrap, topic, 1) == [b"eventually"]
+    assert read_values(upstream.bootstrap, topic, 1) == [b"eventually"]
 
 
 async def test_retries_that_never_succeed_end_in_delivery_failed(
-    tansu: Broker, make_topic: Callable[..., str]
+    upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic()
-    with run_proxy(tansu.bootstrap, topics=flaky(topic, 10_000)) as proxy:
+    with run_proxy(upstream.bootstrap, topics=flaky(topic, 10_000)) as proxy:
         async with ResilientProducer(
             bootstrap_servers=proxy.bootstrap, retry_backoff_ms=50, request_timeout_ms=1500
         ) as producer:
@@ -82,7 +85,7 @@ async def test_retries_that_never_succeed_end_in_delivery_failed(
             with pytest.raises(ProduceFailedError) as raised:
                 await future
     assert raised.value.failure_type is FailureType.DELIVERY_FAILED
-    assert read_values(tansu.bootstrap, topic, 0) == []
+    assert read_values(upstream.bootstrap, topic, 0) == []
 
 
 def read_values(bootstrap: str, topic: str, expected: int) -> list[bytes]:
@@ -124,10 +127,10 @@ async def send_ten(bootstrap: str, topic: str, **options: Any) -> list[Any]:
 
 
 async def test_only_the_refused_records_fail_and_the_rest_are_resent(
-    tansu: Broker, make_topic: Callable[..., str]
+    upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic(config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         outcomes = await send_ten(proxy.bootstrap, topic)
         answers = produce_answers(proxy)
 
@@ -140,7 +143,7 @@ async def test_only_the_refused_records_fail_and_the_rest_are_resent(
     good = [i for i in range(10) if i not in (2, 7)]
     offsets = [outcomes[i].offset for i in good]
     assert offsets == sorted(offsets)
-    assert read_values(tansu.bootstrap, topic, 8) == [f"value-{i}".encode() for i in good]
+    assert read_values(upstream.bootstrap, topic, 8) == [f"value-{i}".encode() for i in good]
     # The ten went out together and came back with two record errors: the resend is real.
     refused = [
         p
@@ -157,11 +160,11 @@ async def test_only_the_refused_records_fail_and_the_rest_are_resent(
 
 
 async def test_a_refusal_without_record_errors_fails_the_whole_batch(
-    tansu: Broker, make_topic: Callable[..., str]
+    upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic()
     acks_one = [{"match": topic, "policies": [{"acks": {"allowed": [1]}}]}]
-    with run_proxy(tansu.bootstrap, topics=acks_one) as proxy:
+    with run_proxy(upstream.bootstrap, topics=acks_one) as proxy:
         outcomes = await send_ten(proxy.bootstrap, topic, acks="all")
     assert all(isinstance(o, ProduceFailedError) for o in outcomes), outcomes
     assert {(o.code, o.failure_type) for o in outcomes} == {(21, FailureType.DELIVERY_FAILED)}
@@ -169,32 +172,46 @@ async def test_a_refusal_without_record_errors_fails_the_whole_batch(
     assert {o.message for o in outcomes} == {
         f"acks=-1 is not allowed for topic {topic} (allowed: 1)"
     }
-    assert read_values(tansu.bootstrap, topic, 0) == []
+    assert read_values(upstream.bootstrap, topic, 0) == []
 
 
-async def test_idempotence_requested_falls_back_and_says_so(
-    tansu: Broker, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+async def test_idempotence_requested_is_granted_by_kafka_and_falls_back_on_tansu(
+    upstream: Upstream, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = make_topic()
-    with run_proxy(tansu.bootstrap) as proxy, caplog.at_level(logging.WARNING, "kvproxy.producer"):
+    with (
+        run_proxy(upstream.bootstrap) as proxy,
+        caplog.at_level(logging.WARNING, "kvproxy.producer"),
+    ):
         async with ResilientProducer(
             bootstrap_servers=proxy.bootstrap, idempotence="requested"
         ) as producer:
-            assert producer.idempotent is False
+            assert producer.idempotent is upstream.is_kafka
             metadata = await producer.send_and_wait(topic, b"one", b"k")
     assert metadata.offset == 0
-    assert any(
+    fell_back = any(
         "idempotence was requested but the cluster cannot provide it" in r.getMessage()
         for r in caplog.records
     )
-    assert read_values(tansu.bootstrap, topic, 1) == [b"one"]
+    assert fell_back is upstream.is_tansu
+    assert read_values(upstream.bootstrap, topic, 1) == [b"one"]
 
 
 @pytest.mark.parametrize("idempotence", ["required", True])
-async def test_idempotence_required_refuses_to_start(tansu: Broker, idempotence: Any) -> None:
-    producer = ResilientProducer(bootstrap_servers=tansu.bootstrap, idempotence=idempotence)
-    with pytest.raises(IdempotenceUnavailableError, match="idempotence is required"):
-        await producer.start()
+async def test_idempotence_required_starts_on_kafka_and_refuses_to_start_on_tansu(
+    upstream: Upstream, make_topic: Callable[..., str], idempotence: Any
+) -> None:
+    producer = ResilientProducer(bootstrap_servers=upstream.bootstrap, idempotence=idempotence)
+    if upstream.is_tansu:
+        with pytest.raises(IdempotenceUnavailableError, match="idempotence is required"):
+            await producer.start()
+        return
+    topic = make_topic()
+    async with producer:
+        assert producer.idempotent is True
+        metadata = await producer.send_and_wait(topic, b"one", b"k")
+    assert metadata.offset == 0
+    assert read_values(upstream.bootstrap, topic, 1) == [b"one"]
 
 
 def test_constructor_refuses_mixed_idempotence_arguments() -> None:
@@ -205,12 +222,12 @@ def test_constructor_refuses_mixed_idempotence_arguments() -> None:
 
 
 async def test_a_transactional_resilient_producer_with_run_transaction(
-    tansu: Broker, make_topic: Callable[..., str]
+    upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     """In a transaction nothing is resent: the refused record fails the transaction, which is
     aborted (CommitFailedError); the next transaction commits."""
     topic = make_topic(config={"cleanup.policy": "compact"})
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         async with ResilientProducer(
             bootstrap_servers=proxy.bootstrap, transactional_id=f"resilient-{topic}", linger_ms=100
         ) as producer:
@@ -235,7 +252,7 @@ async def test_a_transactional_resilient_producer_with_run_transaction(
                 return 3
 
             assert await run_transaction(producer, good) == 3
-    assert read_values(tansu.bootstrap, topic, 3)[-3:] == [b"good-0", b"good-1", b"good-2"]
+    assert read_values(upstream.bootstrap, topic, 3)[-3:] == [b"good-0", b"good-1", b"good-2"]
 
 
 def old_format(topic: str) -> list[dict[str, Any]]:
@@ -244,22 +261,23 @@ def old_format(topic: str) -> list[dict[str, Any]]:
 
 
 async def test_requested_idempotence_gives_way_to_a_topic_that_cannot_store_it(
-    tansu: Broker, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+    upstream: Upstream, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = make_topic()
     with (
-        run_proxy(tansu.bootstrap, topics=old_format(topic)) as proxy,
+        run_proxy(upstream.bootstrap, topics=old_format(topic)) as proxy,
         caplog.at_level(logging.WARNING, "kvproxy.producer"),
     ):
         producer = ResilientProducer(bootstrap_servers=proxy.bootstrap, idempotence="requested")
-        enable_transactions(producer.producer)  # InitProducerId v3: Tansu grants a producer id
+        if upstream.is_tansu:  # InitProducerId v3: Tansu grants a producer id (v0: Kafka does)
+            enable_transactions(producer.producer)
         async with producer:
             assert producer.idempotent is True
             metadata = await producer.send_and_wait(topic, b"one", b"k")
             assert producer.idempotent is False
             second = await producer.send_and_wait(topic, b"two", b"k")
     assert (metadata.offset, second.offset) == (0, 1)
-    assert read_values(tansu.bootstrap, topic, 2) == [b"one", b"two"]
+    assert read_values(upstream.bootstrap, topic, 2) == [b"one", b"two"]
     assert any(
         f"idempotence was requested but topic {topic} cannot store producer ids" in r.getMessage()
         for r in caplog.records
@@ -267,12 +285,13 @@ async def test_requested_idempotence_gives_way_to_a_topic_that_cannot_store_it(
 
 
 async def test_required_idempotence_fails_the_send_to_such_a_topic(
-    tansu: Broker, make_topic: Callable[..., str]
+    upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic()
-    with run_proxy(tansu.bootstrap, topics=old_format(topic)) as proxy:
+    with run_proxy(upstream.bootstrap, topics=old_format(topic)) as proxy:
         producer = ResilientProducer(bootstrap_servers=proxy.bootstrap, idempotence="required")
-        enable_transactions(producer.producer)
+        if upstream.is_tansu:
+            enable_transactions(producer.producer)
         async with producer:
             future = await producer.send(topic, b"one", b"k")
             with pytest.raises(ProduceFailedError) as raised:
@@ -281,4 +300,4 @@ async def test_required_idempotence_fails_the_send_to_such_a_topic(
     assert f"idempotence is required but topic {topic} cannot store producer ids" in str(
         raised.value.cause
     )
-    assert read_values(tansu.bootstrap, topic, 0) == []
+    assert read_values(upstream.bootstrap, topic, 0) == []
