@@ -12,6 +12,7 @@ that gets through has spoken TLS to kvproxy and kvproxy to Kafka.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import socket
 import ssl
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.clients import confluent_send
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.kafka_security import (
     MECHANISMS,
@@ -38,7 +40,7 @@ from tests.harness.kafka_security import (
     scram_format_arguments,
     write_properties,
 )
-from tests.harness.metrics import CLOSED, scrape, value
+from tests.harness.metrics import CLOSED, get, scrape, value
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.tls import TlsFiles, write_tls_files
 
@@ -74,7 +76,7 @@ class SecureKafka:
         return [f"127.0.0.1:{broker.ports[listener]}" for broker in self.cluster.brokers]
 
     @contextlib.contextmanager
-    def proxy(self, listener: str, *, mutual: bool = False) -> Iterator[RunningProxy]:
+    def proxy(self, listener: str, *, mutual: bool = False, **extra: Any) -> Iterator[RunningProxy]:
         """kvproxy in front of ``listener``: TLS on both sides for SASL_SSL (``mutual``: clients
         must present a certificate signed by kvproxy's CA), plain TCP for SASL_PLAINTEXT."""
         sections: dict[str, Any] = {}
@@ -87,7 +89,7 @@ class SecureKafka:
                 "listen": {"tls": tls},
                 "upstream": {"tls": {"ca_file": str(self.kafka_tls.ca)}},
             }
-        with run_proxy(self.addresses(listener), **sections) as proxy:
+        with run_proxy(self.addresses(listener), **sections, **extra) as proxy:
             yield proxy
 
     def client(self, listener: str, mechanism: str, password: str, **extra: Any) -> dict[str, str]:
@@ -237,6 +239,44 @@ class TestKafka4:
             ]
             # SCRAM takes two rounds; the last one of each login says how long it holds.
             assert {a.session_lifetime_ms for a in logins_done if a.error_code == 0} >= {REAUTH_MS}
+
+    @pytest.mark.parametrize("declared", [False, True])
+    def test_sasl_only_upstream_ready_and_compaction_as_documented(
+        self, secured: SecureKafka, caplog: pytest.LogCaptureFixture, declared: bool
+    ) -> None:
+        """kvproxy's own requests do not authenticate (docs/operations.md, "SASL"): in front of
+        a SASL-only listener it says so once and is ready anyway, and cannot learn that a topic
+        is compacted. A null key there is still refused with INVALID_RECORD (87), by Kafka; by
+        kvproxy's compacted_key check once the topic is declared ``compacted: true``."""
+        from confluent_kafka import KafkaError
+
+        topic = secured.cluster.create_topic(partitions=2, config={"cleanup.policy": "compact"})
+        topics = [{"match": topic, "compacted": True}] if declared else []
+        settings = secured.client("SASL_SSL", "SCRAM-SHA-256", "alice-secret")
+        with (
+            caplog.at_level(logging.WARNING, logger="kvproxy"),
+            secured.proxy("SASL_SSL", topics=topics) as proxy,
+        ):
+            deadline = time.monotonic() + 30
+            while get(f"{proxy.metrics_url}/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)  # polled: readiness is re-checked every second
+            assert get(f"{proxy.metrics_url}/readyz")[0] == 200
+            assert "closed the connection on Metadata" in caplog.text
+            assert "a listener that requires authentication?" in caplog.text
+            bad, good = confluent_send(
+                proxy.bootstrap, topic, {"value": b"v"}, {"key": b"k", "value": b"v"}, **settings
+            )
+            assert good is None
+            assert bad is not None
+            assert bad.code() == KafkaError.INVALID_RECORD
+            refused_here = value(
+                scrape(proxy),
+                "kvproxy_policy_rejections_total",
+                topic=topic,
+                policy="compacted_key",
+                code="87",
+            )
+            assert refused_here == (1 if declared else 0)
 
     @pytest.mark.parametrize("mechanism", MECHANISMS)
     def test_wrong_password_is_kafkas_authentication_error(
