@@ -35,8 +35,10 @@ class AlertingSSLObject(ssl.SSLObject):
     librdkafka says "SSL connection closed by peer". A Kafka broker sends the alert, and both
     fail at once. So a failure with an alert to send is reported once as "want read", which
     makes the loop send what is pending (the alert), and raised at the next call (the client's
-    next bytes); a client that closes on the alert ends the connection itself. A failure with
-    nothing to send (bytes that are not TLS at all) is raised at once, as before."""
+    next bytes); a client that closes on the alert ends the connection itself, and one that
+    does neither is closed by the loop's handshake timeout (60 s), as a client that never
+    finishes its handshake always was. A failure with nothing to send (bytes that are not TLS at
+    all) is raised at once, as before."""
 
     outgoing: ssl.MemoryBIO | None = None
     _failure: ssl.SSLError | None = None
