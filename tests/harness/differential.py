@@ -49,7 +49,7 @@ NO_ANSWER = "no answer, connection open"
 TRANSIENT = frozenset({5, 6, 7, 8})
 """LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, BROKER_NOT_AVAILABLE: a
 broker too busy for a moment (a loaded machine), never an answer about the records. A case
-whose direct answer is one of them is sent again (both ways)."""
+answered so either way is sent again (both ways)."""
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,8 @@ def _run_shard(
                 )
                 for route in routes
             )
-            if direct.code not in TRANSIENT or time.monotonic() > deadline:
+            busy = direct.code in TRANSIENT or proxied.code in TRANSIENT
+            if not busy or time.monotonic() > deadline:
                 break
             time.sleep(0.2)  # the broker is busy: ask again, as a client retries
         outcomes.append(Outcome(case.name, version, direct, proxied))
