@@ -294,13 +294,19 @@ def test_leader_killed_and_restarted_behind_two_workers(
     assert proxy_process.proc is not None and proxy_process.proc.poll() is None
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.parametrize(
+    ("how", "workers"),
+    [(signal.SIGTERM, 1), (signal.SIGKILL, 1), (signal.SIGTERM, 2)],
+    ids=["sigterm", "sigkill", "sigterm-workers-2"],
+)
 def test_kvproxy_restarted_mid_stream(
-    healthy: KafkaCluster, proxy_process: ProxyProcess, how: signal.Signals
+    healthy: KafkaCluster, proxy_process: ProxyProcess, how: signal.Signals, workers: int
 ) -> None:
-    """kvproxy stopped (SIGTERM: it drains) or killed (SIGKILL: requests in flight are cut) and
-    started again on the same ports while the producers write: they reconnect by themselves,
-    and what they resend is stored once (the brokers' idempotence sees the same sequence)."""
+    """kvproxy stopped (SIGTERM: it drains; with workers, the supervisor stops them) or killed
+    (SIGKILL: requests in flight are cut) and started again on the same ports while the
+    producers write: they reconnect by themselves, and what they resend is stored once (the
+    brokers' idempotence sees the same sequence)."""
+    proxy_process.workers = workers
     proxy_process.start()
     topic = spread_topic(healthy)
     producers = [
@@ -316,7 +322,7 @@ def test_kvproxy_restarted_mid_stream(
     assert code == (0 if how == signal.SIGTERM else -signal.SIGKILL)
 
     tally = tally_of(producers, read_back(proxy_process.bootstrap, topic, PARTITIONS))
-    print_tally(f"kvproxy restarted ({how.name}) mid-stream", tally)
+    print_tally(f"kvproxy (workers: {workers}) restarted ({how.name}) mid-stream", tally)
     assert (tally.lost, tally.duplicated, tally.failed) == (0, 0, 0), tally
     assert_clients_saw_only(proxy_process, producers, healthy)
 
