@@ -41,7 +41,9 @@ def produce_codec(cluster: KafkaCluster, codec: str) -> str:
     for i in range(RECORDS):
         key = None if i == 3 else b"key-%d" % i
         value = None if i == 5 else b"value %d of %s" % (i, codec.encode())
-        headers = [("trace", b"t%d" % i), ("empty", b"")] if i % 4 == 1 else None
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            [("trace", b"t%d" % i), ("empty", b"")] if i % 4 == 1 else None
+        )
         producer.produce(topic, key=key, value=value, headers=headers)
         if i in (6, 13):
             assert producer.flush(30) == 0
