@@ -1,6 +1,6 @@
 """Produce requests through kvproxy as a raw client sends them, their decoded partition answers,
-what the broker stored (read straight from Tansu, so "nothing stored" means an empty log), and
-the wording of Kafka's answers."""
+what the broker stored (read straight from Tansu or Kafka, so "nothing stored" means an empty log),
+and the wording of Kafka's answers."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import struct
 from typing import Any
 
 from protocol.messages import FETCH, PRODUCE, decode_response
-from protocol.records import build_batch
+from protocol.records import RecordBatch, build_batch, iter_batches
 from tests.harness import Broker
 from tests.harness.fuzz import produce_request
 from tests.harness.raw_client import RawKafkaClient
-from tests.harness.requests import fetch_request, fetched_values, topic_id_of
+from tests.harness.requests import fetch_request, topic_id_of
 
 CLIENT_ID = "kvproxy-policies"
 INVALID_RECORD = 87
@@ -71,14 +71,35 @@ def record_errors(partition: Any) -> list[tuple[int, str | None]]:
     return [(int(e.batch_index), e.batch_index_error_message) for e in partition.record_errors]
 
 
-def stored(tansu: Broker, topic: str, partition: int = 0) -> list[bytes | None]:
-    """The values in the broker's log for topic-partition, read straight from Tansu."""
-    with RawKafkaClient(tansu.host, tansu.port) as client:
+def stored_batches(broker: Broker, topic: str, partition: int = 0) -> list[RecordBatch]:
+    """Every batch in the broker's log for topic-partition (Tansu or Kafka, read straight from
+    it), control batches included, Fetch after Fetch up to the high watermark: Kafka may answer
+    one Fetch with fewer batches than it holds."""
+    found: list[RecordBatch] = []
+    with RawKafkaClient(broker.host, broker.port) as client:
         topic_id = topic_id_of(client, topic)
-        answer = client.request(
-            fetch_request(16, 8, topic_id, partition=partition, max_wait_ms=100, min_bytes=0)
-        )
-    return fetched_values(decode_response(answer, FETCH, 16).body)
+        while True:
+            offset = found[-1].base_offset + found[-1].last_offset_delta + 1 if found else 0
+            request = fetch_request(
+                16, 8, topic_id, offset=offset, partition=partition, max_wait_ms=100, min_bytes=0
+            )
+            body = decode_response(client.request(request), FETCH, 16).body
+            [fetched] = [p for t in body.responses for p in t.partitions]
+            assert fetched.error_code == 0, fetched
+            batches = list(iter_batches(fetched.records or b"", allow_partial_tail=True))
+            found += batches
+            if not batches or offset >= fetched.high_watermark:
+                return found
+
+
+def stored(broker: Broker, topic: str, partition: int = 0) -> list[bytes | None]:
+    """The values in the broker's log for topic-partition (transaction markers hold none)."""
+    return [
+        record.value
+        for batch in stored_batches(broker, topic, partition)
+        if not batch.is_control
+        for record in batch.records()
+    ]
 
 
 JSON_ONLY = {"policies": ["batch_integrity", "crc", "json"]}

@@ -1,7 +1,10 @@
-"""Kafka's order of checks and merged record errors, through kvproxy in front of Tansu.
+"""Kafka's order of checks and merged record errors, through kvproxy in front of Tansu and of
+Apache Kafka.
 
-Tansu validates nothing on produce, so each case also shows that the broker behind would have
-stored what the proxy refuses; a real client (confluent-kafka) shows what a producer sees.
+Tansu validates nothing on produce, so there a case also shows that the broker behind would have
+stored what the proxy refuses; on Kafka the same bytes sent straight to the broker are refused by
+the broker itself, with the answer the proxy gave. A real client (confluent-kafka) shows what a
+producer sees.
 """
 
 from __future__ import annotations
@@ -11,17 +14,20 @@ import time
 from typing import Any
 
 import crc32c
+import pytest
 from confluent_kafka import KafkaError, Producer
 
 from protocol.records import build_batch
-from tests.harness import Broker
 from tests.harness.produce import produce, record_errors, stored
 from tests.harness.proxy import run_proxy
+from tests.harness.upstream import Upstream
 
 INVALID_RECORD = 87
 CORRUPT_MESSAGE = 2
 INVALID_TIMESTAMP = 32
 HOUR = 3_600_000
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 def claiming(raw: bytes, count: int, *, fix_crc: bool = True) -> bytes:
@@ -44,13 +50,13 @@ LOG_APPEND_TIME = {
 
 
 def test_declared_count_over_the_records_is_invalid_record_with_no_decoding_policy(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     """A LogAppendTime topic: nothing but the count check reads records. The batch claiming 5
     records over 3 was forwarded before; Kafka answers 87 "premature EOF"."""
     topic = make_topic(3)
     fewer, more = claiming(three(), 5), claiming(three(), 1)
-    with run_proxy(tansu.bootstrap, defaults=LOG_APPEND_TIME) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=LOG_APPEND_TIME) as proxy:
         answers = produce(
             proxy.host, proxy.port, 9, [(topic, 0, fewer), (topic, 1, more), (topic, 2, three())]
         )
@@ -64,14 +70,26 @@ def test_declared_count_over_the_records_is_invalid_record_with_no_decoding_poli
     )
     assert record_errors(answers[topic, 0]) == []
     assert answers[topic, 2].error_code == 0
-    assert stored(tansu, topic, 0) == [] and stored(tansu, topic, 1) == []
-    assert stored(tansu, topic, 2) == [b"v0", b"v1", b"v2"]
-    # Tansu itself takes the lying batch: only the proxy stands between it and the log
-    direct = produce(tansu.host, tansu.port, 9, [(topic, 0, fewer)])
-    assert direct[topic, 0].error_code == 0
+    assert stored(upstream, topic, 0) == [] and stored(upstream, topic, 1) == []
+    assert stored(upstream, topic, 2) == [b"v0", b"v1", b"v2"]
+    # straight to the broker: Kafka answers as the proxy did; Tansu takes the lying batch, so only
+    # the proxy stands between it and the log
+    direct = produce(upstream.host, upstream.port, 9, [(topic, 0, fewer), (topic, 1, more)])
+    if upstream.is_kafka:
+        for partition in (0, 1):
+            kafka, proxied = direct[topic, partition], answers[topic, partition]
+            assert kafka.error_code == proxied.error_code == INVALID_RECORD
+            assert record_errors(kafka) == record_errors(proxied) == []
+            # Kafka puts no error_message here; the proxy says why (docs/policies.md allows it)
+            assert kafka.error_message in (None, proxied.error_message)
+        assert stored(upstream, topic, 0) == [] and stored(upstream, topic, 1) == []
+    else:
+        assert direct[topic, 0].error_code == 0
 
 
-def test_bad_fields_with_a_stale_crc_are_corrupt_message(tansu: Broker, make_topic: Any) -> None:
+def test_bad_fields_with_a_stale_crc_are_corrupt_message(
+    upstream: Upstream, make_topic: Any
+) -> None:
     """LogValidatorTest.testInconsistentCountAndOffset with the CRC left stale: the broker
     checks the CRC first and answers CORRUPT_MESSAGE, which clients retry; 87 would fail the
     batch for good over bytes damaged on the way."""
@@ -81,7 +99,7 @@ def test_bad_fields_with_a_stale_crc_are_corrupt_message(tansu: Broker, make_top
     fixed = claiming(stale, 5)
     fixed = fixed[:23] + struct.pack(">i", 2) + fixed[27:]
     fixed = fixed[:17] + struct.pack(">I", crc32c.crc32c(fixed[21:])) + fixed[21:]
-    with run_proxy(tansu.bootstrap) as proxy:
+    with run_proxy(upstream.bootstrap) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, stale), (topic, 1, fixed)])
     assert answers[topic, 0].error_code == CORRUPT_MESSAGE
     assert answers[topic, 1].error_code == INVALID_RECORD
@@ -92,7 +110,7 @@ def test_bad_fields_with_a_stale_crc_are_corrupt_message(tansu: Broker, make_top
 
 
 def test_key_and_timestamp_errors_together_reach_a_real_producer_as_invalid_timestamp(
-    tansu: Broker, make_topic: Any
+    upstream: Upstream, make_topic: Any
 ) -> None:
     """A compacted topic with a one-hour lower bound: one batch with a null key and a record two
     hours old. Kafka reports both record errors and answers 32; a confluent-kafka producer sees
@@ -108,7 +126,7 @@ def test_key_and_timestamp_errors_together_reach_a_real_producer_as_invalid_time
     }
     now = int(time.time() * 1000)
     rows = [(None, b"a", None, now), (b"k", b"b", None, now - 2 * HOUR), (b"k", b"c", None, now)]
-    with run_proxy(tansu.bootstrap, defaults=defaults) as proxy:
+    with run_proxy(upstream.bootstrap, defaults=defaults) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, build_batch(rows))])
         partition = answers[topic, 0]
         assert partition.error_code == INVALID_TIMESTAMP
@@ -150,4 +168,4 @@ def test_key_and_timestamp_errors_together_reach_a_real_producer_as_invalid_time
         KafkaError.INVALID_RECORD,
         KafkaError._INVALID_DIFFERENT_RECORD,
     ]
-    assert stored(tansu, topic, 0) == []
+    assert stored(upstream, topic, 0) == []

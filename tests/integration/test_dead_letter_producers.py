@@ -1,11 +1,11 @@
 """Dead-letter copies of batches refused from idempotent and transactional producers.
 
 Real clients (confluent-kafka idempotent and transactional, kafka-python idempotent) produce
-through kvproxy to Tansu, a `json` policy refuses some of their batches, and the dead-letter topic
-is read back straight from Tansu: every refused batch's records are there exactly once, with their
-keys, values, headers and timestamps, in batches written as a plain producer's (producer id,
-epoch and sequence -1, not transactional), which no broker fences, drops as a duplicate or hides
-as aborted.
+through kvproxy to Tansu and to Apache Kafka, a `json` policy refuses some of their batches, and
+the dead-letter topic is read back straight from the broker: every refused batch's records are
+there exactly once, with their keys, values, headers and timestamps, in batches written as a plain
+producer's (producer id, epoch and sequence -1, not transactional), which no broker fences, drops
+as a duplicate or hides as aborted.
 """
 
 from __future__ import annotations
@@ -15,32 +15,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol.messages import FETCH, decode_response
-from protocol.records import RecordBatch, iter_batches
-from tests.harness import Broker, create_topic
+import pytest
+
+from protocol.messages import decode_response
+from protocol.records import RecordBatch
 from tests.harness.metrics import scrape, value
+from tests.harness.produce import stored_batches
 from tests.harness.proxy import RunningProxy, run_proxy
-from tests.harness.raw_client import RawKafkaClient
-from tests.harness.requests import fetch_request, topic_id_of
+from tests.harness.upstream import Upstream
 
 BASE_TIME = 1_700_000_000_000
 Row = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
 
-
-def stored_batches(tansu: Broker, topic: str, partition: int = 0) -> list[RecordBatch]:
-    """The batches in the broker's log for topic-partition, read straight from Tansu."""
-    with RawKafkaClient(tansu.host, tansu.port) as client:
-        topic_id = topic_id_of(client, topic)
-        answer = client.request(
-            fetch_request(16, 8, topic_id, partition=partition, max_wait_ms=100, min_bytes=0)
-        )
-    body = decode_response(answer, FETCH, 16).body
-    found: list[RecordBatch] = []
-    for fetched_topic in body.responses:
-        for fetched in fetched_topic.partitions:
-            assert fetched.error_code == 0, fetched
-            found += iter_batches(fetched.records or b"", allow_partial_tail=True)
-    return found
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 def original_rows(batches: list[RecordBatch]) -> list[Row]:
@@ -84,26 +71,28 @@ def rounds_of(prefix: str) -> list[list[Row]]:
     return rounds
 
 
-def assert_dead_letters_are(tansu: Broker, topic: str, refused: list[Row], kept: list[Row]) -> None:
-    batches = stored_batches(tansu, topic + ".dlq")
+def assert_dead_letters_are(
+    upstream: Upstream, topic: str, refused: list[Row], kept: list[Row]
+) -> None:
+    batches = stored_batches(upstream, topic + ".dlq")
     assert original_rows(batches) == refused, "each refused record exactly once, as sent"
     assert [
         (b.producer_id, b.producer_epoch, b.base_sequence, b.is_transactional) for b in batches
     ] == [(-1, -1, -1, False)] * len(batches), (
         "written as a plain producer's, outside any transaction"
     )
-    stored = original_rows([b for b in stored_batches(tansu, topic) if not b.is_control])
+    stored = original_rows([b for b in stored_batches(upstream, topic) if not b.is_control])
     assert [row for row in stored if row in refused] == [], "refused records never stored"
     assert [row for row in stored if row in kept] == kept
 
 
 def test_idempotent_confluent_kafka_batches_all_reach_the_dead_letter_topic(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from confluent_kafka import Producer
 
     topic = make_topic(1)
-    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    upstream.create_topic(1, name=topic + ".dlq")
     rounds = rounds_of("ck")
     failed: list[bytes | None] = []
 
@@ -112,21 +101,23 @@ def test_idempotent_confluent_kafka_batches_all_reach_the_dead_letter_topic(
             failed.append(message.key())
 
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
+        producer = None
         for rows in rounds:
-            # a producer per round: after a refusal librdkafka bumps its epoch (KIP-360), which
-            # Tansu answers with PRODUCER_FENCED to the next batch
-            producer = Producer(
-                {
-                    "bootstrap.servers": proxy.bootstrap,
-                    "enable.idempotence": True,
-                    "linger.ms": 100,
-                    "message.timeout.ms": 10000,
-                }
-            )
+            # after a refusal librdkafka bumps its epoch (KIP-360): Kafka takes the next batches
+            # from the same producer, Tansu answers them PRODUCER_FENCED (a producer per round)
+            if producer is None or upstream.is_tansu:
+                producer = Producer(
+                    {
+                        "bootstrap.servers": proxy.bootstrap,
+                        "enable.idempotence": True,
+                        "linger.ms": 100,
+                        "message.timeout.ms": 10000,
+                    }
+                )
             for key, text, headers, timestamp in rows:
                 producer.produce(
                     topic,
@@ -140,20 +131,20 @@ def test_idempotent_confluent_kafka_batches_all_reach_the_dead_letter_topic(
             assert producer.flush(15) == 0
         wait_for_dead_letters(proxy, 1)
     assert failed == [key for key, *_ in rounds[1]]
-    assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2])
+    assert_dead_letters_are(upstream, topic, rounds[1], rounds[0] + rounds[2])
 
 
 def test_idempotent_kafka_python_batches_all_reach_the_dead_letter_topic(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from kafka import KafkaProducer
 
     topic = make_topic(1)
-    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    upstream.create_topic(1, name=topic + ".dlq")
     rounds = rounds_of("kp")
     failed: list[bytes | None] = []
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
@@ -179,22 +170,22 @@ def test_idempotent_kafka_python_batches_all_reach_the_dead_letter_topic(
                 producer.close(5)
         wait_for_dead_letters(proxy, 1)
     assert failed == [key for key, *_ in rounds[1]]
-    assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2])
+    assert_dead_letters_are(upstream, topic, rounds[1], rounds[0] + rounds[2])
 
 
 def test_transactional_batches_reach_the_dead_letter_topic_outside_the_transaction(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """The refused batch's transaction is aborted; its dead-letter copy is written outside any
     transaction, so it is neither aborted with it nor waiting for a commit."""
     from confluent_kafka import KafkaException, Producer
 
     topic = make_topic(1)
-    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    upstream.create_topic(1, name=topic + ".dlq")
     rounds = rounds_of("tx")
     outcomes: list[str] = []
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
@@ -226,7 +217,7 @@ def test_transactional_batches_reach_the_dead_letter_topic_outside_the_transacti
                 outcomes.append("aborted")
         wait_for_dead_letters(proxy, 1)
     assert outcomes == ["committed", "aborted", "committed"]
-    assert_dead_letters_are(tansu, topic, rounds[1], rounds[0] + rounds[2])
+    assert_dead_letters_are(upstream, topic, rounds[1], rounds[0] + rounds[2])
 
 
 def padded(n: int) -> bytes:
@@ -256,7 +247,7 @@ class ZstdFailingOnce:
 
 
 def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_once(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path, monkeypatch: Any
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path, monkeypatch: Any
 ) -> None:
     """Answered NOT_ENOUGH_REPLICAS (retriable), not CORRUPT_MESSAGE: the client sends the
     batch again and it is stored once; nothing is journaled or dead-lettered for it."""
@@ -267,12 +258,12 @@ def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_onc
     from proxy.quarantine import JournalReader
 
     topic = make_topic(1)
-    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    upstream.create_topic(1, name=topic + ".dlq")
     failing = ZstdFailingOnce()
     monkeypatch.setattr(cramjam, "zstd", failing)
     failed: list[Any] = []
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
@@ -313,11 +304,11 @@ def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_onc
     assert answers[0][0][0] == 19, answers  # NOT_ENOUGH_REPLICAS
     assert "ran out of memory" in (answers[0][0][1] or ""), answers
     assert [code for ((code, _),) in answers[1:]] == [0] * (len(answers) - 1), answers
-    rows = original_rows(stored_batches(tansu, topic))
+    rows = original_rows(stored_batches(upstream, topic))
     assert [(key, text) for key, text, _, _ in rows] == [
         (b"k%d" % n, padded(n)) for n in range(3)
     ], "each record stored once"
-    assert stored_batches(tansu, topic + ".dlq") == []
+    assert stored_batches(upstream, topic + ".dlq") == []
     assert list(JournalReader(tmp_path / "journal").entries()) == []
     assert value(samples, "kvproxy_dead_letters_total", result="written") == 0
     assert value(samples, "kvproxy_dead_letters_total", result="failed") == 0

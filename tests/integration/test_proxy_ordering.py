@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 import time
 
+import pytest
+
 from protocol.messages import (
     API_VERSIONS,
     FETCH,
@@ -19,7 +21,6 @@ from protocol.messages import (
     encode_request,
     make_request,
 )
-from tests.harness import Broker
 from tests.harness.proxy import RunningProxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import (
@@ -32,11 +33,16 @@ from tests.harness.requests import (
     produce_request,
     topic_id_of,
 )
+from tests.harness.upstream import Upstream
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 # ---- tests ----
 
 
-def test_pipelined_answers_come_back_in_request_order(proxy: RunningProxy, topic: str) -> None:
+def test_pipelined_answers_come_back_in_request_order(
+    proxy: RunningProxy, upstream: Upstream, topic: str
+) -> None:
     requests = [
         (METADATA, 12, metadata_request(12, 101)),
         (PRODUCE, 9, produce_request(9, 102, topic, [(b"k1", b"v9")])),
@@ -52,7 +58,7 @@ def test_pipelined_answers_come_back_in_request_order(proxy: RunningProxy, topic
 
     metadata12 = decode_response(answers[0], METADATA, 12).body
     assert [(b.node_id, b.host, b.port) for b in metadata12.brokers] == [
-        (111, proxy.host, proxy.broker_port(111))
+        (upstream.node_id, proxy.host, proxy.broker_port(upstream.node_id))
     ]
     produce9 = decode_response(answers[1], PRODUCE, 9).body
     (topic9,) = produce9.responses
@@ -69,7 +75,7 @@ def test_pipelined_answers_come_back_in_request_order(proxy: RunningProxy, topic
 
     metadata1 = decode_response(answers[3], METADATA, 1).body
     assert [(b.node_id, b.host, b.port) for b in metadata1.brokers] == [
-        (111, proxy.host, proxy.broker_port(111))
+        (upstream.node_id, proxy.host, proxy.broker_port(upstream.node_id))
     ]
     produce3 = decode_response(answers[4], PRODUCE, 3).body
     assert [(p.index, p.error_code) for p in produce3.responses[0].partition_responses] == [(0, 0)]
@@ -125,7 +131,7 @@ def test_api_versions_v3_offers_only_what_the_proxy_can_follow(proxy: RunningPro
 
 
 def test_produce_v10_plus_and_fetch_v16_plus_answers_decode(
-    proxy: RunningProxy, tansu: Broker, topic: str
+    proxy: RunningProxy, upstream: Upstream, topic: str
 ) -> None:
     """The answers that go through the rewrite path arrive complete and decodable."""
     with RawKafkaClient(proxy.host, proxy.port) as client:
@@ -160,7 +166,7 @@ def test_produce_v10_plus_and_fetch_v16_plus_answers_decode(
             assert body.error_code == 0
             assert fetched_values(body) == values
             for endpoint in body.node_endpoints:
-                assert endpoint.port != tansu.port
+                assert endpoint.port != upstream.port
                 assert (endpoint.host, endpoint.port) == (
                     proxy.host,
                     proxy.broker_port(endpoint.node_id),
@@ -196,7 +202,9 @@ def test_many_pipelined_requests_keep_their_order(proxy: RunningProxy, topic: st
     assert ids == list(range(1000, 1060))
 
 
-def test_describe_cluster_names_only_proxy_listeners(proxy: RunningProxy, tansu: Broker) -> None:
+def test_describe_cluster_names_only_proxy_listeners(
+    proxy: RunningProxy, upstream: Upstream
+) -> None:
     from kio.schema.describe_cluster.v0.request import DescribeClusterRequest
 
     from protocol.messages import DESCRIBE_CLUSTER
@@ -207,5 +215,5 @@ def test_describe_cluster_names_only_proxy_listeners(proxy: RunningProxy, tansu:
         answer = decode_response(client.request(request), DESCRIBE_CLUSTER, 0).body
     assert answer.error_code == 0
     assert [(b.broker_id, b.host, b.port) for b in answer.brokers] == [
-        (111, proxy.host, proxy.broker_port(111))
+        (upstream.node_id, proxy.host, proxy.broker_port(upstream.node_id))
     ]

@@ -1,8 +1,10 @@
 """`kvproxy quarantine replay` with the producers people run: idempotent (confluent-kafka,
-kafka-python), KIP-467 (`ResilientProducer`) and transactional, in front of kvproxy and Tansu.
+kafka-python), KIP-467 (`ResilientProducer`) and transactional, in front of kvproxy and Tansu or
+Apache Kafka.
 
 Each test has the `json` policy refuse some values, relaxes the policy (a new config file), runs
-replay twice and reads the topic straight from Tansu: every refused record once, nothing twice.
+replay twice and reads the topic straight from the broker: every refused record once, nothing
+twice.
 """
 
 from __future__ import annotations
@@ -16,16 +18,13 @@ import pytest
 import yaml
 
 from protocol.journal import encode_entry
-from protocol.messages import FETCH, decode_response
-from protocol.records import build_batch, iter_batches
+from protocol.records import build_batch
 from proxy.quarantine import JournalReader, segment_name
-from tests.harness import Broker
 from tests.harness.processes import kvproxy
-from tests.harness.produce import JSON_ONLY, stored
+from tests.harness.produce import JSON_ONLY, stored, stored_batches
 from tests.harness.proxy import run_proxy
 from tests.harness.quarantine import journal_settings, new_entry
-from tests.harness.raw_client import RawKafkaClient
-from tests.harness.requests import fetch_request, topic_id_of
+from tests.harness.upstream import Upstream
 
 GOOD = [b'{"n": 0}', b'{"n": 2}', b'{"n": 4}']
 BAD = [b"bad 1", b"bad 3", b"bad 5"]
@@ -33,14 +32,16 @@ BAD = [b"bad 1", b"bad 3", b"bad 5"]
 # answers the next batches PRODUCER_FENCED (a broker quirk this file does not test).
 SENT = GOOD + BAD
 
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
-def relaxed_config(tmp_path: Path, tansu: Broker, journal_dir: Path) -> Path:
+
+def relaxed_config(tmp_path: Path, upstream: Upstream, journal_dir: Path) -> Path:
     """The config after the cause is fixed: the topic no longer requires JSON."""
     config = tmp_path / "relaxed.yaml"
     config.write_text(
         yaml.safe_dump(
             {
-                "upstream": {"bootstrap_servers": [tansu.bootstrap]},
+                "upstream": {"bootstrap_servers": [upstream.bootstrap]},
                 "quarantine": {"dir": str(journal_dir)},
                 "topics": [],
             }
@@ -119,18 +120,11 @@ def send_kafka_python_idempotent(bootstrap: str, topic: str) -> list[int | None]
     return outcomes
 
 
-def stored_batches(tansu: Broker, topic: str) -> list[tuple[int, bool, list[bytes | None]]]:
-    """Each batch in partition 0 as Tansu keeps it: producer id, transactional, values."""
-    with RawKafkaClient(tansu.host, tansu.port) as client:
-        answer = client.request(
-            fetch_request(16, 8, topic_id_of(client, topic), max_wait_ms=100, min_bytes=0)
-        )
-    body = decode_response(answer, FETCH, 16).body
+def stored_rows(upstream: Upstream, topic: str) -> list[tuple[int, bool, list[bytes | None]]]:
+    """Each data batch in partition 0 as the broker keeps it: producer id, transactional, values."""
     return [
         (batch.producer_id, batch.is_transactional, [r.value for r in batch.records()])
-        for t in body.responses
-        for p in t.partitions
-        for batch in iter_batches(p.records or b"", allow_partial_tail=True)
+        for batch in stored_batches(upstream, topic)
         if not batch.is_control
     ]
 
@@ -140,7 +134,7 @@ def stored_batches(tansu: Broker, topic: str) -> list[tuple[int, bool, list[byte
 )
 def test_an_idempotent_producers_refused_records_are_replayed_once(
     send: Callable[[str, str], list[int | None]],
-    tansu: Broker,
+    upstream: Upstream,
     make_topic: Callable[..., str],
     tmp_path: Path,
 ) -> None:
@@ -149,27 +143,27 @@ def test_an_idempotent_producers_refused_records_are_replayed_once(
     topic = make_topic(1)
     journal_dir = tmp_path / "journal"
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, **JSON_ONLY}],
         quarantine=journal_settings(journal_dir),
     ) as proxy:
         outcomes = send(proxy.bootstrap, topic)
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
     assert [o is None for o in outcomes] == [True] * 3 + [False] * 3, outcomes
-    assert stored(tansu, topic) == GOOD
+    assert stored(upstream, topic) == GOOD
     entries = list(JournalReader(journal_dir).entries())
     assert len(entries) == 3, entries
 
-    first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 3, 3)
+    first, _ = replay_twice(relaxed_config(tmp_path, upstream, journal_dir), topic, 3, 3)
     for entry in entries:
         assert f"{entry.id} {topic}-0: passes now, 1 record replayed to" in first, first
-    assert stored(tansu, topic) == GOOD + BAD
-    replayed = [b for b in stored_batches(tansu, topic) if b[2][0] in BAD]
+    assert stored(upstream, topic) == GOOD + BAD
+    replayed = [b for b in stored_rows(upstream, topic) if b[2][0] in BAD]
     assert replayed == [(-1, False, [value]) for value in BAD], "written as kvproxy's own"
 
 
 async def test_a_kip_467_producers_innocent_records_are_not_replayed(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """`ResilientProducer` resends the records of a refused batch that were not refused itself;
     replay writes only the refused ones, so each record is stored once."""
@@ -182,7 +176,7 @@ async def test_a_kip_467_producers_innocent_records_are_not_replayed(
         f'{{"n": {i}}}'.encode() if i not in (2, 7) else f"bad {i}".encode() for i in range(10)
     ]
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, **JSON_ONLY}],
         quarantine=journal_settings(journal_dir),
     ) as proxy:
@@ -193,13 +187,13 @@ async def test_a_kip_467_producers_innocent_records_are_not_replayed(
     refused = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, ProduceFailedError)]
     assert refused == [2, 7], outcomes
     innocent = [v for i, v in enumerate(values) if i not in (2, 7)]
-    assert stored(tansu, topic) == innocent
+    assert stored(upstream, topic) == innocent
     (entry,) = JournalReader(journal_dir).entries()
     assert entry.record_indexes == (2, 7)
 
-    first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 1, 2)
+    first, _ = replay_twice(relaxed_config(tmp_path, upstream, journal_dir), topic, 1, 2)
     assert f"{entry.id} {topic}-0: passes now, 2 records replayed to" in first, first
-    assert stored(tansu, topic) == [*innocent, values[2], values[7]]
+    assert stored(upstream, topic) == [*innocent, values[2], values[7]]
 
 
 async def _gather(futures: list[Any]) -> list[Any]:
@@ -209,7 +203,7 @@ async def _gather(futures: list[Any]) -> list[Any]:
 
 
 def test_all_records_replays_the_innocent_ones_too(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """By default only the named records; `--all-records` the whole batch; an entry refused as a
     whole (no record indexes) or with indexes left out is replayed whole either way."""
@@ -234,12 +228,12 @@ def test_all_records_replays_the_innocent_ones_too(
     (journal_dir / segment_name(0)).write_bytes(
         b"".join(encode_entry(e.to_metadata(), e.records) for e in (named, whole, cut))
     )
-    config = relaxed_config(tmp_path, tansu, journal_dir)
+    config = relaxed_config(tmp_path, upstream, journal_dir)
     first = replay(config, topic)
     assert f"{named.id} {topic}-0: passes now, 1 record replayed to" in first, first
     assert f"{whole.id} {topic}-0: passes now, 3 records replayed to" in first, first
     assert f"{cut.id} {topic}-0: passes now, 3 records replayed to" in first, first
-    assert stored(tansu, topic) == [b"v1"] + [b"v0", b"v1", b"v2"] * 2
+    assert stored(upstream, topic) == [b"v1"] + [b"v0", b"v1", b"v2"] * 2
 
     again = make_topic(1)
     other_dir = tmp_path / "other"
@@ -260,11 +254,11 @@ def test_all_records_replays_the_innocent_ones_too(
         "--all-records",
     ).stdout
     assert f"{moved.id} {again}-0: passes now, 3 records replayed to" in out, out
-    assert stored(tansu, again) == [b"v0", b"v1", b"v2"]
+    assert stored(upstream, again) == [b"v0", b"v1", b"v2"]
 
 
 def test_a_transactional_batch_is_replayed_outside_any_transaction(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """The transaction that carried a refused batch was aborted by its producer (a refused
     batch is an abortable error); replay writes the refused records as plain records and says
@@ -274,7 +268,7 @@ def test_a_transactional_batch_is_replayed_outside_any_transaction(
     topic = make_topic(1)
     journal_dir = tmp_path / "journal"
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=[{"match": topic, **JSON_ONLY}],
         quarantine=journal_settings(journal_dir),
     ) as proxy:
@@ -295,21 +289,21 @@ def test_a_transactional_batch_is_replayed_outside_any_transaction(
         assert raised.value.args[0].txn_requires_abort(), raised.value
         producer.abort_transaction(15)
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
-    assert stored(tansu, topic) == []
+    assert stored(upstream, topic) == []
     (entry,) = JournalReader(journal_dir).entries()
     assert entry.record_indexes == (1,)
 
-    first, _ = replay_twice(relaxed_config(tmp_path, tansu, journal_dir), topic, 1, 1)
+    first, _ = replay_twice(relaxed_config(tmp_path, upstream, journal_dir), topic, 1, 1)
     assert (
         f"{entry.id} {topic}-0: written outside any transaction (the producer's transaction "
         "was aborted)" in first
     ), first
-    assert stored(tansu, topic) == [b"bad 1"]
-    assert stored_batches(tansu, topic) == [(-1, False, [b"bad 1"])]
+    assert stored(upstream, topic) == [b"bad 1"]
+    assert stored_rows(upstream, topic) == [(-1, False, [b"bad 1"])]
 
 
 def test_skip_stored_leaves_out_records_already_in_the_partition(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A replay stopped between the broker's acknowledgement and the mark writes the entry again
     on the next run; with --skip-stored that run finds the records in the partition (same key,
@@ -327,7 +321,7 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     (journal_dir / segment_name(0)).write_bytes(
         encode_entry(written_before.to_metadata(), written_before.records)
     )
-    config = relaxed_config(tmp_path, tansu, journal_dir)
+    config = relaxed_config(tmp_path, upstream, journal_dir)
     replay(config, topic)
     (journal_dir / "replayed.ids").unlink()  # as if the run had stopped before marking it
 
@@ -335,7 +329,7 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     partly = new_entry("rejected", topic, 0, policy="x", code=87, records=build_batch(rows[2:]))
     with (journal_dir / segment_name(0)).open("ab") as segment:
         segment.write(encode_entry(partly.to_metadata(), partly.records))
-    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer = Producer({"bootstrap.servers": upstream.bootstrap})
     producer.produce(
         topic, b"v2", key=b"k", partition=0, headers=[("h", b"x")], timestamp=now - 998
     )
@@ -343,7 +337,7 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     # Same key and value, another timestamp: a different record, not left out.
     producer.produce(topic, b"v3", key=b"k", partition=0, headers=[("h", b"x")], timestamp=now)
     assert producer.flush(10) == 0
-    assert stored(tansu, topic) == [b"v0", b"v1", b"v2", b"v3"]
+    assert stored(upstream, topic) == [b"v0", b"v1", b"v2", b"v3"]
 
     out = replay(config, topic, "--skip-stored")
     assert (
@@ -353,14 +347,14 @@ def test_skip_stored_leaves_out_records_already_in_the_partition(
     assert f"{partly.id} {topic}-0: 1 of 2 records already stored, left out\n" in out, out
     assert f"{partly.id} {topic}-0: passes now, 1 record replayed to" in out, out
     assert "2 replayed (1 record), 0 still failing, 0 replayed earlier" in out, out
-    assert stored(tansu, topic) == [b"v0", b"v1", b"v2", b"v3", b"v3"]
+    assert stored(upstream, topic) == [b"v0", b"v1", b"v2", b"v3", b"v3"]
     assert sorted((journal_dir / "replayed.ids").read_text().split()) == sorted(
         [written_before.id, partly.id]
     )
 
 
 def test_a_batch_journaled_again_by_a_client_retry_is_written_once(
-    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+    upstream: Upstream, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A client that retries a refused batch (a retriable answer: the legacy code of Produce
     v0-v2, or a connection lost before the answer) sends the same bytes, and each refusal is an
@@ -386,14 +380,14 @@ def test_a_batch_journaled_again_by_a_client_retry_is_written_once(
     segment.write_bytes(
         b"".join(encode_entry(e.to_metadata(), e.records) for e in (first, retry, other))
     )
-    config = relaxed_config(tmp_path, tansu, journal_dir)
+    config = relaxed_config(tmp_path, upstream, journal_dir)
     out = replay(config, topic)
     assert f"{first.id} {topic}-0: passes now, 1 record replayed to" in out, out
     assert f"{retry.id} {topic}-0: the same records as entry {first.id}, replayed already" in out, (
         out
     )
     assert "2 replayed (2 records), 0 still failing, 0 replayed earlier, 1 the same" in out, out
-    assert stored(tansu, topic) == [b"bad", b"bad"]  # `first` and `other`: two sends
+    assert stored(upstream, topic) == [b"bad", b"bad"]  # `first` and `other`: two sends
 
     # the same batch refused once more, journaled after the replay: still written once
     late = new_entry(
@@ -403,4 +397,4 @@ def test_a_batch_journaled_again_by_a_client_retry_is_written_once(
         out_file.write(encode_entry(late.to_metadata(), late.records))
     again = replay(config, topic)
     assert f"{late.id} {topic}-0: the same records as entry {first.id}" in again, again
-    assert stored(tansu, topic) == [b"bad", b"bad"]
+    assert stored(upstream, topic) == [b"bad", b"bad"]

@@ -24,7 +24,6 @@ from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, Proto
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from proxy.quarantine import JournalReader
-from tests.harness import Broker
 from tests.harness.clients import consume
 from tests.harness.metrics import scrape, value
 from tests.harness.produce import batch, produce, record_errors, stored
@@ -32,6 +31,7 @@ from tests.harness.protobuf_messages import Order
 from tests.harness.proxy import run_proxy
 from tests.harness.quarantine import journal_settings
 from tests.harness.schema_registry import TestRegistry
+from tests.harness.upstream import Upstream
 
 INVALID_RECORD = 87
 REQUEST_TIMED_OUT = 7
@@ -48,6 +48,8 @@ ORDER_JSON = {
     "properties": {"id": {"type": "string"}, "amount": {"type": "integer"}},
     "required": ["id", "amount"],
 }
+
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 @pytest.fixture
@@ -90,7 +92,7 @@ def _send(bootstrap: str, topic: str, values: list[bytes]) -> list[Any]:
 
 @pytest.mark.parametrize("fmt", ["avro", "json", "protobuf"])
 def test_confluent_serializers_produce_through_the_proxy_and_read_back(
-    tansu: Broker, make_topic: Any, registry: TestRegistry, fmt: str
+    upstream: Upstream, make_topic: Any, registry: TestRegistry, fmt: str
 ) -> None:
     topic = make_topic(1)
     client = SchemaRegistryClient({"url": registry.url})
@@ -112,7 +114,7 @@ def test_confluent_serializers_produce_through_the_proxy_and_read_back(
         values = [Order(id="a"), Order(id="b")]
     framed = [serializer(item, context) for item in values]
     with run_proxy(
-        tansu.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
+        upstream.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
     ) as proxy:
         assert _send(proxy.bootstrap, topic, framed) == [None, None]
         got = consume(proxy.bootstrap, topic, partitions=1)[0]
@@ -127,7 +129,7 @@ def test_confluent_serializers_produce_through_the_proxy_and_read_back(
 
 
 def test_each_bad_record_is_named_with_its_reason(
-    tansu: Broker, make_topic: Any, registry: TestRegistry
+    upstream: Upstream, make_topic: Any, registry: TestRegistry
 ) -> None:
     topic = make_topic(1)
     good_id = registry.register(f"{topic}-value", json.dumps(ORDER_AVRO))
@@ -143,7 +145,7 @@ def test_each_bad_record_is_named_with_its_reason(
         None,  # a null value on a topic that is not compacted
     ]
     with run_proxy(
-        tansu.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
+        upstream.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
     ) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(*values))])
         librdkafka = _send(proxy.bootstrap, topic, [_framed(99, b"")])
@@ -158,12 +160,12 @@ def test_each_bad_record_is_named_with_its_reason(
         (6, "no schema id: the value is null"),
     ]
     assert librdkafka[0] is not None and librdkafka[0].code() == KafkaError.INVALID_RECORD
-    assert stored(tansu, topic) == []
+    assert stored(upstream, topic) == []
 
 
 @pytest.mark.parametrize("fmt", ["json", "protobuf"])
 def test_a_payload_that_does_not_match_its_schema(
-    tansu: Broker, make_topic: Any, registry: TestRegistry, fmt: str
+    upstream: Upstream, make_topic: Any, registry: TestRegistry, fmt: str
 ) -> None:
     topic = make_topic(1)
     client = SchemaRegistryClient({"url": registry.url})
@@ -179,7 +181,7 @@ def test_a_payload_that_does_not_match_its_schema(
         bad = good[:7] + b"\x0a\x05ab"  # field 1 claims 5 bytes, 2 follow
         reason = "Error parsing message"
     with run_proxy(
-        tansu.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
+        upstream.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
     ) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(good, bad))])
     ((index, message),) = record_errors(answers[(topic, 0)])
@@ -190,18 +192,18 @@ def test_a_payload_that_does_not_match_its_schema(
 
 
 def test_tombstones_pass_on_a_compacted_topic(
-    tansu: Broker, make_topic: Any, registry: TestRegistry
+    upstream: Upstream, make_topic: Any, registry: TestRegistry
 ) -> None:
     topic = make_topic(1, {"cleanup.policy": "compact"})
     good_id = registry.register(f"{topic}-value", json.dumps(ORDER_AVRO))
     with run_proxy(
-        tansu.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
+        upstream.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
     ) as proxy:
         answers = produce(
             proxy.host, proxy.port, 9, [(topic, 0, batch(_framed(good_id, b"\x02a\x0a"), None))]
         )
     assert answers[(topic, 0)].error_code == 0
-    assert stored(tansu, topic) == [_framed(good_id, b"\x02a\x0a"), None]
+    assert stored(upstream, topic) == [_framed(good_id, b"\x02a\x0a"), None]
 
 
 # ---- the registry in trouble ----
@@ -209,7 +211,7 @@ def test_tombstones_pass_on_a_compacted_topic(
 
 @pytest.mark.parametrize("fail", ["down", "slow", "error500", "garbage"])
 def test_an_unavailable_registry_is_a_retriable_refusal_or_lets_through(
-    tansu: Broker, make_topic: Any, registry: TestRegistry, fail: str
+    upstream: Upstream, make_topic: Any, registry: TestRegistry, fail: str
 ) -> None:
     topic = make_topic(1)
     good_id = registry.register(f"{topic}-value", json.dumps(ORDER_AVRO))
@@ -217,21 +219,21 @@ def test_an_unavailable_registry_is_a_retriable_refusal_or_lets_through(
     registry.slow_s = 2.0
     registry.fail = fail
     section = _registry_section(registry)
-    with run_proxy(tansu.bootstrap, topics=_rules(topic), schema_registry=section) as proxy:
+    with run_proxy(upstream.bootstrap, topics=_rules(topic), schema_registry=section) as proxy:
         refused = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(record))])
         samples = scrape(proxy)
     with run_proxy(
-        tansu.bootstrap, topics=_rules(topic), schema_registry={**section, "on_error": "accept"}
+        upstream.bootstrap, topics=_rules(topic), schema_registry={**section, "on_error": "accept"}
     ) as proxy:
         let_through = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(record))])
     assert refused[(topic, 0)].error_code == REQUEST_TIMED_OUT
     assert let_through[(topic, 0)].error_code == 0
-    assert stored(tansu, topic) == [record]
+    assert stored(upstream, topic) == [record]
     assert value(samples, "kvproxy_schema_lookups_total", outcome="unavailable") == 1
 
 
 def test_a_short_outage_delays_records_and_loses_none(
-    tansu: Broker, make_topic: Any, registry: TestRegistry, tmp_path: Any
+    upstream: Upstream, make_topic: Any, registry: TestRegistry, tmp_path: Any
 ) -> None:
     topic = make_topic(1)
     good_id = registry.register(f"{topic}-value", json.dumps(ORDER_AVRO))
@@ -240,7 +242,7 @@ def test_a_short_outage_delays_records_and_loses_none(
     journal = tmp_path / "journal"
     section = _registry_section(registry, negative_cache_ttl_ms=200)
     with run_proxy(
-        tansu.bootstrap,
+        upstream.bootstrap,
         topics=_rules(topic),
         schema_registry=section,
         quarantine=journal_settings(journal),
@@ -253,7 +255,7 @@ def test_a_short_outage_delays_records_and_loses_none(
         assert proxy.server.journal is not None and proxy.server.journal.flush(10)
     assert delivered is None
     assert refused is not None and refused.code() == KafkaError.INVALID_RECORD
-    assert stored(tansu, topic) == [record]
+    assert stored(upstream, topic) == [record]
     assert value(samples, "kvproxy_schema_lookups_total", outcome="unavailable") >= 1
     assert value(samples, "kvproxy_schema_lookups_total", outcome="found") == 1
     # what was refused for the outage comes again and is not kept; the unknown id is
@@ -262,7 +264,7 @@ def test_a_short_outage_delays_records_and_loses_none(
 
 
 def test_a_slow_registry_holds_only_the_requests_that_need_it(
-    tansu: Broker, make_topic: Any, registry: TestRegistry
+    upstream: Upstream, make_topic: Any, registry: TestRegistry
 ) -> None:
     checked, plain = make_topic(1), make_topic(1)
     good_id = registry.register(f"{checked}-value", json.dumps(ORDER_AVRO))
@@ -275,7 +277,7 @@ def test_a_slow_registry_holds_only_the_requests_that_need_it(
         finished[name] = time.monotonic()
 
     section = _registry_section(registry, timeout_ms=3000)
-    with run_proxy(tansu.bootstrap, topics=_rules(checked), schema_registry=section) as proxy:
+    with run_proxy(upstream.bootstrap, topics=_rules(checked), schema_registry=section) as proxy:
         waiting = threading.Thread(
             target=send, args=("checked", checked, _framed(good_id, b"\x02a\x0a"))
         )
@@ -284,11 +286,11 @@ def test_a_slow_registry_holds_only_the_requests_that_need_it(
         send("plain", plain, b"no schema here")
         waiting.join(10)
     assert finished["plain"] < finished["checked"]
-    assert stored(tansu, plain) == [b"no schema here"]
+    assert stored(upstream, plain) == [b"no schema here"]
 
 
 def test_many_clients_one_lookup_per_id(
-    tansu: Broker, make_topic: Any, registry: TestRegistry
+    upstream: Upstream, make_topic: Any, registry: TestRegistry
 ) -> None:
     topic = make_topic(1)
     good_id = registry.register(f"{topic}-value", json.dumps(ORDER_AVRO))
@@ -296,7 +298,7 @@ def test_many_clients_one_lookup_per_id(
     registry.fail = "slow"  # every client arrives while the first lookup is under way
     record = _framed(good_id, b"\x02a\x0a")
     with run_proxy(
-        tansu.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
+        upstream.bootstrap, topics=_rules(topic), schema_registry=_registry_section(registry)
     ) as proxy:
         answers: list[Any] = []
         threads = [
