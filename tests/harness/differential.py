@@ -23,18 +23,13 @@ import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
-
-from protocol.compression import compress, decompress
-from protocol.errors import ProtocolError
 from protocol.messages import PRODUCE, decode_response
-from tests.harness.differential_cases import Case
+from tests.harness.differential_cases import Case, adjust
 from tests.harness.fuzz import produce_request
 from tests.harness.raw_client import (
     RawClientError,
@@ -95,69 +90,6 @@ class Producers:
                 self.original[self._next] = producer_id
                 self._next += 1
             return self._ids[key]
-
-
-def adjust(records: bytes, shift_ms: int, renumber: Any) -> bytes:
-    """`records` with timestamps moved by `shift_ms` (magic 2 batches, magic 1 messages and the
-    messages inside a magic 1 wrapper) and producer ids renumbered; a CRC that was valid is
-    made valid again, a stale one stays stale. Bytes that do not parse are left as they are."""
-    out = []
-    start = 0
-    while start + 17 <= len(records):
-        (length,) = struct.unpack_from(">i", records, start + 8)
-        end = start + 12 + length
-        magic = records[start + 16]
-        if end > len(records) or length < 14 or magic > 2 or (magic == 2 and length < 49):
-            break
-        piece = records[start:end]
-        if magic == 2:
-            piece = _batch(piece, shift_ms, renumber)
-        elif magic == 1 and shift_ms:
-            piece = _legacy(piece, shift_ms)
-        out.append(piece)
-        start = end
-    return b"".join(out) + records[start:]
-
-
-def _batch(batch: bytes, shift_ms: int, renumber: Any) -> bytes:
-    buf = bytearray(batch)
-    crc_valid = struct.unpack_from(">I", buf, 17)[0] == crc32c.crc32c(bytes(buf[21:]))
-    for position in (27, 35):
-        (stamp,) = struct.unpack_from(">q", buf, position)
-        if stamp >= 0 and shift_ms:
-            struct.pack_into(">q", buf, position, stamp + shift_ms)
-    (producer_id,) = struct.unpack_from(">q", buf, 43)
-    if producer_id >= 0:
-        struct.pack_into(">q", buf, 43, renumber(producer_id))
-    if crc_valid:
-        struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
-    return bytes(buf)
-
-
-def _legacy(message: bytes, shift_ms: int) -> bytes:
-    """A magic 1 message (log header included) with its timestamp moved, and a wrapper's inner
-    messages with theirs (decompressed, moved, compressed again)."""
-    try:
-        offset, _, crc = struct.unpack_from(">qiI", message)
-        body = bytearray(message[16:])  # magic, attributes, timestamp, key, value
-        crc_valid = zlib.crc32(body) == crc
-        (stamp,) = struct.unpack_from(">q", body, 2)
-        if stamp >= 0:
-            struct.pack_into(">q", body, 2, stamp + shift_ms)
-        codec = body[1] & 0x07
-        if codec:
-            (key_length,) = struct.unpack_from(">i", body, 10)
-            position = 14 + max(key_length, 0)
-            (value_length,) = struct.unpack_from(">i", body, position)
-            value = bytes(body[position + 4 : position + 4 + value_length])
-            inner = adjust(bytes(decompress(codec, value)), shift_ms, lambda pid: pid)
-            value = compress(codec, inner)
-            body = body[:position] + struct.pack(">i", len(value)) + value
-        if crc_valid:
-            crc = zlib.crc32(body)
-        return struct.pack(">qiI", offset, len(body) + 4, crc) + bytes(body)
-    except (ProtocolError, struct.error):
-        return message
 
 
 def _normalise(text: str | None, producers: Producers) -> str | None:
@@ -411,7 +343,7 @@ KNOWN_DIFFERENCES: tuple[Known, ...] = (
     ),
     Known(
         "Bytes after the last complete batch",
-        ("made/truncated", "made/length-long", "made/header-only"),
+        ("made/truncated", "made/length-long", "made/header-only", "mutated/9"),
         direct=frozenset({0}),
         proxied=2,
         produce=LEGACY,
@@ -428,6 +360,64 @@ KNOWN_DIFFERENCES: tuple[Known, ...] = (
         "A compressed payload that does not decompress",
         ("made/length-20",),
         direct=frozenset({-1}),
+        proxied=2,
+        produce=LEGACY,
+        kafka=frozenset({"3.9.2"}),
+    ),
+    Known(
+        "An unknown compression codec id",
+        ("mutated/34", "mutated/45"),
+        direct=frozenset({87}),
+        proxied=2,
+        produce=V3_PLUS,
+    ),
+    Known(
+        "An unknown compression codec id",
+        ("mutated/34", "mutated/45"),
+        direct=frozenset({-1}),
+        proxied=2,
+        produce=LEGACY,
+        kafka=frozenset({"3.9.2"}),
+    ),
+    Known(
+        "An unknown compression codec id",
+        ("mutated/58",),
+        direct=frozenset({53}),
+        proxied=2,
+    ),
+    Known(
+        "A batch length near 2^31",
+        ("mutated/28",),
+        direct=frozenset({-1}),
+        proxied=87,
+        produce=V3_PLUS,
+    ),
+    Known(
+        "A batch length near 2^31",
+        ("mutated/28",),
+        direct=frozenset({-1}),
+        proxied=2,
+        produce=LEGACY,
+        kafka=frozenset({"3.9.2"}),
+    ),
+    Known(
+        "More records than limits.max_records_per_request",
+        ("mutated/35",),
+        direct=frozenset({87}),
+        proxied=10,
+    ),
+    Known(
+        "Timestamps near Long.MIN_VALUE",
+        ("mutated/55",),
+        direct=frozenset({0}),
+        proxied=32,
+        produce=V3_PLUS,
+        kafka=frozenset({"3.9.2"}),
+    ),
+    Known(
+        "Timestamps near Long.MIN_VALUE",
+        ("mutated/55",),
+        direct=frozenset({0}),
         proxied=2,
         produce=LEGACY,
         kafka=frozenset({"3.9.2"}),

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,8 @@ from typing import Any
 import crc32c
 import pytest
 
-from protocol.compression import Codec, compress
+from protocol.compression import Codec, compress, decompress
+from protocol.errors import ProtocolError
 from protocol.messages import PRODUCE, decode_request
 from protocol.records import build_batch
 from tests.harness import fuzz
@@ -71,6 +74,72 @@ class Case:
 
 def settings_of(**configs: object) -> Settings:
     return tuple(sorted((name.replace("_", "."), str(value)) for name, value in configs.items()))
+
+
+# ---- what is sent: timestamps on the broker's clock, producer ids of their own -----------
+
+
+def adjust(records: bytes, shift_ms: int, renumber: Any) -> bytes:
+    """`records` with timestamps moved by `shift_ms` (magic 2 batches, magic 1 messages and the
+    messages inside a magic 1 wrapper) and producer ids renumbered; a CRC that was valid is
+    made valid again, a stale one stays stale. Bytes that do not parse are left as they are."""
+    out = []
+    start = 0
+    while start + 17 <= len(records):
+        (length,) = struct.unpack_from(">i", records, start + 8)
+        end = start + 12 + length
+        magic = records[start + 16]
+        if end > len(records) or length < 14 or magic > 2 or (magic == 2 and length < 49):
+            break
+        piece = records[start:end]
+        if magic == 2:
+            piece = _batch(piece, shift_ms, renumber)
+        elif magic == 1 and shift_ms:
+            piece = _legacy(piece, shift_ms)
+        out.append(piece)
+        start = end
+    return b"".join(out) + records[start:]
+
+
+def _batch(batch: bytes, shift_ms: int, renumber: Any) -> bytes:
+    buf = bytearray(batch)
+    crc_valid = struct.unpack_from(">I", buf, 17)[0] == crc32c.crc32c(bytes(buf[21:]))
+    for position in (27, 35):
+        (stamp,) = struct.unpack_from(">q", buf, position)
+        if stamp >= 0 and shift_ms:
+            struct.pack_into(">q", buf, position, stamp + shift_ms)
+    (producer_id,) = struct.unpack_from(">q", buf, 43)
+    if producer_id >= 0:
+        struct.pack_into(">q", buf, 43, renumber(producer_id))
+    if crc_valid:
+        struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
+    return bytes(buf)
+
+
+def _legacy(message: bytes, shift_ms: int) -> bytes:
+    """A magic 1 message (log header included) with its timestamp moved, and a wrapper's inner
+    messages with theirs (decompressed, moved, compressed again)."""
+    try:
+        offset, _, crc = struct.unpack_from(">qiI", message)
+        body = bytearray(message[16:])  # magic, attributes, timestamp, key, value
+        crc_valid = zlib.crc32(body) == crc
+        (stamp,) = struct.unpack_from(">q", body, 2)
+        if stamp >= 0:
+            struct.pack_into(">q", body, 2, stamp + shift_ms)
+        codec = body[1] & 0x07
+        if codec:
+            (key_length,) = struct.unpack_from(">i", body, 10)
+            position = 14 + max(key_length, 0)
+            (value_length,) = struct.unpack_from(">i", body, position)
+            value = bytes(body[position + 4 : position + 4 + value_length])
+            inner = adjust(bytes(decompress(codec, value)), shift_ms, lambda pid: pid)
+            value = compress(codec, inner)
+            body = body[:position] + struct.pack(">i", len(value)) + value
+        if crc_valid:
+            crc = zlib.crc32(body)
+        return struct.pack(">qiI", offset, len(body) + 4, crc) + bytes(body)
+    except (ProtocolError, struct.error):
+        return message
 
 
 # ---- the port, captured -------------------------------------------------------------------------
@@ -193,6 +262,30 @@ def corpus_cases() -> list[Case]:
                     )
                 )
     return cases
+
+
+MUTATIONS = 80
+"""Corpus batches with one header field changed by the fuzzer (`fuzz.batch_field`)."""
+
+
+def mutated_cases(count: int = MUTATIONS, seed: int = 27) -> list[Case]:
+    """Produce requests of the corpus with one batch header field changed (magic, attributes,
+    base offset, lengths, counts, producer fields; the CRC mostly recomputed), acks=-1."""
+    rng = random.Random(seed)
+    seeds = [p for p in fuzz.corpus() if decode_request(p).header.api_key == PRODUCE]
+    cases: list[Case] = []
+    while len(cases) < count:
+        payload = fuzz.batch_field(rng, rng.choice(seeds))
+        try:
+            request = decode_request(payload)
+        except ProtocolError:
+            continue
+        for topic in request.body.topic_data:
+            for part in topic.partition_data:
+                name = f"mutated/{len(cases)}"
+                records = None if part.records is None else bytes(part.records)
+                cases.append(Case(name=name, records=records, group=name))
+    return cases[:count]
 
 
 # ---- corrupt batches made here ------------------------------------------------------------------
@@ -378,7 +471,7 @@ def all_cases(work: Path) -> list[Case]:
     records to topics with the same settings: the proxy's checks are the default ones here)."""
     cases: list[Case] = []
     seen: set[tuple[object, ...]] = set()
-    for case in (*port_cases(work), *corpus_cases(), *made_cases()):
+    for case in (*port_cases(work), *corpus_cases(), *made_cases(), *mutated_cases()):
         key = (case.records, case.settings, case.clock_ms, case.acks)
         if _stateless(case) and case.name.startswith("port/"):
             if key in seen:
