@@ -1,12 +1,9 @@
-"""Produce answers of the validation engine, seen by a raw client, with Tansu and with Apache
-Kafka as the upstream.
-
+"""Produce answers of the validation engine, seen by a raw client, Tansu and Apache Kafka behind.
 Each request is built with the project codec (`protocol.messages`, kio's request classes) and
 `protocol.records.build_batch`, sent through kvproxy, and the decoded answer is checked field by
 field (error_code, error_message, record_errors). What reached the broker is read back with a Fetch
-sent straight to the broker, so "nothing stored" means the broker's log really is empty.
-
-The request and read-back helpers are `tests/harness/produce.py`'s.
+sent straight to the broker, so "nothing stored" means the broker's log really is empty
+(helpers: `tests/harness/produce.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from protocol.messages import PRODUCE, decode_response
 from tests.harness.produce import (
     ANOTHER_PARTITION,
-    CLIENT_ID,
     CORRUPT_MESSAGE,
     INVALID_RECORD,
     JSON_ONLY,
@@ -37,11 +33,11 @@ from tests.harness.produce import (
 )
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
+from tests.harness.transactions import init_producer_id
 from tests.harness.upstream import Upstream
 
 pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
-COORDINATOR_NOT_READY = {14, 15, 16}  # load in progress, not available, not the coordinator
 
 # ---- corrupt batches: the proxy refuses what Tansu would store and Kafka refuses too ----
 
@@ -68,13 +64,10 @@ def test_flipped_byte_is_corrupt_message_through_the_proxy_and_on_kafka_stored_b
 
     # The very same bytes straight to the broker: Kafka answers as the proxy did; Tansu does not
     # check the CRC and stores them.
-    direct = produce(upstream.host, upstream.port, 9, [(topic, 0, corrupt)])
-    if upstream.is_kafka:
-        assert direct[(topic, 0)].error_code == CORRUPT_MESSAGE
-        assert stored(upstream, topic, 0) == []
-    else:
-        assert direct[(topic, 0)].error_code == 0
-        assert stored(upstream, topic, 0) == [b"payload-with-a-flipped-byt" + b"d"]
+    direct = produce(upstream.host, upstream.port, 9, [(topic, 0, corrupt)])[(topic, 0)]
+    flipped = [b"payload-with-a-flipped-byt" + b"d"]
+    expected = (CORRUPT_MESSAGE, []) if upstream.is_kafka else (0, flipped)
+    assert (direct.error_code, stored(upstream, topic, 0)) == expected
 
 
 # ---- null key on a compacted topic (compaction discovered with DescribeConfigs) ----
@@ -440,34 +433,6 @@ def test_message_format_min_magic_on_produce_v2_is_legacy_corrupt_message(
         answers = produce(proxy.host, proxy.port, 2, [(topic, 0, batch(b"old", magic=1))])
     assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE
     assert stored(upstream, topic) == []
-
-
-def init_producer_id(upstream: Upstream, transactional_id: str) -> tuple[int, int]:
-    """InitProducerId v3 straight to the broker (each call for the same id bumps the epoch)."""
-    client_id, tid = CLIENT_ID.encode(), transactional_id.encode()
-    request = (
-        struct.pack(">hhih", 22, 3, 5, len(client_id))
-        + client_id
-        + b"\x00"  # header tagged fields
-        + bytes([len(tid) + 1])
-        + tid
-        + struct.pack(">iqh", 60_000, -1, -1)
-        + b"\x00"
-    )
-    # FindCoordinator first, as clients do: it makes Kafka create and load __transaction_state
-    find = struct.pack(">hhih", 10, 1, 6, len(client_id)) + client_id
-    find += struct.pack(">h", len(tid)) + tid + b"\x01"  # key type 1: transaction
-    deadline = time.monotonic() + 30
-    while True:  # asked again until the coordinator has loaded
-        with RawKafkaClient(upstream.host, upstream.port) as client:
-            client.request(find)
-            answer = client.request(request)
-        _throttle, error, producer_id, epoch = struct.unpack_from(">ihqh", answer, 5)
-        if error not in COORDINATOR_NOT_READY or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert error == 0, error
-    return producer_id, epoch
 
 
 def test_producer_state_sequence_gap_and_epoch_regression(

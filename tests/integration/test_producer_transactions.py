@@ -26,11 +26,8 @@ What Tansu 0.6 does with an aiokafka 0.14 transactional producer (aiokafka's req
 from __future__ import annotations
 
 import asyncio
-import struct
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -39,7 +36,6 @@ from aiokafka.errors import OutOfOrderSequenceNumber, ProducerFenced, UnknownErr
 from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.structs import TopicPartition
 
-from pipeline.live import LiveRange, fetch_batches
 from producer.compat import (
     BrokerError,
     InitProducerIdRequest,
@@ -49,11 +45,10 @@ from producer.compat import (
 from producer.errors import Classification, CommitFailedError, classify
 from producer.transactions import Transaction, TransactionOver, run_transaction
 from protocol.error_codes import INVALID_RECORD
-from protocol.records import RecordBatch, read_batch
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.transactions import ABORT, COMMIT, log_of
 from tests.harness.upstream import Upstream
 
-COMMIT, ABORT = "COMMIT", "ABORT"
 TIMEOUT = 30
 
 pytestmark = pytest.mark.upstreams("tansu", "kafka")
@@ -78,46 +73,6 @@ async def started_producer(bootstrap: str, txn_id: str | None = None) -> AIOKafk
     async with asyncio.timeout(TIMEOUT):
         await producer.start()
     return producer
-
-
-def stored(broker: Upstream, topic: str, partition: int = 0) -> list[RecordBatch]:
-    """Every batch the broker stored for the partition, control batches included."""
-    everything = LiveRange(
-        (broker.bootstrap,), topic, partition, broker.bootstrap, 0, 2**62, 0, 2**62
-    )
-    return [read_batch(raw)[0] for raw in fetch_batches(everything)]
-
-
-def marker(batch: RecordBatch) -> str:
-    """COMMIT or ABORT: a control record's key is (version int16, type int16)."""
-    (record,) = list(batch.records())
-    assert record.key is not None
-    _, kind = struct.unpack(">hh", bytes(record.key))
-    return {0: ABORT, 1: COMMIT}[kind]
-
-
-def log_of(broker: Upstream, topic: str, partition: int = 0) -> list[tuple[Any, ...]]:
-    """The stored log as (producer id, epoch, marker or the records' values). Kafka writes the
-    markers after EndTxn has been answered: there, asked until the log ends with one."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        entries = _log_of(broker, topic, partition)
-        ended = bool(entries) and entries[-1][2] in (COMMIT, ABORT)
-        if broker.is_tansu or ended or time.monotonic() > deadline:
-            return entries
-        time.sleep(0.05)
-
-
-def _log_of(broker: Upstream, topic: str, partition: int) -> list[tuple[Any, ...]]:
-    entries: list[tuple[Any, ...]] = []
-    for batch in stored(broker, topic, partition):
-        assert batch.is_transactional
-        if batch.is_control:
-            entries.append((batch.producer_id, batch.producer_epoch, marker(batch)))
-        else:
-            values = [bytes(r.value) if r.value is not None else None for r in batch.records()]
-            entries.append((batch.producer_id, batch.producer_epoch, values))
-    return entries
 
 
 async def read_committed(
