@@ -532,7 +532,7 @@ def test_the_document_names_the_client_versions(stage: Stage) -> None:
         f"confluent-kafka {confluent_kafka.__version__} (librdkafka {bundled})",
         f"kcat {kcat_version} (on librdkafka {bundled}, and on\nDebian 12's librdkafka "
         f"{system_librdkafka})",
-        f"kafka-python {kafka.__version__}, aiokafka {aiokafka.__version__}.",
+        f"kafka-python {kafka.__version__}, aiokafka {aiokafka.__version__}, and the Java client",
     )
 
 

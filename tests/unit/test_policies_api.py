@@ -91,14 +91,18 @@ def test_parse_records_renumbers_across_batches() -> None:
     assert p.topic_partition == "t-0"
 
 
-@pytest.mark.parametrize("raw", [b"\x00" * 8 + b"\x00\x00\x00\x50" + b"\x05" * 80, b"x" * 200])
-def test_parse_records_garbage_is_corrupt_message(raw: bytes) -> None:
+@pytest.mark.parametrize(
+    ("raw", "magic"),
+    [(b"\x00" * 8 + b"\x00\x00\x00\x50" + b"\x05" * 80, 5), (b"x" * 200, ord("x"))],
+)
+def test_parse_records_garbage_is_corrupt_message(raw: bytes, magic: int) -> None:
+    """In Kafka's words (its batch reader's InvalidRecordException, read as CORRUPT_MESSAGE)."""
     verdict = parse_records(
         "t", 3, raw, produce_version=9, acks=1, transactional_id=None, compacted=None, now_ms=NOW
     )
     assert isinstance(verdict, Verdict)
     assert verdict.code == 2 and verdict.policy == "batch_integrity"
-    assert "t-3" in (verdict.message or "")
+    assert verdict.message == f"Invalid magic found in record: {magic}"
 
 
 @pytest.mark.parametrize("cut", [b"garbage", b"\x00" * 11, build_batch(records(3))[:-5]])
