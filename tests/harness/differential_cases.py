@@ -31,6 +31,7 @@ from protocol.errors import ProtocolError
 from protocol.messages import PRODUCE, decode_request
 from protocol.records import build_batch
 from tests.harness import fuzz
+from tests.harness.fuzz import encode_varint as _varint
 from tests.harness.kafka_parity import (
     ATTRIBUTES,
     BASE_SEQUENCE,
@@ -399,19 +400,6 @@ def _made() -> Iterator[tuple[str, bytes | None, Mapping[str, object], dict[str,
     yield "acks-0-bad-crc", _flip(raw, len(raw) - 2), plain, {"acks": 0}
     yield "acks-0-null-key-compacted", _three(key=None), {"cleanup.policy": "compact"}, {"acks": 0}
     yield "acks-1-bad-crc", _flip(raw, len(raw) - 2), plain, {"acks": 1}
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _varint(value: int) -> bytes:
-    return _uvarint((value << 1) ^ (value >> 63))
 
 
 def _odd_records() -> Iterator[tuple[str, bytes]]:

@@ -225,7 +225,7 @@ def corpus() -> tuple[bytes, ...]:
 # ---- bombs -------------------------------------------------------------------------------------
 
 
-def _uvarint(value: int) -> bytes:
+def encode_uvarint(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -234,8 +234,8 @@ def _uvarint(value: int) -> bytes:
     return bytes(out)
 
 
-def _varint(value: int) -> bytes:
-    return _uvarint((value << 1) ^ (value >> 63))
+def encode_varint(value: int) -> bytes:
+    return encode_uvarint((value << 1) ^ (value >> 63))
 
 
 def bomb_batch(codec: Codec, expanded: int) -> bytes:
@@ -246,10 +246,11 @@ def bomb_batch(codec: Codec, expanded: int) -> bytes:
     its expansion in memory (zstd and gzip; lz4 and snappy are built whole, and are larger).
     """
     key = b"bomb"
-    body = b"\x00" + _varint(0) + _varint(0) + _varint(len(key)) + key + _varint(expanded)
-    tail = _varint(0)  # no headers
+    header = b"\x00" + encode_varint(0) + encode_varint(0)  # attributes and two deltas
+    body = header + encode_varint(len(key)) + key + encode_varint(expanded)
+    tail = encode_varint(0)  # no headers
     length = len(body) + expanded + len(tail)
-    head = _varint(length) + body
+    head = encode_varint(length) + body
     if codec in (Codec.ZSTD, Codec.GZIP):
         compressor = (cramjam.zstd if codec is Codec.ZSTD else cramjam.gzip).Compressor()
         compressor.compress(head)
@@ -460,8 +461,8 @@ def varint(rng: random.Random, payload: bytes) -> bytes:
     encoded = (
         b"\x80" * rng.randint(5, 12) + b"\x01",
         b"\xff" * rng.randint(4, 10) + b"\x7f",
-        _varint(rng.choice((-1, -2, 2**31 - 1, -(2**31), 2**62))),
-        _uvarint(rng.choice((0, 1, 2**32 - 1, 2**35, 0x7FFFFFFF))),
+        encode_varint(rng.choice((-1, -2, 2**31 - 1, -(2**31), 2**62))),
+        encode_uvarint(rng.choice((0, 1, 2**32 - 1, 2**35, 0x7FFFFFFF))),
     )[choice]
     if spans and rng.random() < 0.7:
         span = rng.choice(spans)
