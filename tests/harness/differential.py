@@ -45,6 +45,11 @@ TRANSIENT = frozenset({5, 6, 7, 8})
 """LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, BROKER_NOT_AVAILABLE: a
 broker too busy for a moment (a loaded machine), never an answer about the records. A case
 answered so either way is sent again (both ways)."""
+UNVERIFIED_TRANSACTION = frozenset({19, 49})
+"""What Kafka answers a transactional batch whose partition it cannot verify in a transaction:
+NOT_ENOUGH_REPLICAS while its transaction coordinator is not reachable yet, then
+INVALID_PRODUCER_ID_MAPPING. When the two sends meet the coordinator in different states and get
+one each, both answers are the broker's own (the proxy forwarded the batch): sent again."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +232,14 @@ def _run_shard(
                 )
                 for route in routes
             )
-            busy = direct.code in TRANSIENT or proxied.code in TRANSIENT
+            busy = (
+                direct.code in TRANSIENT
+                or proxied.code in TRANSIENT
+                or (
+                    direct.code != proxied.code
+                    and {direct.code, proxied.code} <= UNVERIFIED_TRANSACTION
+                )
+            )
             if not busy or time.monotonic() > deadline:
                 break
             time.sleep(0.2)  # the broker is busy: ask again, as a client retries

@@ -20,7 +20,7 @@ import pytest
 
 from tests.harness.differential import Producers, Route, create_topics, run_cases, unexplained
 from tests.harness.differential_cases import Case, all_cases
-from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster
+from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.proxy import run_proxy
 
 PRODUCE_VERSIONS = {KAFKA_4: range(3, 13), KAFKA_3: range(12)}
@@ -39,22 +39,27 @@ class Setup:
     producers: Producers
 
 
+# Its own brokers (started once), so the whole module stays on one xdist worker.
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("kafka_differential")]
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
     return all_cases(tmp_path_factory.mktemp("differential"))
 
 
 @pytest.fixture(scope="module")
-def setups(request: pytest.FixtureRequest, cases: list[Case]) -> Iterator[Callable[[str], Setup]]:
-    """Per Kafka version (made on first use): a topic per case settings, a proxy in front."""
+def setups(cases: list[Case]) -> Iterator[Callable[[str], Setup]]:
+    """Per Kafka version (made on first use): a broker, a topic per case settings, a proxy in
+    front."""
     made: dict[str, Setup] = {}
     with contextlib.ExitStack() as stack:
 
         def setup(version: str) -> Setup:
             if version not in made:
-                cluster: KafkaCluster = request.getfixturevalue(
-                    "kafka" if version == KAFKA_4 else "kafka3"
-                )
+                # A broker of its own: how Kafka answers a transactional batch outside a
+                # transaction depends on what other tests' producers did on a shared one.
+                cluster: KafkaCluster = stack.enter_context(run_kafka(version))
                 settings = sorted({case.settings for case in cases})
                 if version == KAFKA_4:  # removed in 4.0 (KIP-1030)
                     drop = "message.timestamp.difference.max.ms"
