@@ -9,14 +9,13 @@ acknowledged against what a consumer reads back.
     tally = tally_of(producers, read_back(bootstrap, topic, 3))
     assert tally.lost == 0 and tally.duplicated == 0
 
-Records are numbered per producer (``ck-0000042``) and sent round-robin to every partition, so
-each value is unique and the partition of a kill gets its share. What a client learned of broker
-addresses is read from the client itself (librdkafka's statistics name every broker it knows;
-kafka-python's metadata) and from the answers the proxy sent (its tap).
-"""
+Values (``ck-0000042``) are unique per producer and spread over every partition. Broker addresses
+a client learned come from the client (librdkafka's statistics, kafka-python's metadata) and from
+the proxy's tap."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import sys
@@ -59,11 +58,8 @@ def wait_until(condition: Callable[[], T | None], what: str, timeout: float) -> 
         time.sleep(0.05)
 
 
-# ---- producers of numbered records ----
-
-
 @dataclass
-class Numbered:
+class Numbered(abc.ABC):
     """A producer thread sending `tag-NNNNNNN` to partition N mod `partitions`; what each record
     became is kept: acknowledged (with partition and offset) or failed (with the error)."""
 
@@ -124,18 +120,21 @@ class Numbered:
         unsettled = self.sent - len(self.acked) - len(self.failed)
         assert unsettled == 0, f"{self.tag}: {unsettled} records neither acknowledged nor failed"
 
+    @abc.abstractmethod
     def open(self) -> None:
-        raise NotImplementedError
+        """Make the client (in the producer's thread)."""
 
+    @abc.abstractmethod
     def send(self, value: bytes, partition: int) -> None:
-        raise NotImplementedError
+        """Hand one record to the client; acknowledgements arrive through callbacks."""
 
+    @abc.abstractmethod
     def finish(self, timeout: float) -> None:
-        raise NotImplementedError
+        """Wait up to `timeout` seconds until every record sent is settled."""
 
+    @abc.abstractmethod
     def broker_addresses(self) -> set[tuple[str, int]]:
         """Every broker address the client has known (bootstrap included)."""
-        raise NotImplementedError
 
 
 @dataclass
