@@ -143,22 +143,13 @@ def perf_command(
     )
 
 
-@dataclass
-class PerfRun:
+@dataclass(frozen=True)
+class PerfRun(PerfSummary):
     """One checked run of the tool, with the CPU the proxy, the broker and the tool spent."""
 
     side: str
     round: int
     topic: str
-    records: int
-    records_per_s: float
-    mb_per_s: float
-    avg_ms: float
-    max_ms: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    p999_ms: float
     wall_seconds: float
     proxy_cpu_s_per_gib: float | None
     broker_cpu_s_per_gib: float
