@@ -22,9 +22,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from protocol.messages import (
     DESCRIBE_CLUSTER,
@@ -35,6 +35,7 @@ from protocol.messages import (
     decode_response,
 )
 from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.processes import wait_until
 
 HOST = "127.0.0.1"
 DELIVERY_TIMEOUT_MS = 120_000
@@ -43,19 +44,6 @@ restart on a loaded machine, so a record fails only if something is really wrong
 PACE_S = 0.008
 """One record every 8 ms per producer: thousands of records in a run of 20-40 s."""
 NOT_LEADER_OR_FOLLOWER = 6
-T = TypeVar("T")
-
-
-def wait_until(condition: Callable[[], T | None], what: str, timeout: float) -> T:
-    """`condition()`'s first true result, asked every 50 ms for at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass
