@@ -39,11 +39,13 @@ from policies.builtin.base import (
 )
 from policies.chain import Mode, PolicyChain
 from policies.producer_state import ProducerStateTracker
-from policies.topic_patterns import PatternError, compile_pattern
+from policies.topic_names import NoSuchTopicPolicy
+from policies.topic_patterns import FirstMatch, PatternError, compile_pattern
 from protocol.topics import is_legal_topic_name
 
 __all__ = [
     "DEFAULT_DEFAULTS",
+    "MAX_TOPIC_RULES",
     "ConfigProblem",
     "KeyPath",
     "PolicyConfigError",
@@ -62,7 +64,11 @@ _DEFAULTS_KEYS = frozenset({"mode", "policies"})
 _TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies"})
 _CACHE_LIMIT = 10_000
 """Topics whose rule `TopicRouting` remembers, the least recently used dropped first. A name that
-cannot be a topic (`protocol.topics`) is matched each time and never kept: clients choose names."""
+cannot be a topic (`protocol.topics`) is never matched nor kept: clients choose names."""
+MAX_TOPIC_RULES = 10_000
+"""Entries `topics` may hold: a rule set past it (YAML aliases make one easily) is refused.
+Each rule builds its policies when the file is loaded, and a new topic name is matched against
+the patterns of all of them (`FirstMatch`: a few RE2 expressions, each linear in the name)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,11 @@ class TopicRouting:
         self.default = default
         self.producer_state = producer_state
         """The tracker every `producer_state` policy reads and feeds (`observe`)."""
+        self.no_such_topic = TopicRule(
+            None, Mode.ENFORCE, None, PolicyChain([NoSuchTopicPolicy()]), lambda _topic: False
+        )
+        """The rule of a name that cannot be a topic (`policies.topic_names`)."""
+        self._first_match = FirstMatch([rule.match or "" for rule in self.rules])
         self._cache: OrderedDict[str, TopicRule] = OrderedDict()
 
     @property
@@ -112,11 +123,13 @@ class TopicRouting:
         if rule is not None:
             self._cache.move_to_end(topic)
             return rule
-        rule = next((r for r in self.rules if r.matcher(topic)), self.default)
-        if is_legal_topic_name(topic):
-            self._cache[topic] = rule
-            if len(self._cache) > _CACHE_LIMIT:
-                self._cache.popitem(last=False)
+        if not is_legal_topic_name(topic):
+            return self.no_such_topic
+        index = self._first_match.index(topic)
+        rule = self.default if index is None else self.rules[index]
+        self._cache[topic] = rule
+        if len(self._cache) > _CACHE_LIMIT:
+            self._cache.popitem(last=False)
         return rule
 
     def chain_for(self, topic: str) -> PolicyChain:
@@ -137,6 +150,7 @@ class TopicRouting:
         return self.rule_for(topic).needs
 
     def all_rules(self) -> Iterator[TopicRule]:
+        """The configured rules and the defaults (not `no_such_topic`, which is fixed)."""
         yield from self.rules
         yield self.default
 
@@ -155,6 +169,7 @@ class TopicRouting:
     def close(self) -> None:
         for rule in self.all_rules():
             rule.chain.close()
+        self.no_such_topic.chain.close()
 
 
 def build_routing(
@@ -194,14 +209,20 @@ def build_routing(
                 rules.append(rule)
         if problems.found:
             raise PolicyConfigError(problems=problems.found)
+        try:
+            routing = TopicRouting(rules, default, _tracker(context))
+        except PatternError as exc:  # each pattern compiled alone: only all of them together
+            raise PolicyConfigError(problems=[ConfigProblem((), str(exc), ("topics",))]) from None
     except BaseException:
         for rule in built:
             rule.chain.close()
         raise
+    return routing
+
+
+def _tracker(context: PolicyContext) -> ProducerStateTracker:
     tracker = context.producer_state  # not `or`: an empty tracker is falsy (it has __len__)
-    if tracker is None:
-        tracker = ProducerStateTracker()
-    return TopicRouting(rules, default, tracker)
+    return ProducerStateTracker() if tracker is None else tracker
 
 
 def spelling_hint(key: object, known: Iterable[str]) -> str:
@@ -239,6 +260,14 @@ def _entries(topics: Any, problems: _Problems) -> Sequence[Any]:
         return ()
     if isinstance(topics, str | bytes) or not isinstance(topics, Sequence):
         problems.add((), f"topics must be a list, not {kind_of(topics)}", ("topics",))
+        return ()
+    if len(topics) > MAX_TOPIC_RULES:
+        problems.add(
+            (),
+            f"topics has {len(topics):,} rules, more than the {MAX_TOPIC_RULES:,} allowed "
+            "(YAML aliases repeat entries: write one rule per pattern, or use globs and /regex/)",
+            ("topics",),
+        )
         return ()
     return topics
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import io
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from policies.api import (
     record_errors_verdict,
 )
 from policies.builtin.base import BuiltinPolicy, short_repr
+from policies.linear_regex import LinearRegexError, compile_json_schema, compile_linear
 from protocol import error_codes
 from protocol.records import Record
 
@@ -143,7 +143,8 @@ class RequiredHeadersPolicy(RecordCheckPolicy):
 
 
 class KeyPatternPolicy(RecordCheckPolicy):
-    """The key, decoded as UTF-8, fully matches `regex`; a null key fails unless `allow_null`."""
+    """The key, decoded as UTF-8, fully matches `regex` (RE2 syntax: no backreferences or
+    lookaround); a null key fails unless `allow_null`."""
 
     name = "key_pattern"
     OPTIONS = {"regex": ".*", "allow_null": False}
@@ -152,9 +153,9 @@ class KeyPatternPolicy(RecordCheckPolicy):
         pattern = self.options["regex"]
         if not isinstance(pattern, str):
             raise self._error("regex must be a string")
-        try:
-            self.regex = re.compile(pattern)
-        except (re.error, RecursionError, OverflowError) as exc:  # the last two: too deep, too big
+        try:  # RE2: the key is the client's, and no pattern may backtrack on it
+            self.regex = compile_linear(pattern)
+        except LinearRegexError as exc:
             raise self._error(f"bad regex {short_repr(pattern)}: {exc}") from None
         self.allow_null = self._bool_option("allow_null")
 
@@ -225,7 +226,8 @@ def _json_error(exc: ValueError) -> str:
 
 
 class JsonSchemaPolicy(RecordCheckPolicy):
-    """The value is JSON valid against the schema file `value` (compiled once, fastjsonschema).
+    """The value is JSON valid against the schema file `value` (compiled once, fastjsonschema;
+    its `pattern`s run on RE2, `policies.linear_regex`).
 
     The message names the failing path as fastjsonschema does (`data.items[0].price must be ...`).
     """
@@ -242,7 +244,7 @@ class JsonSchemaPolicy(RecordCheckPolicy):
             return  # the defaults before configure(); configure without `value` fails below
         try:
             schema = json.loads(path.read_text(encoding="utf-8"))
-            self._validate = fastjsonschema.compile(schema)
+            self._validate = compile_json_schema(schema)
         except (ValueError, fastjsonschema.JsonSchemaDefinitionException) as exc:
             raise self._error(f"schema {path} does not compile: {exc}") from None
 

@@ -36,6 +36,7 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from policies.linear_regex import compile_json_schema
 from policies.schemas.model import CompiledSchema, RegisteredSchema, SchemaType
 from policies.schemas.wire import read_message_indexes
 
@@ -234,6 +235,9 @@ def _normalized(uri: str) -> str:
 class JsonSchema:
     """A JSON document valid against a JSON Schema (orjson, then fastjsonschema compiled once).
 
+    The schema's regular expressions (`pattern`, `patternProperties`) are the registry's, so they
+    run on RE2 (`policies.linear_regex`): one RE2 cannot compile makes the schema unusable.
+
     A resolved reference is found under its `name` (the `$ref` as written) and under that name
     resolved against the schema's `$id`, which is how a relative `$ref` reaches it."""
 
@@ -249,10 +253,12 @@ class JsonSchema:
             documents[_normalized(reference.name)] = document
             documents.setdefault(_normalized(urljoin(base, reference.name)), document)
         try:
-            self._validate: Callable[[Any], Any] = fastjsonschema.compile(
+            self._validate: Callable[[Any], Any] = compile_json_schema(
                 schema, handlers=_References(documents), use_default=False
             )
-        except Exception as exc:  # JsonSchemaDefinitionException, or a bad regex, a bad type...
+        except (
+            Exception
+        ) as exc:  # JsonSchemaDefinitionException, a regex RE2 refuses, a bad type...
             raise SchemaCompileError(f"JSON schema does not compile: {exc}") from None
         title = schema.get("title") if isinstance(schema, dict) else None
         self._title: str | None = title if isinstance(title, str) and title else None

@@ -53,7 +53,7 @@ MIXED_PROBLEMS = [
     "  kvproxy.yaml:14: topics[1]: match is missing",
     "  kvproxy.yaml:15: topics[1]: mode must be one of enforce, warn, off, not 'loud'",
     "  kvproxy.yaml:16: topics[2]: match '/(unclosed/' is not a valid regular expression: "
-    "missing ), unterminated subpattern at position 0",
+    "missing ): (unclosed",
     "  kvproxy.yaml:17: topics[2].policies[0]: policy max_record_bytes: unknown option 'limt' "
     "(did you mean 'limit'?)",
 ]
