@@ -23,7 +23,9 @@ __all__ = [
     "InlineLimitReached",
     "MemoryBudget",
     "OutOfMemory",
+    "ProcessBudgetFull",
     "ResourceLimit",
+    "RetryLater",
 ]
 
 
@@ -38,13 +40,23 @@ class BudgetExhausted(ResourceLimit):
     """Decoding a partition would hold more memory than a budget allows."""
 
 
-class OutOfMemory(BudgetExhausted):
-    """A decompressor could not allocate the memory it needed: the proxy's own failure, not the
-    data's, so never answered as corrupt. Answered NOT_ENOUGH_REPLICAS, a code every producer
-    retries without a metadata refresh and that says nothing was written (Kafka has no "out of
-    memory" code); the client sends the same batch again, so nothing of it is kept."""
+class RetryLater(BudgetExhausted):
+    """A refusal whose cause passes (memory the proxy lacks now, not what the request asks):
+    answered NOT_ENOUGH_REPLICAS, which librdkafka, the Java client and kafka-python all retry
+    without a metadata refresh, and which says nothing was written (Kafka has no "busy" code).
+    The client sends the same batch again, so nothing of it is kept."""
 
     error_code: ClassVar[int] = error_codes.NOT_ENOUGH_REPLICAS
+
+
+class OutOfMemory(RetryLater):
+    """A decompressor could not allocate the memory it needed: the proxy's own failure, not the
+    data's, so never answered as corrupt."""
+
+
+class ProcessBudgetFull(RetryLater):
+    """What a partition needs fits its request's allowance, but the process budget is in use by
+    other requests: it would fit once they are done."""
 
 
 class InlineLimitReached(ResourceLimit):
@@ -135,9 +147,9 @@ class Allowance:
             f"proxy allows one request ({self.limit} bytes, {self.name})"
         )
 
-    def _process_refusal(self, nbytes: int, what: str) -> BudgetExhausted:
+    def _process_refusal(self, nbytes: int, what: str) -> ProcessBudgetFull:
         assert self.budget is not None
-        return BudgetExhausted(
+        return ProcessBudgetFull(
             f"{what} needs {nbytes} bytes of memory to check and the proxy's decoding "
             f"memory is in use by other requests ({self.budget.limit} bytes, "
             f"{self.budget.name}); retry later"

@@ -240,7 +240,7 @@ class LimitsConfig(Section):
     more than 200 times and still be checked, as the broker would accept it."""
     decode_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
     """Memory every Produce request being checked may hold together, in this process. A
-    partition that would pass it is answered MESSAGE_TOO_LARGE ("retry later"), never held
+    partition that would pass it is answered NOT_ENOUGH_REPLICAS ("retry later"), never held
     waiting. With the defaults, decoding never holds more than 512 MiB, which with the rest of
     the proxy (about 100 MiB, plus receive buffers) fits a 2 GiB container."""
 

@@ -27,7 +27,7 @@ from policies.chain import Mode, PolicyChain
 from policies.config import TopicRouting
 from policies.schemas.model import SchemaCatalog
 from protocol import error_codes
-from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, OutOfMemory
+from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, RetryLater
 from protocol.error_codes import ErrorProfile
 from protocol.errors import DecodeError
 from protocol.framing import Frame
@@ -356,12 +356,12 @@ class ProduceEngine:
             return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
         try:
             verdict = chain.check(parsed)
-        except BudgetExhausted as exc:  # MESSAGE_TOO_LARGE; OutOfMemory: NOT_ENOUGH_REPLICAS
+        except BudgetExhausted as exc:  # MESSAGE_TOO_LARGE; RetryLater: NOT_ENOUGH_REPLICAS
             verdict = Verdict(
                 code=exc.error_code,
                 message=f"Records in topic partition {parsed.topic_partition} not checked: {exc}",
                 policy=DECODE_BUDGET,
-                resend=isinstance(exc, OutOfMemory),
+                resend=isinstance(exc, RetryLater),
             )
             return PartitionOutcome(topic, index, verdict, enforced=True, produced=parsed, raw=raw)
         finally:
