@@ -9,12 +9,19 @@ framing lives here so that `records` only sees plain bytes in and out:
   frame descriptor checksum over the magic number too (KAFKA-3160); `legacy_lz4_checksum=True`
   writes and reads that variant.
 
+What a frame header declares (a zstd window, an lz4 block size, a content size) is charged
+before the frame is decoded (`protocol.declared_sizes`). A large output is a private anonymous
+mapping, not a `bytearray`: the interpreter zero-fills a `bytearray` while holding the GIL
+(tens of milliseconds for 60 MiB, every other thread waiting), where a fresh mapping costs
+nothing until the decoder writes it, with the GIL released.
+
 Any failure while decompressing becomes `CorruptRecords`, except a failed allocation, which is
 the proxy's own failure (`OutOfMemory`); codec ids 5-7 are `UnsupportedCompression`.
 """
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 from enum import IntEnum
@@ -23,11 +30,14 @@ from typing import Any, TypeAlias
 import cramjam
 
 from protocol.budget import Allowance, OutOfMemory, ResourceLimit
+from protocol.declared_sizes import Declared, lz4_declared, zstd_declared
 from protocol.errors import CorruptRecords, UnsupportedCompression
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
+Plain: TypeAlias = bytearray | memoryview
+"""A decompressed payload: writable (the caller fills the headroom), sized to what it holds."""
 
-__all__ = ["Buffer", "Codec", "codec_from_id", "compress", "decompress"]
+__all__ = ["Buffer", "Codec", "Plain", "codec_from_id", "compress", "decompress"]
 
 
 class Codec(IntEnum):
@@ -56,6 +66,8 @@ MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 a few KiB of zstd can claim gigabytes. 64 MiB is far above what Kafka producers write into one
 batch (batch.size defaults to 16 KiB, max.request.size to 1 MiB)."""
 _FIRST_GUESS_RATIO = 16
+_MAPPED_FROM = 256 * 1024
+"""Outputs from this size on are mapped (`_Output.buffer`); smaller ones are a bytearray."""
 
 _LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
 
@@ -100,7 +112,7 @@ def decompress(
     allowance: Allowance | None = None,
     headroom: int = 0,
     what: str = "compressed records",
-) -> bytearray:
+) -> Plain:
     """Decompress a Kafka-framed payload; anything that does not decode is `CorruptRecords`,
     a decompressor that cannot allocate its memory `OutOfMemory`.
 
@@ -116,7 +128,7 @@ def decompress(
         if codec is Codec.NONE:
             return output.whole(data)
         if codec is Codec.GZIP:
-            return _bounded(cramjam.gzip, data, output)
+            return _bounded(cramjam.gzip, data, output, _gzip_declared(data))
         if codec is Codec.SNAPPY:
             if bytes(data[:8]) == XERIAL_MAGIC:
                 return _xerial_decode(data, output)
@@ -124,8 +136,8 @@ def decompress(
         if codec is Codec.LZ4:
             if legacy_lz4_checksum:
                 data = _lz4_set_header_checksum(bytes(data), legacy=False)
-            return _bounded(cramjam.lz4, data, output)
-        return _bounded(cramjam.zstd, data, output)
+            return _bounded(cramjam.lz4, data, output, lz4_declared(data))
+        return _bounded(cramjam.zstd, data, output, zstd_declared(data))
     except (CorruptRecords, ResourceLimit):
         raise
     except Exception as exc:  # cramjam raises its own DecompressionError, ValueError, ...
@@ -162,23 +174,48 @@ class _Output:
             return MAX_DECOMPRESSED_BYTES
         return max(0, self.allowance.available() - self.headroom)
 
-    def buffer(self, size: int) -> bytearray:
-        """A buffer of `size` payload bytes plus the headroom, counted before it is allocated."""
+    def buffer(self, size: int) -> bytearray | mmap.mmap:
+        """A buffer of `size` payload bytes plus the headroom, counted before it is allocated:
+        from `_MAPPED_FROM` bytes on a fresh anonymous mapping, which costs no memory and no
+        time until the decoder writes it (a bytearray is zero-filled holding the GIL)."""
+        total = size + self.headroom
         if self.allowance is not None:
-            self.allowance.take(size + self.headroom, self.what)
-        return bytearray(size + self.headroom)
+            self.allowance.take(total, self.what)
+        if total < _MAPPED_FROM:
+            return bytearray(total)
+        return mmap.mmap(-1, total)
 
-    def shrink(self, out: bytearray, written: int) -> bytearray:
-        """`out` cut to what was written (in place: no copy), the rest given back."""
-        unused = len(out) - self.headroom - written
-        del out[self.headroom + written :]
+    def shrink(self, out: bytearray | mmap.mmap, written: int) -> Plain:
+        """`out` cut to what was written (no copy), the rest given back: a mapping's pages past
+        what was written were never touched and hold no memory."""
+        end = self.headroom + written
         if self.allowance is not None:
-            self.allowance.give_back(unused)
-        return out
+            self.allowance.give_back(len(out) - end)
+        if isinstance(out, bytearray):
+            del out[end:]
+            return out
+        return memoryview(out)[:end]
 
-    def drop(self, out: bytearray) -> None:
+    def drop(self, out: bytearray | mmap.mmap) -> None:
         if self.allowance is not None:
             self.allowance.give_back(len(out))
+        if isinstance(out, mmap.mmap):
+            out.close()
+
+    def hold_working(self, declared: Declared) -> int:
+        """Count the memory the decoder itself will hold (a window, block buffers) before it
+        runs; returns what to give back once it is done."""
+        working = declared.working
+        if working <= 0:
+            return 0
+        if self.allowance is None:  # tools reading a file, not a request: the decoder's limits
+            return 0
+        self.allowance.take(working, f"{self.what} (its decoder's window)")
+        return working
+
+    def give_back(self, nbytes: int) -> None:
+        if self.allowance is not None and nbytes:
+            self.allowance.give_back(nbytes)
 
     def too_large(self, compressed: int) -> ResourceLimit | CorruptRecords:
         """The error for a payload that expands beyond `limit()`."""
@@ -192,32 +229,61 @@ class _Output:
         """`data` copied after the headroom."""
         if len(data) > self.limit():
             raise self.too_large(len(data))
-        out = self.buffer(len(data))
-        out[self.headroom :] = data
+        if self.allowance is not None:
+            self.allowance.take(len(data) + self.headroom, self.what)
+        out = bytearray(self.headroom)
+        out += data
         return out
 
 
-def _bounded(codec: Any, data: Buffer, output: _Output) -> bytearray:
-    """`codec.decompress_into(data)` into buffers of bounded size: a first guess of 16 times the
-    input, then four times larger each time it does not fit, up to the output's limit; at most
-    one buffer at a time."""
-    limit = output.limit()
-    size = min(limit, max(65536, len(data) * _FIRST_GUESS_RATIO))
-    while True:
-        out = output.buffer(size)
-        try:
-            with memoryview(out) as view:
-                written = codec.decompress_into(data, view[output.headroom :])
-        except Exception as exc:  # cramjam's DecompressionError: corrupt, or does not fit
-            output.drop(out)
-            del out
-            if "failed to write whole buffer" not in str(exc):
-                raise
-            if size >= limit:
-                raise output.too_large(len(data)) from None
-            size = min(limit, size * 4)
-            continue
-        return output.shrink(out, int(written))
+def _gzip_declared(data: Buffer) -> int | None:
+    """The size a gzip member's trailer gives (ISIZE: the input size modulo 2**32): a first
+    guess only, since members can be concatenated and the trailer can lie."""
+    if len(data) < 18:
+        return None
+    return int.from_bytes(bytes(data[-4:]), "little")
+
+
+def _bounded(codec: Any, data: Buffer, output: _Output, declared: Declared | int | None) -> Plain:
+    """`codec.decompress_into(data)` into buffers of bounded size, at most one at a time.
+
+    `declared` is what the headers say: a `Declared` content size is the exact output size
+    (decoding fails when the frame holds more: corrupt), an int a first guess; without either,
+    16 times the input. A guess that does not fit grows four times, up to the output's limit.
+    The decoder's own memory (`Declared.working`) is counted while it runs."""
+    working = output.hold_working(declared) if isinstance(declared, Declared) else 0
+    try:
+        exact = declared.content if isinstance(declared, Declared) else None
+        limit = output.limit()
+        if exact is not None:
+            if exact > limit:
+                raise output.too_large(len(data))
+            size = exact
+        elif isinstance(declared, int):
+            size = min(limit, max(1, declared))
+        else:
+            size = min(limit, max(65536, len(data) * _FIRST_GUESS_RATIO))
+        while True:
+            out = output.buffer(size)
+            try:
+                with memoryview(out) as view:
+                    written = codec.decompress_into(data, view[output.headroom :])
+            except Exception as exc:  # cramjam's DecompressionError: corrupt, or does not fit
+                output.drop(out)
+                del out
+                if "failed to write whole buffer" not in str(exc):
+                    raise
+                if exact is not None:
+                    raise CorruptRecords(
+                        f"payload holds more than the {exact} bytes its frames declare"
+                    ) from None
+                if size >= limit:
+                    raise output.too_large(len(data)) from None
+                size = min(limit, max(65536, size * 4))
+                continue
+            return output.shrink(out, int(written))
+    finally:
+        output.give_back(working)
 
 
 def _xerial_encode(data: Buffer) -> bytes:
@@ -239,7 +305,7 @@ def _snappy_claimed(block: Buffer) -> int:
     return claimed
 
 
-def _snappy_raw_decode(block: Buffer, output: _Output) -> bytearray:
+def _snappy_raw_decode(block: Buffer, output: _Output) -> Plain:
     claimed = _snappy_claimed(block)
     if claimed > output.limit():
         raise output.too_large(len(block))
@@ -249,7 +315,7 @@ def _snappy_raw_decode(block: Buffer, output: _Output) -> bytearray:
     return output.shrink(out, int(written))
 
 
-def _xerial_decode(data: Buffer, output: _Output) -> bytearray:
+def _xerial_decode(data: Buffer, output: _Output) -> Plain:
     """A xerial stream: every block's claimed length first (a header read), so the whole
     output is counted and allocated once, then each block decompressed into its place."""
     view = memoryview(data)
@@ -282,7 +348,7 @@ def _xerial_decode(data: Buffer, output: _Output) -> bytearray:
                     f"not the {claimed} it claims"
                 )
             at += written
-    return out
+    return out if isinstance(out, bytearray) else memoryview(out)
 
 
 def _lz4_set_header_checksum(frame: bytes, *, legacy: bool) -> bytes:

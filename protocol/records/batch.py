@@ -366,7 +366,7 @@ class RecordBatch:
                 self._plain = plain
         return self._plain
 
-    def _decompress(self, payload: memoryview, headroom: int = 0) -> bytearray:
+    def _decompress(self, payload: memoryview, headroom: int = 0) -> bytearray | memoryview:
         allowance = self.allowance
         held = 0 if allowance is None else allowance.held
         plain = decompress(
