@@ -1,0 +1,208 @@
+"""The shape of a Produce request read from its bytes, without decoding it: how many partitions
+it names, and each partition's topic and index; and a whole-request refusal answer written
+straight to bytes.
+
+Decoding a Produce request builds several Python objects per partition (about 2.5 s and
+hundreds of MiB for a million partitions), and answering it through the codec costs more still.
+A request naming more partitions than the proxy takes is refused from this scan alone: counting
+stops as soon as the count passes the limit, so refusing costs at most the limit's worth of
+steps, and the answer (one fixed-size entry per partition) is written without any object per
+partition.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from protocol.errors import BufferUnderflow, DecodeError, NegativeSize
+from protocol.headers import (
+    read_request_header,
+    read_unsigned_varint,
+    request_header_version,
+    skip_tagged_fields,
+)
+
+__all__ = ["LAST_SCANNED_VERSION", "ProduceShape", "refusal_answer", "scan_produce"]
+
+LAST_SCANNED_VERSION = 12
+"""Produce v13 names topics by id; the proxy offers up to v12."""
+_FIRST_FLEXIBLE = 9
+_FIRST_TRANSACTIONAL = 3
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_INDEX_AND_LENGTH = struct.Struct(">ii")
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceShape:
+    """What `scan_produce` read: the header, `acks`, and the partitions it counted."""
+
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    acks: int
+    partitions: int
+    """Partitions counted; when `complete` is False, the count at which the scan stopped."""
+    complete: bool
+    """Whether every partition was read (the scan stops once it passes `stop_after`)."""
+    topics: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Each topic's name and partition indexes, in request order (only with `indexes=True`)."""
+
+
+def scan_produce(
+    payload: bytes | memoryview, stop_after: int, *, indexes: bool = False
+) -> ProduceShape:
+    """Count the partitions of a Produce request (v0-v12), stopping once the count passes
+    `stop_after`: a topic declaring more partitions than remain stops the scan at once.
+
+    Raises `DecodeError` for bytes that are not such a request (the codec then reads it and
+    answers as it always has)."""
+    buf = memoryview(payload)
+    header, offset = read_request_header(buf)
+    version = header.api_version
+    if version > LAST_SCANNED_VERSION:
+        raise DecodeError(f"Produce v{version} is not scanned")
+    flexible = request_header_version(header.api_key, version) >= 2
+    if version >= _FIRST_TRANSACTIONAL:
+        offset = _skip_string(buf, offset, flexible)
+    acks = _read(_INT16, buf, offset)
+    offset += _INT16.size + _INT32.size  # acks, timeout
+    topic_count, offset = _array_length(buf, offset, flexible)
+    counted = 0
+    topics: list[tuple[str, tuple[int, ...]]] = []
+    for _ in range(topic_count):
+        name_start = offset
+        offset = _skip_string(buf, offset, flexible)
+        count, offset = _array_length(buf, offset, flexible)
+        if counted + count > stop_after:  # declared: no need to read them
+            return ProduceShape(
+                version, header.correlation_id, header.client_id, acks, counted + count, False
+            )
+        found: list[int] = []
+        for _ in range(count):
+            if flexible:
+                index = _read(_INT32, buf, offset)
+                size, offset = read_unsigned_varint(buf, offset + _INT32.size)
+                offset = skip_tagged_fields(buf, _check(buf, offset + max(size - 1, 0)))
+            else:
+                if offset + _INDEX_AND_LENGTH.size > len(buf):
+                    raise BufferUnderflow("input ended inside a partition")
+                index, size = _INDEX_AND_LENGTH.unpack_from(buf, offset)
+                offset = _check(buf, offset + _INDEX_AND_LENGTH.size + max(size, 0))
+            if indexes:
+                found.append(index)
+        counted += count
+        if flexible:
+            offset = skip_tagged_fields(buf, offset)
+        if indexes:
+            topics.append((_name(buf, name_start, flexible), tuple(found)))
+    return ProduceShape(
+        version, header.correlation_id, header.client_id, acks, counted, True, tuple(topics)
+    )
+
+
+def refusal_answer(shape: ProduceShape, error_code: int, message: str | None) -> bytes:
+    """The Produce answer of `shape.api_version` giving every partition `error_code`, as Kafka
+    answers a request refused as a whole; `message` (v8+) goes with the first partition only,
+    so every further partition costs its fixed fields alone (24-36 bytes)."""
+    version = shape.api_version
+    flexible = version >= _FIRST_FLEXIBLE
+    out = bytearray(_INT32.pack(shape.correlation_id))
+    if flexible:
+        out += b"\x00"  # response header v1: no tagged fields
+    out += _length(len(shape.topics), flexible)
+    first = True
+    for name, partitions in shape.topics:
+        out += _string(name, flexible)
+        out += _length(len(partitions), flexible)
+        for index in partitions:
+            out += _partition(index, error_code, version, message if first else None)
+            first = False
+        if flexible:
+            out += b"\x00"
+    if version >= 1:
+        out += _INT32.pack(0)  # throttle time
+    if flexible:
+        out += b"\x00"
+    return bytes(out)
+
+
+def _partition(index: int, error_code: int, version: int, message: str | None) -> bytes:
+    flexible = version >= _FIRST_FLEXIBLE
+    out = bytearray(struct.pack(">ihq", index, error_code, -1))  # base offset
+    if version >= 2:
+        out += struct.pack(">q", -1)  # log append time
+    if version >= 5:
+        out += struct.pack(">q", -1)  # log start offset
+    if version >= 8:
+        out += _length(0, flexible)  # record errors
+        out += _string(message, flexible)
+    if flexible:
+        out += b"\x00"
+    return bytes(out)
+
+
+def _length(count: int, flexible: bool) -> bytes:
+    return _uvarint(count + 1) if flexible else _INT32.pack(count)
+
+
+def _string(value: str | None, flexible: bool) -> bytes:
+    if value is None:
+        return b"\x00" if flexible else _INT16.pack(-1)
+    encoded = value.encode("utf-8")
+    prefix = _length(len(encoded), flexible) if flexible else _INT16.pack(len(encoded))
+    return prefix + encoded
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read(fmt: struct.Struct, buf: memoryview, offset: int) -> int:
+    if offset + fmt.size > len(buf):
+        raise BufferUnderflow("input ended inside the request")
+    return int(fmt.unpack_from(buf, offset)[0])
+
+
+def _check(buf: memoryview, offset: int) -> int:
+    if offset > len(buf):
+        raise BufferUnderflow("input ended inside a partition's records")
+    return offset
+
+
+def _array_length(buf: memoryview, offset: int, flexible: bool) -> tuple[int, int]:
+    if flexible:
+        count, offset = read_unsigned_varint(buf, offset)
+        return max(count - 1, 0), offset
+    count = _read(_INT32, buf, offset)
+    if count < -1:
+        raise NegativeSize(f"array length {count} is negative")
+    return max(count, 0), offset + _INT32.size
+
+
+def _skip_string(buf: memoryview, offset: int, flexible: bool) -> int:
+    if flexible:
+        size, offset = read_unsigned_varint(buf, offset)
+        return _check(buf, offset + max(size - 1, 0))
+    size = _read(_INT16, buf, offset)
+    if size < -1:
+        raise NegativeSize(f"string length {size} is negative")
+    return _check(buf, offset + _INT16.size + max(size, 0))
+
+
+def _name(buf: memoryview, offset: int, flexible: bool) -> str:
+    if flexible:
+        size, start = read_unsigned_varint(buf, offset)
+        size -= 1
+    else:
+        size, start = _read(_INT16, buf, offset), offset + _INT16.size
+    try:
+        return bytes(buf[start : start + max(size, 0)]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"topic name is not UTF-8: {exc}") from None

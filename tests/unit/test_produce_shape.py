@@ -1,0 +1,75 @@
+"""The Produce request scan and whole-request refusal answer (`protocol.produce_shape`): what it
+reads and writes must be what the codec reads and writes, on every Produce version."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import error_codes
+from protocol.messages import PRODUCE, decode_response, encode_response, make_response
+from protocol.produce import partition_answer, produce_answer, produce_response_types
+from protocol.produce_shape import refusal_answer, scan_produce
+from tests.harness.partitions import many_partitions_request
+
+VERSIONS = range(13)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_scan_reads_every_topic_and_partition(version: int) -> None:
+    payload = many_partitions_request(
+        version, {"alpha": 3, "beta": 2}, correlation_id=77, records=b"\x01\x02\x03"
+    )
+    shape = scan_produce(payload, 100, indexes=True)
+    assert shape.complete
+    assert (shape.api_version, shape.correlation_id, shape.acks) == (version, 77, 1)
+    assert shape.partitions == 5
+    assert shape.topics == (("alpha", (0, 1, 2)), ("beta", (0, 1)))
+
+
+@pytest.mark.parametrize("version", [2, 8, 9])
+def test_scan_stops_once_past_the_limit(version: int) -> None:
+    payload = many_partitions_request(version, {"a": 4, "b": 1_000_000 // 8})
+    shape = scan_produce(payload, 10)
+    assert not shape.complete
+    assert shape.partitions == 4 + 1_000_000 // 8  # the declared count, not read
+    assert shape.topics == ()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_refusal_answer_is_what_the_codec_writes(version: int) -> None:
+    """Byte for byte the codec's answer (message on the first partition only), so every client
+    parses it as it parses a broker's."""
+    payload = many_partitions_request(version, {"alpha": 3, "beta": 2}, correlation_id=5)
+    shape = scan_produce(payload, 100, indexes=True)
+    message = "too many partitions"
+    written = refusal_answer(shape, error_codes.MESSAGE_TOO_LARGE, message)
+    types = produce_response_types(version)
+    first = True
+    topics = []
+    for name, indexes in shape.topics:
+        answers = []
+        for index in indexes:
+            answers.append(
+                partition_answer(
+                    types, index, error_codes.MESSAGE_TOO_LARGE, message=message if first else None
+                )
+            )
+            first = False
+        topics.append((name, answers))
+    response = make_response(PRODUCE, version, 5, produce_answer(types, topics))
+    assert written == encode_response(PRODUCE, version, response)
+    body = decode_response(written, PRODUCE, version).body
+    codes = [int(p.error_code) for t in body.responses for p in t.partition_responses]
+    assert codes == [error_codes.MESSAGE_TOO_LARGE] * 5
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_harness_request_is_what_the_codec_reads(version: int) -> None:
+    from protocol.messages import decode_request
+
+    payload = many_partitions_request(version, {"alpha": 2, "beta": 1}, records=None)
+    body = decode_request(payload).body
+    assert [(str(t.name), [int(p.index) for p in t.partition_data]) for t in body.topic_data] == [
+        ("alpha", [0, 1]),
+        ("beta", [0]),
+    ]
