@@ -238,7 +238,8 @@ class _Output:
 
 def _gzip_declared(data: Buffer) -> int | None:
     """The size a gzip member's trailer gives (ISIZE: the input size modulo 2**32): a first
-    guess only, since members can be concatenated and the trailer can lie."""
+    guess, since members can be concatenated, and a floor: a valid stream holds at least that
+    much, so one whose trailer says more than the allowance has is refused undecoded."""
     if len(data) < 18:
         return None
     return int.from_bytes(bytes(data[-4:]), "little")
@@ -260,7 +261,9 @@ def _bounded(codec: Any, data: Buffer, output: _Output, declared: Declared | int
                 raise output.too_large(len(data))
             size = exact
         elif isinstance(declared, int):
-            size = min(limit, max(1, declared))
+            if declared > limit:  # a gzip stream is at least its last member's ISIZE
+                raise output.too_large(len(data))
+            size = max(1, declared)
         else:
             size = min(limit, max(65536, len(data) * _FIRST_GUESS_RATIO))
         while True:

@@ -89,3 +89,18 @@ def test_an_lz4_block_size_past_the_allowance_is_refused_before_decoding() -> No
     with pytest.raises(BudgetExhausted):
         decompress(Codec.LZ4, payload, allowance=allowance)
     assert allowance.peak == 0
+
+
+def test_a_gzip_trailer_past_the_allowance_is_refused_without_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the event loop (an inline allowance) a gzip bomb is not even partly decoded: its
+    trailer says it holds more than the loop may decode, so it moves off the loop at once."""
+    from protocol.budget import InlineLimitReached
+
+    payload = compress(Codec.GZIP, bytes(16 * MiB))
+    calls: list[int] = []
+    monkeypatch.setattr(cramjam.gzip, "decompress_into", lambda *_: calls.append(1))
+    with pytest.raises(InlineLimitReached):
+        decompress(Codec.GZIP, payload, allowance=Allowance(4 * MiB, inline=True))
+    assert calls == []
