@@ -113,12 +113,16 @@ def refusal_answer(shape: ProduceShape, error_code: int, message: str | None) ->
         out += b"\x00"  # response header v1: no tagged fields
     out += _length(len(shape.topics), flexible)
     first = True
+    rest = _partition_tail(error_code, version, None)  # every partition after the first
+    pack_index = _INT32.pack
     for name, partitions in shape.topics:
         out += _string(name, flexible)
         out += _length(len(partitions), flexible)
-        for index in partitions:
-            out += _partition(index, error_code, version, message if first else None)
+        if first and partitions:
+            out += pack_index(partitions[0]) + _partition_tail(error_code, version, message)
+            partitions = partitions[1:]
             first = False
+        out += b"".join(pack_index(index) + rest for index in partitions)
         if flexible:
             out += b"\x00"
     if version >= 1:
@@ -128,9 +132,10 @@ def refusal_answer(shape: ProduceShape, error_code: int, message: str | None) ->
     return bytes(out)
 
 
-def _partition(index: int, error_code: int, version: int, message: str | None) -> bytes:
+def _partition_tail(error_code: int, version: int, message: str | None) -> bytes:
+    """A partition's answer after its index."""
     flexible = version >= _FIRST_FLEXIBLE
-    out = bytearray(struct.pack(">ihq", index, error_code, -1))  # base offset
+    out = bytearray(struct.pack(">hq", error_code, -1))  # base offset
     if version >= 2:
         out += struct.pack(">q", -1)  # log append time
     if version >= 5:

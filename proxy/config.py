@@ -224,6 +224,12 @@ class LimitsConfig(Section):
     holds at most about 150,000 records (7 bytes each at the least), and producers batch far
     fewer than that, so 1,000,000 is not reached by real traffic, while it bounds the decoding of
     one request to a fraction of a second (the record parser reads 2-5 million records a second)."""
+    max_partitions_per_request: int = Field(default=10_000, ge=1)
+    """Partitions a Produce request may name over all its topics (empty ones too: each costs
+    work to decode, check and answer). Kafka has no such limit; a producer sends at most one
+    entry per partition it produces to, led by the broker it sends to, so real requests stay
+    far below 10,000. A request naming more is answered MESSAGE_TOO_LARGE for every partition
+    without being decoded (acks=0: the connection is closed)."""
     receive_buffer_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
     """Bytes the requests being received from clients may declare together, in this process
     (requests above 64 KiB; smaller ones are read in a shared 64 KiB buffer). A request reserves

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from protocol.errors import ProtocolError
 from protocol.framing import Frame, FrameDecoder, size_prefix
-from protocol.headers import read_request_prefix
+from protocol.headers import RequestHeader, read_request_prefix
 from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
 from proxy.errors import ProxyError
 from proxy.fds import OutOfFileDescriptors
 from proxy.metrics import api_name
+from proxy.partition_limit import decide_unread, names_many_partitions
 from proxy.produce import DECODE_BUDGET, ProduceDecision, ProduceEngine
 from proxy.reasons import CloseReason, PauseReason
 from proxy.relay_state import ConnectionState
@@ -193,12 +194,15 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Decide on the loop when that is cheap; otherwise hold this connection's later
         requests (their answers must follow this one's) and decide in a task."""
         started = time.perf_counter()
-        request = decode_request(payload)  # malformed: DecodeError ends the connection
-        unknown = self._state.decisions.topics_to_describe(request)
-        if not unknown:
+        request: Request | None = None
+        unknown: list[str] = []
+        if not names_many_partitions(payload, engine.settings.inline_max_partitions):
+            request = decode_request(payload)  # malformed: DecodeError ends the connection
+            unknown = self._state.decisions.topics_to_describe(request)
+        if request is not None and not unknown:
             decision = self._state.decisions.decide_inline(engine, payload, request)
             if decision is not None:
-                self._apply_produce(request, decision, started)
+                self._apply_produce(request.header, decision, started)
                 return
         self._held = collections.deque()
         self.pause_reading(PauseReason.PRODUCE)
@@ -208,7 +212,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self,
         engine: ProduceEngine,
         payload: Frame,
-        request: Request,
+        request: Request | None,
         topics: list[str],
         started: float,
     ) -> None:
@@ -216,7 +220,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         loop if it is cheap, else on the decoding thread); then handle the requests held
         meanwhile, in order."""
         try:
-            decision = await self._state.decisions.decide_later(engine, payload, request, topics)
+            if request is None:  # many partitions: read off the loop too (`proxy.partition_limit`)
+                header, decision = await decide_unread(self._state.decisions, engine, payload)
+            else:
+                header = request.header
+                decisions = self._state.decisions
+                decision = await decisions.decide_later(engine, payload, request, topics)
         except ProtocolError as exc:
             self.abort(
                 f"client {self.peer} sent an undecodable frame: {exc}", reason=CloseReason.MALFORMED
@@ -224,7 +233,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             return
         held, self._held = self._held, None
         try:
-            self._apply_produce(request, decision, started)
+            self._apply_produce(header, decision, started)
             while held and self._held is None:
                 self._on_request(held.popleft())
         except ProtocolError as exc:
@@ -238,8 +247,9 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.resume_reading(PauseReason.PRODUCE)
             self.flush()
 
-    def _apply_produce(self, request: Request, decision: ProduceDecision, started: float) -> None:
-        header = request.header
+    def _apply_produce(
+        self, header: RequestHeader, decision: ProduceDecision, started: float
+    ) -> None:
         self._state.sink.record(decision, header.client_id, self.peer)
         outcome = "forwarded"
         if decision.rejected:

@@ -6,12 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 from policies.api import ProducedRecords, Verdict
+from protocol import error_codes
 from protocol.budget import BudgetExhausted
 from protocol.compression import Codec
 from protocol.errors import DecodeError
 from protocol.records import read_batch
 
-__all__ = ["Parsed", "declared_records", "has_transactional_records", "refuse_every_partition"]
+__all__ = [
+    "RECORDS_LIMIT",
+    "Parsed",
+    "declared_records",
+    "has_transactional_records",
+    "refuse_every_partition",
+    "too_many_records",
+]
+
+RECORDS_LIMIT = "max_records_per_request"
+"""`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
 
 Parsed = list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]]
 """Per topic, each partition's index, records as sent, and batch views or the verdict."""
@@ -72,3 +83,15 @@ def declared_records(parsed: Parsed) -> int:
                     finally:
                         batch.release()  # one wrapper's messages held at a time
     return declared
+
+
+def too_many_records(declared: int, limit: int) -> Verdict:
+    """The verdict for every partition of a request declaring more than `limit` records."""
+    return Verdict(
+        code=error_codes.MESSAGE_TOO_LARGE,
+        message=(
+            f"The request declares {declared} records, more than the proxy accepts in one "
+            f"request ({limit}, limits.max_records_per_request)"
+        ),
+        policy=RECORDS_LIMIT,
+    )
