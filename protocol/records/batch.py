@@ -29,6 +29,7 @@ from protocol.records.layout import (
 )
 from protocol.records.legacy import Message, legacy_record, parse_message
 from protocol.records.record import Record, RecordScan
+from protocol.records.skim import SKIM_FROM_BYTES_PER_RECORD, skim_v2
 from protocol.records.structure import PREMATURE_EOF, RECORDS_REMAINING, v2_structure_error
 
 _tuple_new = tuple.__new__
@@ -262,6 +263,11 @@ class RecordBatch:
         null_keys = 0
         index = 0
         plain = self._plain_v2()  # outside the try: a decompression error is its own
+        if len(plain) - V2_HEADER_SIZE >= count * SKIM_FROM_BYTES_PER_RECORD:  # large records
+            log_append = self.timestamp_type == 1
+            skimmed = skim_v2(plain, count, self.first_timestamp, self.max_timestamp, log_append)
+            if skimmed is not None:
+                return skimmed
         try:
             for raw in DefaultRecordBatch(plain):
                 timestamp = raw.timestamp

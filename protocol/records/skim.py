@@ -1,0 +1,122 @@
+"""A pass over a magic 2 batch's records that reads their headers and skips their keys and values.
+
+aiokafka's C reader copies every key and value into a new `bytes` while holding the GIL: for a
+record of 60 MiB that is tens of milliseconds in which no other thread (the event loop) runs.
+Counting records, their timestamps and null keys needs none of those bytes, so a batch of large
+records is skimmed here instead: a few Python steps per record, none proportional to its size.
+
+The skim accepts only what is plainly well formed (every length within the buffer, every record
+exactly its declared length, the declared count, nothing after it); on anything else it returns
+None and the caller reads the batch with the C reader, whose error is the one answered.
+"""
+
+from __future__ import annotations
+
+from protocol.records.layout import V2_HEADER_SIZE
+from protocol.records.record import RecordScan
+
+__all__ = ["SKIM_FROM_BYTES_PER_RECORD", "skim_v2"]
+
+SKIM_FROM_BYTES_PER_RECORD = 16 * 1024
+"""Batches whose records average at least this many bytes are skimmed: there the C reader's
+copies cost more than the Python steps, and a single copy can hold the GIL for long."""
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _Malformed(Exception):
+    """Not plainly well formed: the C reader decides."""
+
+
+def _varint(view: memoryview, pos: int, max_bytes: int) -> tuple[int, int]:
+    """A zigzag varint at `pos` of at most `max_bytes` bytes; (value, position after it)."""
+    result = 0
+    shift = 0
+    end = min(len(view), pos + max_bytes)
+    while pos < end:
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+    raise _Malformed
+
+
+def _skip(view: memoryview, pos: int, nullable: bool) -> tuple[bool, int]:
+    """Skip a length-prefixed field; (whether it was null, position after it)."""
+    length, pos = _varint(view, pos, 5)
+    if length < 0:
+        if length == -1 and nullable:
+            return True, pos
+        raise _Malformed
+    if pos + length > len(view):
+        raise _Malformed
+    return False, pos + length
+
+
+def skim_v2(
+    plain: bytes | bytearray | memoryview,
+    count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    log_append_time: bool,
+) -> RecordScan | None:
+    """Count, timestamp range and null keys of an uncompressed magic 2 batch (`plain` holds its
+    61-byte header, then the records), as the C reader would find them; None when the batch is
+    not plainly well formed."""
+    view = memoryview(plain).cast("B") if isinstance(plain, memoryview) else memoryview(plain)
+    try:
+        return _skim(view, count, first_timestamp, max_timestamp, log_append_time)
+    except _Malformed:
+        return None
+
+
+def _skim(
+    view: memoryview, count: int, first_timestamp: int, max_timestamp: int, log_append: bool
+) -> RecordScan:
+    pos = V2_HEADER_SIZE
+    low = high = 0
+    null_keys = 0
+    for index in range(count):
+        length, pos = _varint(view, pos, 5)
+        start = pos
+        if length < 0 or start + length > len(view):
+            raise _Malformed
+        _, pos = _varint(view, pos, 1)  # attributes: one byte, read as a varint by aiokafka
+        delta, pos = _varint(view, pos, 10)
+        _, pos = _varint(view, pos, 5)  # offset delta
+        timestamp = max_timestamp if log_append else first_timestamp + delta
+        if not _INT64_MIN <= timestamp <= _INT64_MAX:
+            raise _Malformed
+        null_key, pos = _skip(view, pos, nullable=True)
+        _, pos = _skip(view, pos, nullable=True)  # value
+        headers, pos = _varint(view, pos, 5)
+        if headers < 0:
+            raise _Malformed
+        for _ in range(headers):
+            key_start = pos
+            _, pos = _skip(view, pos, nullable=False)
+            _header_key(view, key_start, pos)
+            _, pos = _skip(view, pos, nullable=True)
+        if pos - start != length:
+            raise _Malformed
+        null_keys += null_key
+        if index == 0:
+            low = high = timestamp
+        elif timestamp < low:
+            low = timestamp
+        elif timestamp > high:
+            high = timestamp
+    if pos != len(view):
+        raise _Malformed
+    return RecordScan(count, low, high, null_keys)
+
+
+def _header_key(view: memoryview, start: int, end: int) -> None:
+    """A header key is UTF-8 (the C reader decodes it): its length prefix, then the text."""
+    _, text_start = _varint(view, start, 5)
+    try:
+        bytes(view[text_start:end]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Malformed from None
