@@ -107,6 +107,7 @@ class FrameDecoder:
         "_reserved",
         "_scratch",
         "_start",
+        "reservations",
         "waiting",
     )
 
@@ -127,6 +128,8 @@ class FrameDecoder:
         self._pool = pool
         self._budget = budget
         self._reserved = 0
+        self.reservations = 0
+        """Large frames that have reserved `budget` so far: tells one such frame from the next."""
         self.waiting: int | None = None
         """The size of a large frame waiting for `budget` to have room, else None."""
         self._buffer = bytearray()
@@ -139,6 +142,12 @@ class FrameDecoder:
     @property
     def max_frame_size(self) -> int:
         return self._max_frame_size
+
+    @property
+    def reserved_frame(self) -> int | None:
+        """Which reservation (its number in `reservations`) the frame being received holds, or
+        None when no frame holds `budget`."""
+        return self.reservations if self._reserved else None
 
     @property
     def buffered(self) -> int:
@@ -215,6 +224,7 @@ class FrameDecoder:
                     return None
                 self.waiting = None
                 self._reserved = size if budget is not None else 0
+                self.reservations += 1
                 initial = min(size, max(INITIAL_LARGE_BUFFER, len(buffer) - begin))
                 if self._pool is None:
                     self._large = bytearray(initial)

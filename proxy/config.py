@@ -217,6 +217,13 @@ class LimitsConfig(Section):
     slowloris). The clock restarts with every byte received, so a large frame on a slow link is
     never cut while it is still arriving; 30 seconds is Kafka's own `request.timeout.ms`, after
     which the client has given up on the request anyway."""
+    frame_receive_timeout_ms: int = Field(default=30_000, ge=10)
+    """A request above 64 KiB that holds receive memory (`receive_buffer_bytes`) must arrive
+    whole within this much reading time from its size prefix, however steadily its bytes come;
+    otherwise the connection is closed and the memory goes to the requests waiting for it. Time
+    during which the proxy itself holds reading does not count. 30 seconds is the clients'
+    `request.timeout.ms` (Java, librdkafka): a request not sent by then has been given up on.
+    Raise it for requests of tens of MiB over links slower than a few MiB/s."""
     max_records_per_request: int = Field(default=1_000_000, ge=1)
     """Records a Produce request may declare over all its batches. Checking records costs CPU per
     record, so a request declaring more is answered MESSAGE_TOO_LARGE for every partition before

@@ -27,6 +27,7 @@ from proxy.metrics import api_name
 from proxy.partition_limit import decide_unread, names_many_partitions
 from proxy.produce import DECODE_BUDGET, ProduceDecision, ProduceEngine
 from proxy.reasons import CloseReason, PauseReason
+from proxy.receive_memory import FrameClock
 from proxy.relay_state import ConnectionState
 from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
 from proxy.slots import MAX_SILENT_SLOTS, Slot, answers_silent, merged
@@ -80,6 +81,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         """When the sweep last saw bytes arrive (or reading paused by the proxy itself)."""
         self._idle_since = 0.0
         """As `_quiet_since`, and also moved on while a request is in flight."""
+        self._frame_clock = FrameClock(limits.frame_receive_timeout_ms)
 
     # ---- client side ----
 
@@ -121,16 +123,11 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self.upstream.transport.writelines(outgoing)
         if self._decoder.waiting is not None and not self._closing:
             self.pause_reading(PauseReason.MEMORY)  # a large frame waits for receive memory
-            self._state.receive.wait(self)
+            self._state.receive.wait(self, self._decoder.waiting)
         elif self._paused_for:
             self._enforce_pause()
         self._state.receive.wake()
         self.flush()
-
-    @property
-    def waiting_frame(self) -> int | None:
-        """The size of the large frame waiting for receive memory, if any."""
-        return self._decoder.waiting
 
     def retry_receive(self) -> bool:
         """Try again to start the large frame that waited for receive memory; True once it has
@@ -440,6 +437,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         connecting upstream, waiting for topic configs) counts as activity, not as a stall.
         """
         if self._closing:
+            return
+        if self._frame_clock.overdue(now, self._decoder, reading=not self._paused_for):
+            self._state.receive.close_overdue(self, self._frame_clock, self._decoder)
             return
         received = self._received
         if received != self._seen_received or self._paused_for:

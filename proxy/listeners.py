@@ -312,7 +312,8 @@ class Listeners:
         limits = self.config.limits
         idle_after = limits.idle_timeout_ms / 1000
         stall_after = limits.request_timeout_ms / 1000
-        tick = min(max(min(idle_after, stall_after) / 10, _SWEEP_MIN_S), _SWEEP_MAX_S)
+        frame_after = limits.frame_receive_timeout_ms / 1000
+        tick = min(max(min(idle_after, stall_after, frame_after) / 10, _SWEEP_MIN_S), _SWEEP_MAX_S)
         loop = asyncio.get_running_loop()
         while not self._stopping:
             await asyncio.sleep(tick)

@@ -20,6 +20,7 @@ class CloseReason(StrEnum):
     NO_UPSTREAM = "no_upstream"
     OUT_OF_FILE_DESCRIPTORS = "out_of_file_descriptors"
     SLOW_REQUEST = "slow_request"
+    FRAME_RECEIVE_TIMEOUT = "frame_receive_timeout"
     IDLE = "idle"
     INTERNAL_ERROR = "internal_error"
     TOO_MANY_CONNECTIONS = "too_many_connections"

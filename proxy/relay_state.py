@@ -9,18 +9,16 @@ create connections.
 
 from __future__ import annotations
 
-import collections
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from protocol.budget import MemoryBudget
 from protocol.framing import BufferPool
 from proxy.config import LimitsConfig
 from proxy.decisions import ProduceDecisions
 from proxy.metrics import ProxyMetrics
+from proxy.receive_memory import ReceiveWaiters
 from proxy.rejections import RejectionSink
 
 if TYPE_CHECKING:
@@ -74,41 +72,6 @@ class TaskCount:
 
     def finished(self) -> None:
         self.running -= 1
-
-
-class ReceiveWaiters:
-    """Connections whose next large frame waits for receive memory, oldest first."""
-
-    def __init__(self, memory: MemoryBudget, metrics: ProxyMetrics) -> None:
-        self.memory = memory
-        """What the large frames being received from clients have declared, together."""
-        self._metrics = metrics
-        self._waiters: collections.deque[ClientConnection] = collections.deque()
-        self._logged_at = float("-inf")
-
-    def wait(self, client: ClientConnection) -> None:
-        """`client` stopped reading until its large frame can reserve receive memory."""
-        if client not in self._waiters:
-            self._waiters.append(client)
-        self._metrics.receive_waits.inc()
-        now = time.monotonic()
-        if now - self._logged_at >= REFUSAL_LOG_INTERVAL_S:
-            self._logged_at = now
-            log.warning(
-                "client %s waits to send a %d-byte request: the requests being received hold "
-                "%d of %d bytes (limits.receive_buffer_bytes); %d connections wait",
-                client.peer,
-                client.waiting_frame or 0,
-                self.memory.in_use,
-                self.memory.limit,
-                len(self._waiters),
-            )
-
-    def wake(self) -> None:
-        """Let waiting connections start their frames, oldest first, while memory lasts."""
-        waiters = self._waiters
-        while waiters and waiters[0].retry_receive():
-            waiters.popleft()
 
 
 @dataclass(frozen=True, slots=True)

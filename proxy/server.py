@@ -26,8 +26,9 @@ from proxy.errors import ProxyError
 from proxy.listeners import Listeners
 from proxy.memory import return_large_buffers_to_the_os
 from proxy.metrics import ProxyMetrics, start_http_endpoint
+from proxy.receive_memory import ReceiveWaiters
 from proxy.rejections import RejectionSink, make_journal
-from proxy.relay_state import ConnectionState, ReceiveWaiters, ResponseTap, TaskCount
+from proxy.relay_state import ConnectionState, ResponseTap, TaskCount
 from proxy.tls_context import client_side_ssl, upstream_side_ssl
 from proxy.topic_configs import TopicConfigCache
 from proxy.upstream_client import describe_failure, topics_exist

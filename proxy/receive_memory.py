@@ -1,0 +1,123 @@
+"""Receive memory: what the large frames being received from clients hold, who waits for it,
+and how long one frame may hold it.
+
+A large frame reserves its declared size when its size prefix arrives (`protocol.framing`) and
+keeps it until it is complete. A frame that cannot reserve waits, unread, oldest first. What
+bounds the wait is the time a frame may take to arrive once it holds its reservation
+(`limits.frame_receive_timeout_ms`): measured from its reservation, not from its last byte, so a
+client sending a byte now and then holds the memory no longer than one that sends nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from protocol.budget import MemoryBudget
+from protocol.framing import FrameDecoder
+from proxy.metrics import ProxyMetrics
+from proxy.reasons import CloseReason
+
+if TYPE_CHECKING:
+    from proxy.connection import ClientConnection
+
+log = logging.getLogger("kvproxy")
+
+LOG_INTERVAL_S = 10.0
+"""Waits and closes are logged at most once per interval each, with a count of the rest."""
+
+
+class FrameClock:
+    """How long one connection's reserved frame has been received for, as the sweep sees it.
+
+    Only time during which the proxy reads the connection counts: while the proxy itself holds
+    reading (a request being decided, a full upstream buffer, too many requests in flight) the
+    client cannot send, so the clock stops."""
+
+    __slots__ = ("_frame", "_last", "limit_ms", "spent")
+
+    def __init__(self, limit_ms: int) -> None:
+        self.limit_ms = limit_ms
+        """`limits.frame_receive_timeout_ms`."""
+        self._frame: int | None = None
+        self._last = 0.0
+        self.spent = 0.0
+        """Seconds the current reserved frame has been read for (as of the last `overdue`)."""
+
+    def overdue(self, now: float, decoder: FrameDecoder, *, reading: bool) -> bool:
+        """Advance to `now`: True once the frame `decoder` is receiving has held its reservation
+        for `limit_ms` of reading. Called by the sweep (a tick at most a tenth of the limit)."""
+        frame = decoder.reserved_frame
+        if frame is None or frame != self._frame:
+            self._frame = frame
+            self.spent = 0.0
+        elif reading:
+            self.spent += now - self._last
+        self._last = now
+        return frame is not None and self.spent * 1000 >= self.limit_ms
+
+
+class ReceiveWaiters:
+    """Connections whose next large frame waits for receive memory, oldest first."""
+
+    def __init__(self, memory: MemoryBudget, metrics: ProxyMetrics) -> None:
+        self.memory = memory
+        """What the large frames being received from clients have declared, together."""
+        self._metrics = metrics
+        self._waiters: collections.deque[ClientConnection] = collections.deque()
+        self._logged_at = float("-inf")
+        self._overdue_logged_at = float("-inf")
+        self._overdue_unlogged = 0
+
+    def wait(self, client: ClientConnection, size: int | None) -> None:
+        """`client` stopped reading until its large frame can reserve receive memory."""
+        if client not in self._waiters:
+            self._waiters.append(client)
+        self._metrics.receive_waits.inc()
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_INTERVAL_S:
+            self._logged_at = now
+            log.warning(
+                "client %s waits to send a %d-byte request: the requests being received hold "
+                "%d of %d bytes (limits.receive_buffer_bytes); %d connections wait",
+                client.peer,
+                size or 0,
+                self.memory.in_use,
+                self.memory.limit,
+                len(self._waiters),
+            )
+
+    def wake(self) -> None:
+        """Let waiting connections start their frames, oldest first, while memory lasts."""
+        waiters = self._waiters
+        while waiters and waiters[0].retry_receive():
+            waiters.popleft()
+
+    def close_overdue(
+        self, client: ClientConnection, clock: FrameClock, decoder: FrameDecoder
+    ) -> None:
+        """Close `client`, whose reserved frame is past `clock`'s limit: its memory goes to the
+        waiters. A warning at once, then at most once per `LOG_INTERVAL_S` with the count of
+        such closes since; every close is counted under `frame_receive_timeout`."""
+        why = (
+            f"client {client.peer} took more than {clock.limit_ms} ms "
+            f"(limits.frame_receive_timeout_ms) to send a {decoder.pending_frame_size() or 0}-byte "
+            f"request holding receive memory ({decoder.buffered} bytes in after "
+            f"{clock.spent:.1f} s of reading)"
+        )
+        self._overdue_unlogged += 1
+        now = time.monotonic()
+        if now - self._overdue_logged_at >= LOG_INTERVAL_S:
+            more = self._overdue_unlogged - 1
+            since = f"; {more} more such connections closed since the last line" if more else ""
+            log.warning(
+                "closing connection: %s; %d connections wait for receive memory%s",
+                why,
+                len(self._waiters),
+                since,
+            )
+            self._overdue_logged_at = now
+            self._overdue_unlogged = 0
+        client.abort(why, logging.DEBUG, reason=CloseReason.FRAME_RECEIVE_TIMEOUT)
