@@ -252,9 +252,12 @@ def _bounded(codec: Any, data: Buffer, output: _Output, declared: Declared | int
     (decoding fails when the frame holds more: corrupt), an int a first guess; without either,
     16 times the input. A guess that does not fit grows four times, up to the output's limit.
     The decoder's own memory (`Declared.working`) is counted while it runs."""
-    working = output.hold_working(declared) if isinstance(declared, Declared) else 0
+    frames = declared if isinstance(declared, Declared) else Declared(0, None)
+    exact = frames.content
+    if exact is not None and exact > output.limit() - frames.working:
+        raise output.too_large(len(data))  # before anything is taken
+    working = output.hold_working(frames)
     try:
-        exact = declared.content if isinstance(declared, Declared) else None
         limit = output.limit()
         if exact is not None:
             if exact > limit:

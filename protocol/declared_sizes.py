@@ -41,8 +41,9 @@ class Declared(NamedTuple):
 def zstd_declared(data: bytes | bytearray | memoryview) -> Declared:
     """The zstd frames' largest window (RFC 8878 3.1.1.1.2) and their total content size.
 
-    A frame that declares its content size is decoded straight into an output of that size and
-    needs no window; one that does not needs a window buffer of the size it declares."""
+    A single-segment frame (its window is its content size) is decoded straight into an output
+    of that size and needs no window; any other frame may need a window buffer of the size it
+    declares (at most its content size, when it declares one)."""
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
     pos, end = 0, len(view)
     working = 0
@@ -59,15 +60,19 @@ def zstd_declared(data: bytes | bytearray | memoryview) -> Declared:
         if content is None:
             working = max(working, window + _ZSTD_BLOCK_MAX)
             total = None
-        elif total is not None:
-            total += content
+        else:
+            if window:  # not single-segment: a streaming decoder may buffer up to the content
+                working = max(working, min(window, content) + _ZSTD_BLOCK_MAX)
+            if total is not None:
+                total += content
     if pos > end:
         raise CorruptRecords("zstd frame cut off")
     return Declared(working, total)
 
 
 def _zstd_frame_header(view: memoryview, pos: int) -> tuple[int, int | None, int, int]:
-    """(window size, content size or None, checksum length, position after the header)."""
+    """(window size, 0 for a single-segment frame; content size or None; checksum length;
+    position after the header)."""
     if pos >= len(view):
         raise CorruptRecords("zstd frame header cut off")
     descriptor = view[pos]
@@ -91,8 +96,6 @@ def _zstd_frame_header(view: memoryview, pos: int) -> tuple[int, int | None, int
     content: int | None = None
     if field:
         content = int.from_bytes(view[pos : pos + field], "little") + (256 if field == 2 else 0)
-    if single_segment:
-        window = content or 0
     return window, content, 4 if descriptor & 0x04 else 0, pos + field
 
 
