@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from protocol.messages import PRODUCE, decode_response
-from proxy import partition_limit
 from proxy.quarantine import JournalReader
 from tests.harness import Broker
 from tests.harness.metrics import closed, scrape, value
@@ -77,13 +76,16 @@ def test_a_request_past_the_partition_limit_is_refused_whole_and_never_forwarded
 def test_a_request_past_the_limit_with_acks_0_closes_the_connection(
     tansu: Broker, topic: str
 ) -> None:
-    payload = many_partitions_request(8, {topic: HOSTILE}, acks=0)
+    """acks=0: nothing to answer, so the connection is closed, as for any refused acks=0
+    request; every partition holds a valid batch (before: all forwarded, stored)."""
+    payload = many_partitions_request(8, {topic: 20_000}, acks=0, records=batch(b"v"))
     with run_proxy(tansu.bootstrap) as proxy:
         with RawKafkaClient(proxy.host, proxy.port) as client:
             client.send_frame(payload)
             assert client.is_closed_by_peer(timeout=60)
         wait_until(lambda: closed(proxy, "acks0_rejection") == 1, "the close counted")
         assert_serves(proxy)
+    assert stored(tansu, topic, 0) == []
 
 
 def test_the_limit_is_a_setting(tansu: Broker, topic: str) -> None:
@@ -107,14 +109,14 @@ def test_an_innocent_client_is_answered_while_the_hostile_request_is_being_refus
     loop is not held by the hostile request (before: decoded, checked and answered on the loop,
     the gate never reached)."""
     reached, gate = threading.Event(), threading.Event()
-    real_refusal = partition_limit.refusal_answer
+    from protocol.produce_shape import refusal_answer as real_refusal
 
     def gated(*args: Any, **kwargs: Any) -> bytes:
         reached.set()
         assert gate.wait(60)
         return real_refusal(*args, **kwargs)
 
-    monkeypatch.setattr(partition_limit, "refusal_answer", gated, raising=False)
+    monkeypatch.setattr("proxy.partition_limit.refusal_answer", gated)
     payload = many_partitions_request(8, {topic: HOSTILE}, correlation_id=9)
     with run_proxy(tansu.bootstrap) as proxy:
         with RawKafkaClient(proxy.host, proxy.port) as hostile:
