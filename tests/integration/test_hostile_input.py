@@ -85,14 +85,15 @@ def test_many_partitions_each_under_the_budget_are_checked_one_at_a_time(
     tansu: Broker, make_topic: Any
 ) -> None:
     """Twenty partitions of 6 MiB each: 120 MiB in all, but each partition's memory goes back
-    before the next is decoded, so an 8 MiB budget checks and accepts them all."""
+    before the next is decoded, so a 16 MiB budget checks and accepts them all (each partition
+    holds its 6 MiB and the zstd decoder's window, up to 6 MiB more, while it is decoded)."""
     topic = make_topic(20)
-    config = proxy_config(tansu.bootstrap, limits={"decode_bytes_per_request": 8 * MiB})
+    config = proxy_config(tansu.bootstrap, limits={"decode_bytes_per_request": 16 * MiB})
     part = zeros_batch(6, MiB)
     with run_proxy(config=config) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, n, part) for n in range(20)])
         assert {a.error_code for a in answers.values()} == {0}
-        assert 6 * MiB <= proxy.server.decode_memory.peak <= 8 * MiB
+        assert 6 * MiB <= proxy.server.decode_memory.peak <= 16 * MiB
     assert len(stored(tansu, topic, 19)) == 6
 
 
