@@ -59,10 +59,30 @@ class FrameClock:
         return frame is not None and self.spent * 1000 >= self.limit_ms
 
 
+class ReceiveMemory(MemoryBudget):
+    """Receive memory served in turn: while connections wait for it, a frame that has not
+    waited is refused and queues behind them, so frames that each fit in what is left cannot
+    keep a larger waiting frame out for ever."""
+
+    __slots__ = ("queued", "serving")
+
+    def __init__(self, limit: int, name: str = "limits.receive_buffer_bytes") -> None:
+        super().__init__(limit, name)
+        self.queued = 0
+        """Connections waiting (`ReceiveWaiters`)."""
+        self.serving = False
+        """True while the waiters are served, oldest first: only they may take memory then."""
+
+    def try_take(self, nbytes: int) -> bool:
+        if self.queued and not self.serving:
+            return False
+        return super().try_take(nbytes)
+
+
 class ReceiveWaiters:
     """Connections whose next large frame waits for receive memory, oldest first."""
 
-    def __init__(self, memory: MemoryBudget, metrics: ProxyMetrics) -> None:
+    def __init__(self, memory: ReceiveMemory, metrics: ProxyMetrics) -> None:
         self.memory = memory
         """What the large frames being received from clients have declared, together."""
         self._metrics = metrics
@@ -75,6 +95,7 @@ class ReceiveWaiters:
         """`client` stopped reading until its large frame can reserve receive memory."""
         if client not in self._waiters:
             self._waiters.append(client)
+        self.memory.queued = len(self._waiters)
         self._metrics.receive_waits.inc()
         now = time.monotonic()
         if now - self._logged_at >= LOG_INTERVAL_S:
@@ -91,9 +112,14 @@ class ReceiveWaiters:
 
     def wake(self) -> None:
         """Let waiting connections start their frames, oldest first, while memory lasts."""
-        waiters = self._waiters
-        while waiters and waiters[0].retry_receive():
-            waiters.popleft()
+        waiters, memory = self._waiters, self.memory
+        memory.serving = True
+        try:
+            while waiters and waiters[0].retry_receive():
+                waiters.popleft()
+        finally:
+            memory.serving = False
+            memory.queued = len(waiters)
 
     def close_overdue(
         self, client: ClientConnection, clock: FrameClock, decoder: FrameDecoder

@@ -26,7 +26,7 @@ from proxy.errors import ProxyError
 from proxy.listeners import Listeners
 from proxy.memory import return_large_buffers_to_the_os
 from proxy.metrics import ProxyMetrics, start_http_endpoint
-from proxy.receive_memory import ReceiveWaiters
+from proxy.receive_memory import ReceiveMemory, ReceiveWaiters
 from proxy.rejections import RejectionSink, make_journal
 from proxy.relay_state import ConnectionState, ResponseTap, TaskCount
 from proxy.tls_context import client_side_ssl, upstream_side_ssl
@@ -101,9 +101,7 @@ class ProxyServer:
         limits = config.limits
         self.decode_memory = MemoryBudget(limits.decode_memory_bytes, "limits.decode_memory_bytes")
         """What every Produce request being decoded may hold together."""
-        self.receive_memory = MemoryBudget(
-            limits.receive_buffer_bytes, "limits.receive_buffer_bytes"
-        )
+        self.receive_memory = ReceiveMemory(limits.receive_buffer_bytes)
         """What the large frames being received from clients have declared, together."""
         self._lag_task: asyncio.Task[None] | None = None
         self._upstream_ssl = upstream_side_ssl(config)

@@ -95,3 +95,42 @@ def test_a_frame_trickled_a_byte_at_a_time_loses_its_receive_memory_at_its_deadl
     assert len(warnings) == 1, warnings
     assert "500 ms" in warnings[0]
     assert stored(tansu, topic) == [value_100k]
+
+
+def test_a_request_waiting_for_receive_memory_is_not_overtaken_by_later_ones(
+    tansu: Broker, make_topic: Callable[[int], str]
+) -> None:
+    """Receive memory for one 1 MiB request; client A holds 600 KiB of it with a request it
+    does not finish. Client B's 900 KiB request waits for memory. Client C's 200 KiB request
+    would fit in what is left, but waits behind B (or requests that each fit could keep B out for
+    ever). Once A is gone, B and then C are read, forwarded and answered."""
+    topic = make_topic(2)
+    config = proxy_config(
+        tansu.bootstrap, limits={"max_frame_bytes": MiB, "receive_buffer_bytes": MiB}
+    )
+    big, small = bytes(900 * 1024), bytes(200 * 1024)
+    big_request = produce_frame(9, 8, [(topic, 0, build_batch([(b"k", big, None, None)]))])
+    small_request = produce_frame(9, 9, [(topic, 1, build_batch([(b"k", small, None, None)]))])
+
+    def waits() -> float:
+        return value(scrape(proxy), "kvproxy_receive_memory_waits_total")
+
+    with run_proxy(config=config) as proxy:
+        with (
+            RawKafkaClient(proxy.host, proxy.port) as holder,
+            RawKafkaClient(proxy.host, proxy.port) as first,
+            RawKafkaClient(proxy.host, proxy.port) as later,
+        ):
+            holder.send_raw(struct.pack(">i", 600 * 1024) + b"x" * 100)
+            wait_until_true(lambda: proxy.server.receive_memory.in_use == 600 * 1024)
+            first.send_frame(big_request)
+            wait_until_true(lambda: waits() == 1)
+            later.send_frame(small_request)
+            wait_until_true(lambda: waits() == 2, timeout=10)  # C queues behind B
+            assert value(scrape(proxy), "kvproxy_receive_memory_bytes") == 600 * 1024
+            holder.close()
+            assert struct.unpack_from(">i", first.recv_frame(timeout=30))[0] == 8
+            assert struct.unpack_from(">i", later.recv_frame(timeout=30))[0] == 9
+        wait_until_true(lambda: proxy.server.receive_memory.in_use == 0)
+    assert stored(tansu, topic, 0) == [big]
+    assert stored(tansu, topic, 1) == [small]
