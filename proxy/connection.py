@@ -438,7 +438,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         """
         if self._closing:
             return
-        if self._frame_clock.overdue(now, self._decoder, reading=not self._paused_for):
+        if self._frame_clock.overdue(now, self._decoder, self._paused_for):
             self._state.receive.close_overdue(self, self._frame_clock, self._decoder)
             return
         received = self._received

@@ -13,12 +13,13 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from protocol.budget import MemoryBudget
 from protocol.framing import FrameDecoder
 from proxy.metrics import ProxyMetrics
-from proxy.reasons import CloseReason
+from proxy.reasons import CloseReason, PauseReason
 
 if TYPE_CHECKING:
     from proxy.connection import ClientConnection
@@ -29,12 +30,17 @@ LOG_INTERVAL_S = 10.0
 """Waits and closes are logged at most once per interval each, with a count of the rest."""
 
 
+PROXY_HOLDS = frozenset({PauseReason.CONNECTING, PauseReason.PRODUCE})
+"""Holds on reading that the proxy itself puts and lifts (connecting upstream, deciding a
+request): while one is on, a frame's clock stops. Holds a client can cause (answers it does not
+read fill `max_in_flight_requests`) do not stop it, or not reading would keep memory for ever."""
+
+
 class FrameClock:
     """How long one connection's reserved frame has been received for, as the sweep sees it.
 
-    Only time during which the proxy reads the connection counts: while the proxy itself holds
-    reading (a request being decided, a full upstream buffer, too many requests in flight) the
-    client cannot send, so the clock stops."""
+    Time during which the proxy itself holds reading (`PROXY_HOLDS`) does not count: the client
+    could not send then."""
 
     __slots__ = ("_frame", "_last", "limit_ms", "spent")
 
@@ -44,16 +50,19 @@ class FrameClock:
         self._frame: int | None = None
         self._last = 0.0
         self.spent = 0.0
-        """Seconds the current reserved frame has been read for (as of the last `overdue`)."""
+        """Seconds the current reserved frame has been received for (as of `overdue`)."""
 
-    def overdue(self, now: float, decoder: FrameDecoder, *, reading: bool) -> bool:
+    def overdue(
+        self, now: float, decoder: FrameDecoder, held: Collection[PauseReason] = ()
+    ) -> bool:
         """Advance to `now`: True once the frame `decoder` is receiving has held its reservation
-        for `limit_ms` of reading. Called by the sweep (a tick at most a tenth of the limit)."""
+        for `limit_ms`; `held` are the holds on reading now. Called by the sweep (a tick at most
+        a tenth of the limit)."""
         frame = decoder.reserved_frame
         if frame is None or frame != self._frame:
             self._frame = frame
             self.spent = 0.0
-        elif reading:
+        elif PROXY_HOLDS.isdisjoint(held):
             self.spent += now - self._last
         self._last = now
         return frame is not None and self.spent * 1000 >= self.limit_ms
