@@ -221,7 +221,8 @@ class LimitsConfig(Section):
     """A request above 64 KiB that holds receive memory (`receive_buffer_bytes`) must arrive
     whole within this much reading time from its size prefix, however steadily its bytes come;
     otherwise the connection is closed and the memory goes to the requests waiting for it. Time
-    during which the proxy itself holds reading does not count. 30 seconds is the clients'
+    during which the proxy holds reading to connect upstream or decide an earlier request does
+    not count. 30 seconds is the clients'
     `request.timeout.ms` (Java, librdkafka): a request not sent by then has been given up on.
     Raise it for requests of tens of MiB over links slower than a few MiB/s."""
     max_records_per_request: int = Field(default=1_000_000, ge=1)
