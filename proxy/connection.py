@@ -29,7 +29,13 @@ from proxy.produce import DECODE_BUDGET, ProduceDecision, ProduceEngine
 from proxy.reasons import CloseReason, PauseReason
 from proxy.receive_memory import FrameClock
 from proxy.relay_state import ConnectionState
-from proxy.rewrite import needs_rewrite, rewrite_response, unsupported_api_versions_answer
+from proxy.rewrite import (
+    REWRITE_INLINE_BYTES,
+    needs_rewrite,
+    rewrite_off_loop,
+    rewrite_response,
+    unsupported_api_versions_answer,
+)
 from proxy.slots import MAX_SILENT_SLOTS, Slot, answers_silent, merged
 
 if TYPE_CHECKING:
@@ -331,6 +337,9 @@ class ClientConnection(asyncio.BufferedProtocol):
             )
             return
         if needs_rewrite(slot.api_key, slot.api_version):
+            if len(payload) > REWRITE_INLINE_BYTES:  # rewritten off the loop, answered in order
+                self._spawn(self._learn_then_answer(slot, payload, None))
+                return
             nodes = self._state.nodes
             try:
                 payload, learned = rewrite_response(
@@ -363,9 +372,24 @@ class ClientConnection(asyncio.BufferedProtocol):
             )
 
     async def _learn_then_answer(
-        self, slot: Slot, payload: Frame, learned: dict[int, tuple[str, int]]
+        self, slot: Slot, payload: Frame, learned: dict[int, tuple[str, int]] | None
     ) -> None:
         nodes = self._state.nodes
+        if learned is None:  # a large answer, not rewritten yet
+            try:
+                payload, learned = await rewrite_off_loop(
+                    payload,
+                    slot.api_key,
+                    slot.api_version,
+                    nodes.public_host,
+                    nodes.port_or_none,
+                    topics_seen=self.metrics.topic_labels.seen,
+                    off_loop=self._state.decisions.off_loop,
+                )
+            except (ProtocolError, ProxyError) as exc:
+                why = f"cannot rewrite the answer to api {slot.api_key} v{slot.api_version}: {exc}"
+                self.abort(why, reason=CloseReason.UPSTREAM_ERROR)
+                return
         for node_id, address in learned.items():
             await nodes.learn_node_or_log(node_id, address)
         self._answer(slot, payload)  # a node whose port is taken: its clients retry elsewhere

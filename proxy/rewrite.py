@@ -12,9 +12,9 @@ only topics the cluster has).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
@@ -38,6 +38,9 @@ from protocol.messages import (
 
 SASL_HANDSHAKE: Final = 17
 NodeAddress = tuple[str, int]
+REWRITE_INLINE_BYTES: Final = 256 * 1024
+"""Answers larger than this are decoded and encoded off the event loop (`rewrite_off_loop`):
+a few milliseconds of work at most is done on it for one answer."""
 PortFor = Callable[[int], int | None]
 """Maps an upstream node id to the proxy port that stands for it; None: the node has none (the
 answer leaves it out, or names no coordinator)."""
@@ -46,6 +49,15 @@ answer leaves it out, or names no coordinator)."""
 _REWRITTEN_FROM: Final[Mapping[int, int]] = MappingProxyType(
     {METADATA: 0, FIND_COORDINATOR: 0, DESCRIBE_CLUSTER: 0, PRODUCE: 10, FETCH: 16}
 )
+T = TypeVar("T")
+
+
+class OffLoop(Protocol):
+    """Runs a function on the decoding thread (`ProduceDecisions.off_loop`)."""
+
+    def __call__(self, work: Callable[[], T], /) -> Awaitable[T]: ...
+
+
 PRODUCE_MAX_VERSION: Final = 12
 """Produce v13 names topics by id; the policies route by name, so v13 is not offered."""
 
@@ -203,13 +215,59 @@ def rewrite_response(
 
     An unchanged body is returned as the original bytes, so the common case costs one decode.
     """
+    response, existing = decode_answer(frame, api_key, api_version)
+    if topics_seen is not None and existing:
+        topics_seen(existing)
+    rewritten, learned = rewrite_decoded(response, api_key, api_version, host, port_for)
+    if rewritten is None:
+        return frame, learned
+    return encode_answer(rewritten, api_key, api_version), learned
+
+
+async def rewrite_off_loop(
+    frame: bytes | memoryview,
+    api_key: int,
+    api_version: int,
+    host: str,
+    port_for: PortFor,
+    *,
+    topics_seen: Callable[[Iterable[str]], None] | None,
+    off_loop: OffLoop,
+) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
+    """`rewrite_response` of an answer too large to decode and encode on the event loop (a
+    Metadata answer naming 100,000 topics takes seconds): decoded and encoded by `off_loop`;
+    only the node addresses are replaced on the loop (the listeners' ports belong to it)."""
+    response, existing = await off_loop(lambda: decode_answer(frame, api_key, api_version))
+    if topics_seen is not None and existing:
+        topics_seen(existing)
+    rewritten, learned = rewrite_decoded(response, api_key, api_version, host, port_for)
+    if rewritten is None:
+        return frame, learned
+    done = rewritten
+    return await off_loop(lambda: encode_answer(done, api_key, api_version)), learned
+
+
+def decode_answer(
+    frame: bytes | memoryview, api_key: int, api_version: int
+) -> tuple[Response, list[str]]:
+    """The answer decoded, and (Metadata) the topics it names that exist."""
     response: Response = decode_response(frame, api_key, api_version)
-    if api_key == METADATA and topics_seen is not None:
-        topics_seen(existing_topics(response.body))
+    existing = list(existing_topics(response.body)) if api_key == METADATA else []
+    return response, existing
+
+
+def rewrite_decoded(
+    response: Response, api_key: int, api_version: int, host: str, port_for: PortFor
+) -> tuple[Response | None, dict[int, NodeAddress]]:
+    """The answer with proxy addresses (None: unchanged) and the node addresses it named."""
     learned: dict[int, NodeAddress] = {}
     body = _rewrite_body(
         api_key, api_version, response.body, host=host, port_for=port_for, learned=learned
     )
     if body is response.body:
-        return frame, learned
-    return encode_response(api_key, api_version, Response(response.header, body)), learned
+        return None, learned
+    return Response(response.header, body), learned
+
+
+def encode_answer(response: Response, api_key: int, api_version: int) -> bytes:
+    return encode_response(api_key, api_version, response)
