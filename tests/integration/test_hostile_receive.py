@@ -134,3 +134,42 @@ def test_a_request_waiting_for_receive_memory_is_not_overtaken_by_later_ones(
         wait_until_true(lambda: proxy.server.receive_memory.in_use == 0)
     assert stored(tansu, topic, 0) == [big]
     assert stored(tansu, topic, 1) == [small]
+
+
+def test_a_frame_behind_a_long_poll_keeps_its_receive_memory_no_longer(
+    tansu: Broker, topic: str
+) -> None:
+    """With one request in flight allowed per connection, client A sends a Fetch that waits up
+    to a minute for data that never comes and, in the same write, the start of a 1 MiB request.
+    The proxy stops reading A until the Fetch is answered, which is A's own doing: the frame's
+    clock runs on, so A is closed at `frame_receive_timeout_ms` and client B's 100 KiB request,
+    waiting for the memory, is answered without waiting for A's long poll."""
+    from tests.harness.requests import fetch_request, topic_id_of
+
+    config = proxy_config(
+        tansu.bootstrap,
+        limits={
+            "max_frame_bytes": MiB,
+            "receive_buffer_bytes": MiB,
+            "max_in_flight_requests": 1,
+            "frame_receive_timeout_ms": 500,
+        },
+    )
+    value_100k = bytes(100 * 1024)
+    request = produce_frame(9, 7, [(topic, 0, build_batch([(b"k", value_100k, None, None)]))])
+    with run_proxy(config=config) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as slow:
+            fetch = fetch_request(
+                13, 1, topic_id_of(slow, topic), max_wait_ms=60_000, min_bytes=MiB
+            )
+            slow.send_raw(
+                struct.pack(">i", len(fetch)) + fetch + struct.pack(">i", MiB) + b"x" * 100
+            )
+            wait_until_true(lambda: proxy.server.receive_memory.in_use == MiB)
+            with RawKafkaClient(proxy.host, proxy.port) as waiter:
+                waiter.send_frame(request)
+                answer = waiter.recv_frame(timeout=30)  # before the Fetch's minute is up
+                assert struct.unpack_from(">i", answer)[0] == 7
+            assert slow.is_closed_by_peer(timeout=5)
+        assert closed(proxy, "frame_receive_timeout") == 1
+    assert stored(tansu, topic) == [value_100k]
