@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hostile
 from _common import ROOT, create_topic, start_proxy, tansu
-from hostile import OtherClient, fetch_metrics, framed, percentile, produce_request
-from request_rate import metrics_url
+from hostile import OtherClient, fetch_metrics, framed, produce_request
+from request_rate import metrics_url, percentile
 
 from protocol.records import build_batch
 
