@@ -13,6 +13,8 @@ partition.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from dataclasses import dataclass
 
 from protocol.errors import BufferUnderflow, DecodeError, NegativeSize
@@ -46,8 +48,9 @@ class ProduceShape:
     """Partitions counted; when `complete` is False, the count at which the scan stopped."""
     complete: bool
     """Whether every partition was read (the scan stops once it passes `stop_after`)."""
-    topics: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    """Each topic's name and partition indexes, in request order (only with `indexes=True`)."""
+    topics: tuple[tuple[str, array[int]], ...] = ()
+    """Each topic's name and partition indexes, in request order (only with `indexes=True`):
+    4 bytes per partition, not an object each."""
 
 
 def scan_produce(
@@ -70,7 +73,7 @@ def scan_produce(
     offset += _INT16.size + _INT32.size  # acks, timeout
     topic_count, offset = _array_length(buf, offset, flexible)
     counted = 0
-    topics: list[tuple[str, tuple[int, ...]]] = []
+    topics: list[tuple[str, array[int]]] = []
     for _ in range(topic_count):
         name_start = offset
         offset = _skip_string(buf, offset, flexible)
@@ -79,7 +82,7 @@ def scan_produce(
             return ProduceShape(
                 version, header.correlation_id, header.client_id, acks, counted + count, False
             )
-        found: list[int] = []
+        found = array("i")
         for _ in range(count):
             if flexible:
                 index = _read(_INT32, buf, offset)
@@ -96,7 +99,7 @@ def scan_produce(
         if flexible:
             offset = skip_tagged_fields(buf, offset)
         if indexes:
-            topics.append((_name(buf, name_start, flexible), tuple(found)))
+            topics.append((_name(buf, name_start, flexible), found))
     return ProduceShape(
         version, header.correlation_id, header.client_id, acks, counted, True, tuple(topics)
     )
@@ -108,28 +111,41 @@ def refusal_answer(shape: ProduceShape, error_code: int, message: str | None) ->
     so every further partition costs its fixed fields alone (24-36 bytes)."""
     version = shape.api_version
     flexible = version >= _FIRST_FLEXIBLE
-    out = bytearray(_INT32.pack(shape.correlation_id))
+    parts: list[bytes | bytearray] = [_INT32.pack(shape.correlation_id)]
     if flexible:
-        out += b"\x00"  # response header v1: no tagged fields
-    out += _length(len(shape.topics), flexible)
+        parts.append(b"\x00")  # response header v1: no tagged fields
+    parts.append(_length(len(shape.topics), flexible))
     first = True
     rest = _partition_tail(error_code, version, None)  # every partition after the first
-    pack_index = _INT32.pack
-    for name, partitions in shape.topics:
-        out += _string(name, flexible)
-        out += _length(len(partitions), flexible)
-        if first and partitions:
-            out += pack_index(partitions[0]) + _partition_tail(error_code, version, message)
-            partitions = partitions[1:]
+    for name, indexes in shape.topics:
+        parts += (_string(name, flexible), _length(len(indexes), flexible))
+        others = indexes
+        if first and indexes:
+            parts.append(_INT32.pack(indexes[0]) + _partition_tail(error_code, version, message))
+            others = indexes[1:]
             first = False
-        out += b"".join(pack_index(index) + rest for index in partitions)
+        parts.append(_entries(others, rest))
         if flexible:
-            out += b"\x00"
+            parts.append(b"\x00")
     if version >= 1:
-        out += _INT32.pack(0)  # throttle time
+        parts.append(_INT32.pack(0))  # throttle time
     if flexible:
-        out += b"\x00"
-    return bytes(out)
+        parts.append(b"\x00")
+    return b"".join(parts)
+
+
+def _entries(indexes: array[int], rest: bytes) -> bytearray:
+    """Each index (big-endian) followed by `rest`, written by slice assignment: a million
+    entries cost two buffers and no object each."""
+    big_endian = array("i", indexes)
+    if sys.byteorder == "little":
+        big_endian.byteswap()
+    index_bytes = big_endian.tobytes()
+    stride = _INT32.size + len(rest)
+    out = bytearray((bytes(_INT32.size) + rest) * len(indexes))
+    for byte in range(_INT32.size):
+        out[byte::stride] = index_bytes[byte :: _INT32.size]
+    return out
 
 
 def _partition_tail(error_code: int, version: int, message: str | None) -> bytes:
