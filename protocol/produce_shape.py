@@ -51,6 +51,8 @@ class ProduceShape:
     topics: tuple[tuple[str, array[int]], ...] = ()
     """Each topic's name and partition indexes, in request order (only with `indexes=True`):
     4 bytes per partition, not an object each."""
+    first_topic: str = ""
+    """The name of the request's first topic ("" when it names none)."""
 
 
 def scan_produce(
@@ -74,13 +76,23 @@ def scan_produce(
     topic_count, offset = _array_length(buf, offset, flexible)
     counted = 0
     topics: list[tuple[str, array[int]]] = []
+    first_start: int | None = None
     for _ in range(topic_count):
         name_start = offset
+        if first_start is None:
+            first_start = offset
         offset = _skip_string(buf, offset, flexible)
         count, offset = _array_length(buf, offset, flexible)
         if counted + count > stop_after:  # declared: no need to read them
+            first = _name(buf, first_start, flexible) if first_start is not None else ""
             return ProduceShape(
-                version, header.correlation_id, header.client_id, acks, counted + count, False
+                version,
+                header.correlation_id,
+                header.client_id,
+                acks,
+                counted + count,
+                False,
+                first_topic=first,
             )
         found = array("i")
         for _ in range(count):
@@ -100,8 +112,16 @@ def scan_produce(
             offset = skip_tagged_fields(buf, offset)
         if indexes:
             topics.append((_name(buf, name_start, flexible), found))
+    first = _name(buf, first_start, flexible) if first_start is not None else ""
     return ProduceShape(
-        version, header.correlation_id, header.client_id, acks, counted, True, tuple(topics)
+        version,
+        header.correlation_id,
+        header.client_id,
+        acks,
+        counted,
+        True,
+        tuple(topics),
+        first_topic=first,
     )
 
 

@@ -104,8 +104,8 @@ def refuse(
     MESSAGE_TOO_LARGE for every partition, on every Produce version (as the records limit);
     the message, naming the count and the setting, goes with the first partition only.
 
-    An answer that would be larger than `limits.max_frame_bytes` (tens of millions of
-    partitions) is not written: `AnswerTooLarge`, the connection is closed as for a frame over
+    An answer that would be larger than `limits.max_frame_bytes` (about 2.9 million partitions
+    with the default) is not written: `AnswerTooLarge`, the connection is closed as for a frame over
     that limit."""
     message = (
         f"The request names {counted.partitions} or more partitions, more than the proxy "
@@ -115,7 +115,7 @@ def refuse(
         code=error_codes.MESSAGE_TOO_LARGE, message=message, policy=PARTITIONS_LIMIT, resend=True
     )
     written = b""
-    first_topic, first_index = "", -1
+    first_topic, first_index = counted.first_topic, -1
     if counted.acks != 0:  # acks=0: nothing is answered, the connection is closed
         if counted.partitions * _MAX_PARTITION_ANSWER_BYTES > max_answer:
             raise AnswerTooLarge(

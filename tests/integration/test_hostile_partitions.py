@@ -88,6 +88,18 @@ def test_a_request_past_the_limit_with_acks_0_closes_the_connection(
     assert stored(tansu, topic, 0) == []
 
 
+def test_a_refusal_larger_than_a_frame_closes_the_connection(tansu: Broker, topic: str) -> None:
+    """An answer naming every partition would pass `max_frame_bytes` (here 1 MiB: 100,000
+    partitions take 3.6 MB to answer): the connection is closed, as for a frame over it."""
+    limits = {"max_frame_bytes": 1024 * 1024}
+    with run_proxy(tansu.bootstrap, limits=limits) as proxy:
+        with RawKafkaClient(proxy.host, proxy.port) as client:
+            client.send_frame(many_partitions_request(8, {topic: 100_000}))
+            assert client.is_closed_by_peer(timeout=60)
+        wait_until(lambda: closed(proxy, "malformed") == 1, "the close counted")
+        assert_serves(proxy)
+
+
 def test_the_limit_is_a_setting(tansu: Broker, topic: str) -> None:
     """Within `max_partitions_per_request` the request is decided as usual (here: 300 empty
     partitions, which Tansu answers for itself); one partition more is refused."""

@@ -35,6 +35,7 @@ def test_scan_stops_once_past_the_limit(version: int) -> None:
     shape = scan_produce(payload, 10)
     assert not shape.complete
     assert shape.partitions == 4 + 1_000_000 // 8  # the declared count, not read
+    assert shape.first_topic == "a"
     assert shape.topics == ()
 
 
