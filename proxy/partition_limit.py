@@ -12,7 +12,6 @@ written straight to bytes (`protocol.produce_shape`), as the records limit answe
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 from policies.api import Verdict
 from protocol import error_codes
@@ -45,17 +44,13 @@ class AnswerTooLarge(DecodeError):
     """A request whose refusal answer would not fit in a frame: the connection is closed."""
 
 
-@dataclass(slots=True, eq=False)
 class WholeRequestRefusal(ProduceDecision):
     """A request refused before it was decoded: one outcome stands for all its partitions (one
     rejection logged and counted, nothing kept: no record was read and the client was told none
-    was written), and its answer is written beforehand."""
+    was written); its answer, naming every partition, is `written` beforehand (acks=0: none,
+    the connection is closed)."""
 
-    written: bytes = b""
-    """The answer naming every partition (empty for acks=0: the connection is closed)."""
-
-    def answer(self, upstream: Frame | None) -> bytes:
-        return self.written
+    __slots__ = ()
 
 
 def names_many_partitions(payload: Frame, inline_max_partitions: int) -> bool:
@@ -127,11 +122,12 @@ def refuse(
         if shape.topics and shape.topics[0][1]:
             first_topic, first_index = shape.topics[0][0], shape.topics[0][1][0]
     outcome = PartitionOutcome(first_topic, first_index, verdict, enforced=True)
-    return WholeRequestRefusal(
+    refusal = WholeRequestRefusal(
         counted.api_version,
         counted.correlation_id,
         counted.acks,
         ((first_topic, (outcome,)),),
         engine,
-        written=written,
     )
+    refusal.written = written
+    return refusal

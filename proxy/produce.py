@@ -42,6 +42,7 @@ from protocol.messages import (
 )
 from protocol.produce import partition_answer, produce_answer, produce_response_types
 from proxy.produce_scan import (
+    ANSWERED_AS_THEY_ARE,
     RECORDS_LIMIT,
     declared_records,
     has_transactional_records,
@@ -142,6 +143,9 @@ class ProduceDecision:
     observing: tuple[tuple[str, PolicyChain], ...] = ()
     """The topics whose chain shows the broker's answer to a policy (`PolicyChain.observers`),
     with that chain: usually none, and then the answer is not decoded for them."""
+    written: bytes | None = None
+    """The answer, written where a request of many partitions answered locally was decided
+    (off the event loop), so the loop only sends it."""
     outcomes: tuple[PartitionOutcome, ...] = field(init=False)
     rejected: tuple[PartitionOutcome, ...] = field(init=False)
     """The partitions whose rejection the client receives."""
@@ -159,6 +163,8 @@ class ProduceDecision:
 
     def answer(self, upstream: Frame | None) -> bytes:
         """The client's answer (`ProduceEngine.answer`) under the rules it was judged by."""
+        if upstream is None and self.written is not None:
+            return self.written
         return self.engine.answer(self, upstream)
 
     def observe(self, upstream: Frame) -> None:
@@ -295,6 +301,9 @@ class ProduceEngine:
         decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out), self)
         decision.forward = self._forward(frame, request, decision)
         decision.observing = tuple(observing)
+        many = len(decision.outcomes) > self.settings.inline_max_partitions  # decided off loop
+        if many and decision.forward is None and acks != 0:
+            decision.written = self.answer(decision, None)
         return decision
 
     def _parse(
@@ -485,20 +494,8 @@ class ProduceEngine:
         code = profile_code(self.settings.profile, verdict)
         if (
             version < self.settings.legacy_below
-            and code not in _ANSWERED_AS_THEY_ARE
+            and code not in ANSWERED_AS_THEY_ARE
             and verdict.policy not in _EVERY_VERSION_KNOWS  # MESSAGE_TOO_LARGE, not retried
         ):
             code = self.settings.legacy_code
         return code
-
-
-_ANSWERED_AS_THEY_ARE = frozenset(
-    {
-        error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-        error_codes.INVALID_REQUIRED_ACKS,
-        error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-        error_codes.MESSAGE_TOO_LARGE,  # max.message.bytes: not retried by any client
-        error_codes.RECORD_LIST_TOO_LARGE,  # segment.bytes
-    }
-)
-"""Codes a broker sends to Produce v0-v2 clients too: never replaced by the legacy code."""

@@ -13,6 +13,7 @@ from protocol.errors import DecodeError
 from protocol.records import read_batch
 
 __all__ = [
+    "ANSWERED_AS_THEY_ARE",
     "RECORDS_LIMIT",
     "Parsed",
     "declared_records",
@@ -20,6 +21,17 @@ __all__ = [
     "refuse_every_partition",
     "too_many_records",
 ]
+
+ANSWERED_AS_THEY_ARE = frozenset(
+    {
+        error_codes.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+        error_codes.INVALID_REQUIRED_ACKS,
+        error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        error_codes.MESSAGE_TOO_LARGE,  # max.message.bytes: not retried by any client
+        error_codes.RECORD_LIST_TOO_LARGE,  # segment.bytes
+    }
+)
+"""Codes a broker sends to Produce v0-v2 clients too: never replaced by the legacy code."""
 
 RECORDS_LIMIT = "max_records_per_request"
 """`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
