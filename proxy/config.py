@@ -276,6 +276,19 @@ class TopicConfigsConfig(Section):
     """How long what DescribeConfigs said about a topic (`policies.topic_settings`) is trusted."""
 
     ttl_ms: int = Field(default=60_000, ge=0)
+    absent_ttl_ms: int = Field(default=5_000, ge=0)
+    """How long "the cluster cannot describe this name" is kept (a name that is no topic)."""
+    max_absent_topics: int = Field(default=10_000, ge=0)
+    """Such names kept at most (apart from the described topics, which they never evict)."""
+    lookups_per_client_per_second: int = Field(default=20, ge=1)
+    """New names one connection may have described per second (burst: as many); beyond, a
+    name is decided with its settings unknown, as when DescribeConfigs fails."""
+    lookup_requests_per_second: int = Field(default=20, ge=1)
+    """The proxy's own DescribeConfigs and Metadata (topic label) requests per second; names
+    asked meanwhile wait for the next request, which carries up to `max_topics_per_request`."""
+    max_topics_per_request: int = Field(default=100, ge=1)
+    max_pending_topics: int = Field(default=1_000, ge=1)
+    """Names waiting for a DescribeConfigs answer; a name beyond them is not asked about."""
 
 
 class QuarantineConfig(Section):

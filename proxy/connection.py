@@ -201,7 +201,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         unknown: list[str] = []
         if not names_many_partitions(payload, engine.settings.inline_max_partitions):
             request = decode_request(payload)  # malformed: DecodeError ends the connection
-            unknown = self._state.decisions.topics_to_describe(request)
+            unknown = self._state.decisions.topics_to_describe(request, self)
         if request is not None and not unknown:
             decision = self._state.decisions.decide_inline(engine, payload, request)
             if decision is not None:

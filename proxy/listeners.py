@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import ProtocolError
+from proxy.admin_connections import AdminConnections
 from proxy.config import NodePortError, ProxyConfig, shared_port_problem
 from proxy.errors import ProxyError
 from proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
@@ -59,8 +60,11 @@ class Listeners:
         client_ssl: ssl.SSLContext | None,
         upstream_ssl: ssl.SSLContext | None,
         reuse_port: bool,
+        admin_connections: AdminConnections | None = None,
     ) -> None:
         self.config = config
+        self._admin = admin_connections
+        """Where the proxy's own Metadata requests go (one kept connection per address)."""
         """Read for `listen`, `upstream` and `limits`, which only take effect at start."""
         self._bootstrap = bootstrap
         self.metrics = metrics
@@ -251,7 +255,9 @@ class Listeners:
         problems = []
         for host, port in self._bootstrap:
             try:
-                nodes = await fetch_broker_addresses(host, port, self._upstream_ssl, timeout)
+                nodes = await fetch_broker_addresses(
+                    host, port, self._upstream_ssl, timeout, connections=self._admin
+                )
             except (OSError, TimeoutError, ProtocolError) as exc:
                 why = describe_failure(exc, timeout)
                 if isinstance(exc, ConnectionError) and await answers_api_versions(

@@ -19,6 +19,7 @@ from policies.config import TopicRouting
 from protocol.budget import MemoryBudget
 from protocol.errors import ProtocolError
 from protocol.framing import BufferPool
+from proxy.admin_connections import AdminConnections
 from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for
 from proxy.connection import ClientConnection
 from proxy.decisions import ProduceDecisions
@@ -106,11 +107,19 @@ class ProxyServer:
         self._lag_task: asyncio.Task[None] | None = None
         self._upstream_ssl = upstream_side_ssl(config)
         self._stopping = False
+        self.admin_connections = AdminConnections(  # a lambda: the metrics come later
+            self._upstream_ssl,
+            on_open=lambda: self.metrics.admin_connections_opened.inc(),  # noqa: PLW0108
+        )
+        """The kept connections of the proxy's own requests (DescribeConfigs, Metadata)."""
         self.topic_configs = TopicConfigCache(
             lambda: self._bootstrap,
             self._upstream_ssl,
             config.topic_configs.ttl_ms / 1000,
             config.upstream.connect_timeout_ms / 1000,
+            settings=config.topic_configs,
+            connections=self.admin_connections,
+            count=lambda outcome, names: self.metrics.topic_lookups.labels(outcome).inc(names),
         )
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
         self.schemas = (
@@ -154,6 +163,7 @@ class ProxyServer:
             client_ssl=client_side_ssl(config),
             upstream_ssl=self._upstream_ssl,
             reuse_port=worker is not None,
+            admin_connections=self.admin_connections,
         )
         self._tasks = TaskCount()
         self.connection_state = ConnectionState(
@@ -204,7 +214,15 @@ class ProxyServer:
         problem = "none configured"
         for host, port in list(self._bootstrap):
             try:
-                return await topics_exist(host, port, self._upstream_ssl, timeout, topics)
+                await self.topic_configs.label_pacer.wait()
+                return await topics_exist(
+                    host,
+                    port,
+                    self._upstream_ssl,
+                    timeout,
+                    topics,
+                    connections=self.admin_connections,
+                )
             except (OSError, TimeoutError, ProtocolError) as exc:
                 problem = describe_failure(exc, timeout)
         raise ConnectionError(f"no bootstrap server answered Metadata: {problem}")
@@ -223,7 +241,7 @@ class ProxyServer:
         self.config = self.config.model_copy(
             update={name: getattr(config, name) for name in RELOADABLE_SECTIONS}
         )
-        self.topic_configs.ttl_s = self.config.topic_configs.ttl_ms / 1000
+        self.topic_configs.settings = self.config.topic_configs
         return self.decisions.replace(self.config, routing)
 
     # ---- lifecycle ----
@@ -290,6 +308,8 @@ class ProxyServer:
             await asyncio.sleep(0.01)
         self.metrics.topic_labels.close()  # after the drain: its requests were counted
         self.decisions.close()
+        self.topic_configs.close()
+        self.admin_connections.close()
         if self.schemas is not None:
             await self.schemas.aclose()
         if self.journal is not None:

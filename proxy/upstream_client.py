@@ -11,6 +11,7 @@ from protocol import admin
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder
 from protocol.messages import DESCRIBE_CONFIGS, FETCH, LIST_OFFSETS, METADATA, decode_response
+from proxy.admin_connections import AdminConnections
 from proxy.fds import describe as describe_fd_shortage
 from proxy.fds import out_of_fds
 
@@ -38,12 +39,24 @@ _METADATA_VERSION = 1  # every broker since 0.10 answers it; enough for node ids
 
 
 async def fetch_broker_addresses(
-    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    *,
+    connections: AdminConnections | None = None,
 ) -> dict[int, tuple[str, int]]:
     """node id -> (host, port) of every broker the cluster names."""
     body = admin.metadata_request(_METADATA_VERSION, ())
     answer = await _ask(
-        host, port, ssl_context, timeout, api_key=METADATA, version=_METADATA_VERSION, body=body
+        host,
+        port,
+        ssl_context,
+        timeout,
+        api_key=METADATA,
+        version=_METADATA_VERSION,
+        body=body,
+        connections=connections,
     )
     return admin.brokers_of(answer)
 
@@ -93,12 +106,27 @@ _ABSENT = frozenset({3, 17})  # UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPT
 
 
 async def topics_exist(
-    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, topics: list[str]
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    topics: list[str],
+    *,
+    connections: AdminConnections | None = None,
 ) -> dict[str, bool | None]:
     """topic -> whether the cluster has it (None when it answers another error, e.g. not
     authorized). Metadata v4 with `allow_auto_topic_creation` false: asking creates nothing."""
     body = admin.metadata_request(4, topics)
-    answer = await _ask(host, port, ssl_context, timeout, api_key=METADATA, version=4, body=body)
+    answer = await _ask(
+        host,
+        port,
+        ssl_context,
+        timeout,
+        api_key=METADATA,
+        version=4,
+        body=body,
+        connections=connections,
+    )
     found: dict[str, bool | None] = {}
     for entry in answer.topics:
         code = int(entry.error_code)
@@ -110,7 +138,13 @@ _DESCRIBE_CONFIGS_VERSION = 1  # every broker since 1.1 answers it; Tansu serves
 
 
 async def describe_topic_configs(
-    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, topics: list[str]
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    topics: list[str],
+    *,
+    connections: AdminConnections | None = None,
 ) -> dict[str, tuple[ClusterSetting, ...] | None]:
     """topic -> every setting the cluster reports for it, with its source (None when the
     cluster cannot describe the topic: an error, or no result for it)."""
@@ -122,6 +156,7 @@ async def describe_topic_configs(
         api_key=DESCRIBE_CONFIGS,
         version=_DESCRIBE_CONFIGS_VERSION,
         body=admin.describe_configs_request(_DESCRIBE_CONFIGS_VERSION, topics),
+        connections=connections,
     )
     return described_topics(answer, topics)
 
@@ -148,8 +183,14 @@ async def _ask(
     api_key: int,
     version: int,
     body: object,
+    connections: AdminConnections | None = None,
 ) -> Any:
-    """One request of kvproxy's own, on a connection of its own: the decoded answer's body."""
+    """One request of kvproxy's own, on a connection of its own (or `connections`' kept one
+    to that address): the decoded answer's body."""
+    if connections is not None:
+        return await connections.ask(
+            host, port, timeout, api_key=api_key, version=version, body=body
+        )
     frame = admin.request_frame(api_key, version, 1, "kvproxy", body)
     payload = await _round_trip(host, port, ssl_context, timeout, frame)
     return decode_response(payload, api_key, version).body

@@ -344,11 +344,12 @@ async def test_what_the_cluster_answers_is_kept_for_the_ttl_and_a_failure_for_th
     assert cache.config("small") == TopicConfig(compacted=False, max_message_bytes=2048)
     assert cache.config("denied") is UNKNOWN_TOPIC_CONFIG and cache.known("denied")
     expiry = {topic: entry[1] - time.monotonic() for topic, entry in cache._entries.items()}
-    assert expiry["denied"] <= topic_configs.UNKNOWN_TTL_S < expiry["small"] <= 60
+    unknown = {topic: until - time.monotonic() for topic, until in cache._unknown.items()}
+    assert unknown["denied"] <= topic_configs.UNKNOWN_TTL_S < expiry["small"] <= 60
     failing = TopicConfigCache(lambda: [("h", 1)], None, ttl_s=60, timeout_s=1)
     await failing.refresh(["t"])
     assert failing.known("t") and failing.config("t") is UNKNOWN_TOPIC_CONFIG
-    assert failing._entries["t"][1] - time.monotonic() <= topic_configs.UNKNOWN_TTL_S
+    assert failing._unknown["t"] - time.monotonic() <= topic_configs.UNKNOWN_TTL_S
 
 
 # ---- what the policies are given ----

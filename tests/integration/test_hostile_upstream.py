@@ -1,0 +1,59 @@
+"""Producing to many names that are no topic must not make the proxy open a connection, or send
+a request, to the cluster per name: its own requests (DescribeConfigs for the topic settings,
+Metadata for the metrics' topic label) reuse one connection, carry many names at once, and new
+names are described at most `topic_configs.lookups_per_client_per_second` per connection."""
+
+from __future__ import annotations
+
+import time
+
+from protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
+from tests.harness.counting_relay import run_counting_relay
+from tests.harness.proxy import run_proxy
+from tests.harness.raw_client import RawKafkaClient
+from tests.harness.requests import produce_request
+from tests.harness.tansu import Broker
+
+NAMES = 500
+PER_CLIENT = 10
+"""`topic_configs.lookups_per_client_per_second` in these tests."""
+
+
+def produce_codes(client: RawKafkaClient, topics: list[str], first_id: int) -> dict[str, int]:
+    """Each topic's answer code, one Produce v8 per topic, sent one after the other."""
+    codes = {}
+    for n, topic in enumerate(topics):
+        answer = client.request(produce_request(8, first_id + n, topic, [(b"k", b"v")]))
+        body = decode_response(answer, PRODUCE, 8).body
+        (entry,) = body.responses
+        (partition,) = entry.partition_responses
+        codes[str(entry.name)] = int(partition.error_code)
+    return codes
+
+
+def test_many_unknown_names_reuse_one_connection_and_bounded_requests(tansu: Broker) -> None:
+    """500 names: one connection carries the proxy's own requests, DescribeConfigs requests
+    stay within the per-connection rate (counted against the time the client took), and every
+    name is answered as the broker answers it directly."""
+    names = [f"no-such-topic-{n}" for n in range(NAMES)]
+    with run_counting_relay((tansu.host, tansu.port)) as relay:
+        with RawKafkaClient(tansu.host, tansu.port) as direct:
+            broker_codes = produce_codes(direct, names[:3], 1)
+        with run_proxy(
+            relay.bootstrap,
+            topic_configs={"lookups_per_client_per_second": PER_CLIENT},
+        ) as proxy:
+            with RawKafkaClient(proxy.host, proxy.port) as client:
+                started = time.monotonic()
+                codes = produce_codes(client, names, 1)
+                elapsed = time.monotonic() - started
+            proxy.wait_until_idle()
+            described = relay.requests(DESCRIBE_CONFIGS)
+            metadata = relay.requests(METADATA)
+            admin = relay.connections_with(DESCRIBE_CONFIGS, METADATA)
+    assert set(codes) == set(names)
+    assert {codes[n] for n in names[:3]} == set(broker_codes.values()), (codes, broker_codes)
+    assert admin == 1, f"{admin} connections for the proxy's own requests"
+    # a token bucket of PER_CLIENT names refilled PER_CLIENT per second, one name per request
+    assert described <= PER_CLIENT + PER_CLIENT * elapsed + 1, (described, elapsed)
+    assert metadata < NAMES / 10, metadata
