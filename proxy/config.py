@@ -280,9 +280,10 @@ class TopicConfigsConfig(Section):
     """How long "the cluster cannot describe this name" is kept (a name that is no topic)."""
     max_absent_topics: int = Field(default=10_000, ge=0)
     """Such names kept at most (apart from the described topics, which they never evict)."""
-    lookups_per_client_per_second: int = Field(default=20, ge=1)
-    """New names one connection may have described per second (burst: as many); beyond, a
-    name is decided with its settings unknown, as when DescribeConfigs fails."""
+    lookups_per_client_per_second: int = Field(default=10, ge=1)
+    """New names one connection may have described per second, after a first
+    `max_topics_per_request`; beyond, a name is decided with its settings unknown, as when
+    DescribeConfigs fails."""
     lookup_requests_per_second: int = Field(default=20, ge=1)
     """The proxy's own DescribeConfigs and Metadata (topic label) requests per second; names
     asked meanwhile wait for the next request, which carries up to `max_topics_per_request`."""

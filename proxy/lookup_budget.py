@@ -2,9 +2,10 @@
 
 Every Produce to a name the proxy has not described yet costs a request to the cluster; a client
 inventing names would otherwise turn each of its requests into one of the proxy's own. Two
-bounds: each connection may have `per_second` new names described per second (a token bucket,
-as many at once), and the proxy's own requests go at most `per_second` a second (`RequestPacer`:
-names asked meanwhile wait and go together in the next request).
+bounds: each connection may have new names described at `per_second` (a token bucket holding
+`burst`: a client's first request may name that many new topics), and the proxy's own requests
+go at most `per_second` a second (`RequestPacer`: names asked meanwhile wait and go together in
+the next request).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from collections.abc import Callable
 
 
 class ClientLookupBudget:
-    """New names each connection may have described: `per_second`, refilled continuously."""
+    """New names each connection may have described: `burst` at once, refilled `per_second`."""
 
-    def __init__(self, per_second: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_second: int, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.per_second = per_second
+        self.burst = burst
         self._clock = clock
         self._buckets: weakref.WeakKeyDictionary[object, tuple[float, float]] = (
             weakref.WeakKeyDictionary()
@@ -29,8 +33,8 @@ class ClientLookupBudget:
     def grant(self, client: object, wanted: int) -> int:
         """How many of `wanted` new names `client` may have described now (taken)."""
         now = self._clock()
-        left, then = self._buckets.get(client, (float(self.per_second), now))
-        left = min(float(self.per_second), left + (now - then) * self.per_second)
+        left, then = self._buckets.get(client, (float(self.burst), now))
+        left = min(float(self.burst), left + (now - then) * self.per_second)
         granted = min(wanted, int(left))
         self._buckets[client] = (left - granted, now)
         return granted

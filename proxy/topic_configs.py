@@ -9,12 +9,13 @@ topics), and an unknown setting is left to the check's own default (an unknown c
 passes `compacted_key`, as a broker would accept it into a new, delete-policy topic).
 
 Clients choose the names, so asking is bounded too (`proxy.lookup_budget`): each connection may
-have `lookups_per_client_per_second` new names described, names asked together go in one
-request of up to `max_topics_per_request` names, at most `lookup_requests_per_second` requests
-a second on one kept connection (`proxy.admin_connections`), and at most `max_pending_topics`
-names wait. A name beyond these bounds is decided as after a failed DescribeConfigs: its
-settings unknown, the request forwarded, and the broker answers it (Kafka: a Produce to no such
-topic gets UNKNOWN_TOPIC_OR_PARTITION, and a compacted topic refuses records without a key).
+have `max_topics_per_request` new names described at once, then `lookups_per_client_per_second`
+a second; names asked together go in one request of up to `max_topics_per_request` names, at
+most `lookup_requests_per_second` requests a second on one kept connection
+(`proxy.admin_connections`), and at most `max_pending_topics` names wait. A name beyond these
+bounds is decided as after a failed DescribeConfigs: its settings unknown, the request
+forwarded, and the broker answers it (Kafka: a Produce to no such topic gets
+UNKNOWN_TOPIC_OR_PARTITION, and a compacted topic refuses records without a key).
 
 The cache is bounded: at most `MAX_TOPICS` described names (the least recently used dropped
 first), and a name that cannot be a topic (`protocol.topics`) is never asked about or kept: it
@@ -75,7 +76,9 @@ class TopicConfigCache:
         self._unknown: OrderedDict[str, float] = OrderedDict()
         """name -> until when "the cluster cannot describe it" holds."""
         self._settings = TopicConfigsConfig() if settings is None else settings
-        self._clients = ClientLookupBudget(self._settings.lookups_per_client_per_second)
+        self._clients = ClientLookupBudget(
+            self._settings.lookups_per_client_per_second, self._burst(self._settings)
+        )
         self._pacer = RequestPacer(self._settings.lookup_requests_per_second)
         self.label_pacer = RequestPacer(self._settings.lookup_requests_per_second)
         """Paces the Metadata requests asking which names exist (`proxy.topic_labels`): names
@@ -95,9 +98,15 @@ class TopicConfigCache:
         """A reload's `topic_configs` section (`ttl_ms` applies as the `ttl_s` setter says)."""
         self._settings = settings
         self._clients.per_second = settings.lookups_per_client_per_second
+        self._clients.burst = self._burst(settings)
         self._pacer.per_second = settings.lookup_requests_per_second
         self.label_pacer.per_second = settings.lookup_requests_per_second
         self.ttl_s = settings.ttl_ms / 1000
+
+    @staticmethod
+    def _burst(settings: TopicConfigsConfig) -> int:
+        """New names one connection may have described at once: one full request's worth."""
+        return max(settings.lookups_per_client_per_second, settings.max_topics_per_request)
 
     @property
     def ttl_s(self) -> float:

@@ -41,7 +41,10 @@ def test_many_unknown_names_reuse_one_connection_and_bounded_requests(tansu: Bro
             broker_codes = produce_codes(direct, names[:3], 1)
         with run_proxy(
             relay.bootstrap,
-            topic_configs={"lookups_per_client_per_second": PER_CLIENT},
+            topic_configs={
+                "lookups_per_client_per_second": PER_CLIENT,
+                "max_topics_per_request": PER_CLIENT,
+            },
         ) as proxy:
             with RawKafkaClient(proxy.host, proxy.port) as client:
                 started = time.monotonic()
