@@ -9,6 +9,7 @@ import time
 
 from protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
+from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import produce_request
@@ -60,3 +61,25 @@ def test_many_unknown_names_reuse_one_connection_and_bounded_requests(tansu: Bro
     # a token bucket of PER_CLIENT names refilled PER_CLIENT per second, one name per request
     assert described <= PER_CLIENT + PER_CLIENT * elapsed + 1, (described, elapsed)
     assert metadata < NAMES / 10, metadata
+
+
+def test_names_beyond_the_bound_get_kafkas_own_answer(kafka: KafkaCluster) -> None:
+    """Against Apache Kafka: a name described and a name beyond the client's budget (decided
+    with its settings unknown, forwarded) both get what Kafka answers a Produce to no such
+    topic, UNKNOWN_TOPIC_OR_PARTITION (3, retriable), as a client sending to Kafka directly."""
+    names = [f"no-such-topic-kafka-{n}" for n in range(60)]
+    with run_counting_relay((kafka.host, kafka.port)) as relay:
+        with RawKafkaClient(kafka.host, kafka.port) as direct:
+            assert set(produce_codes(direct, names[-2:], 1).values()) == {3}
+        with run_proxy(
+            relay.bootstrap,
+            topic_configs={"lookups_per_client_per_second": 5, "max_topics_per_request": 5},
+        ) as proxy:
+            with RawKafkaClient(proxy.host, proxy.port) as client:
+                started = time.monotonic()
+                codes = produce_codes(client, names[:-2], 1)
+                elapsed = time.monotonic() - started
+            proxy.wait_until_idle()
+            described = relay.requests(DESCRIBE_CONFIGS)
+    assert set(codes.values()) == {3}, codes
+    assert described <= 5 + 5 * elapsed + 1, (described, elapsed)
