@@ -46,7 +46,7 @@ class AdminConnections:
     """One kept connection per (host, port) for the proxy's own requests."""
 
     def __init__(
-        self, ssl_context: ssl.SSLContext | None, on_open: Callable[[], None] | None = None
+        self, ssl_context: ssl.SSLContext | None, on_open: Callable[[str], None] | None = None
     ) -> None:
         self._ssl = ssl_context
         self._on_open = on_open
@@ -94,7 +94,7 @@ class AdminConnections:
                 )
                 self.opened += 1
                 if self._on_open is not None:
-                    self._on_open()
+                    self._on_open(f"{host}:{port}")
             reader, writer = link.reader, link.writer
             assert reader is not None and writer is not None
             link.correlation_id = (link.correlation_id + 1) % 2**31

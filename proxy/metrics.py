@@ -208,16 +208,9 @@ class ProxyMetrics:
             "Produce requests decided off the event loop (too much to decode on it)",
             registry=r,
         )
-        self.admin_connections_opened = Counter(
-            "kvproxy_admin_connections_opened",
-            "Connections opened for the proxy's own requests (kept and reused afterwards)",
-            registry=r,
-        )
         self.topic_lookups = Counter(
             "kvproxy_topic_settings_lookups",
-            "New topic names whose settings were asked of the cluster (asked), or decided "
-            "unknown without asking: over topic_configs' per-connection rate (client_rate) or "
-            "pending names (pending)",
+            "New topic names described (asked) or not (client_rate, pending)",
             ["outcome"],
             registry=r,
         )

@@ -107,10 +107,7 @@ class ProxyServer:
         self._lag_task: asyncio.Task[None] | None = None
         self._upstream_ssl = upstream_side_ssl(config)
         self._stopping = False
-        self.admin_connections = AdminConnections(  # a lambda: the metrics come later
-            self._upstream_ssl,
-            on_open=lambda: self.metrics.admin_connections_opened.inc(),  # noqa: PLW0108
-        )
+        self.admin_connections = AdminConnections(self._upstream_ssl)
         """The kept connections of the proxy's own requests (DescribeConfigs, Metadata)."""
         self.topic_configs = TopicConfigCache(
             lambda: self._bootstrap,
