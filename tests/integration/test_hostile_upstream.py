@@ -5,11 +5,15 @@ names are described at most `topic_configs.lookups_per_client_per_second` per co
 
 from __future__ import annotations
 
+import logging
 import time
+
+import pytest
 
 from protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
 from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.metrics import scrape, value
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import produce_request
@@ -32,10 +36,14 @@ def produce_codes(client: RawKafkaClient, topics: list[str], first_id: int) -> d
     return codes
 
 
-def test_many_unknown_names_reuse_one_connection_and_bounded_requests(tansu: Broker) -> None:
+def test_many_unknown_names_reuse_one_connection_and_bounded_requests(
+    tansu: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
     """500 names: one connection carries the proxy's own requests, DescribeConfigs requests
-    stay within the per-connection rate (counted against the time the client took), and every
-    name is answered as the broker answers it directly."""
+    stay within the per-connection rate (counted against the time the client took), every
+    name is answered as the broker answers it directly, and the names not asked about are
+    counted and logged once per interval."""
+    caplog.set_level(logging.WARNING, "kvproxy")
     names = [f"no-such-topic-{n}" for n in range(NAMES)]
     with run_counting_relay((tansu.host, tansu.port)) as relay:
         with RawKafkaClient(tansu.host, tansu.port) as direct:
@@ -54,6 +62,7 @@ def test_many_unknown_names_reuse_one_connection_and_bounded_requests(tansu: Bro
             proxy.wait_until_idle()
             described = relay.requests(DESCRIBE_CONFIGS)
             metadata = relay.requests(METADATA)
+            samples = scrape(proxy)
             admin = relay.connections_with(DESCRIBE_CONFIGS, METADATA)
     assert set(codes) == set(names)
     assert {codes[n] for n in names[:3]} == set(broker_codes.values()), (codes, broker_codes)
@@ -61,6 +70,12 @@ def test_many_unknown_names_reuse_one_connection_and_bounded_requests(tansu: Bro
     # a token bucket of PER_CLIENT names refilled PER_CLIENT per second, one name per request
     assert described <= PER_CLIENT + PER_CLIENT * elapsed + 1, (described, elapsed)
     assert metadata < NAMES / 10, metadata
+    lookups = "kvproxy_topic_settings_lookups_total"
+    asked = value(samples, lookups, outcome="asked")
+    skipped = value(samples, lookups, outcome="client_rate")
+    assert asked + skipped == NAMES and asked <= PER_CLIENT + PER_CLIENT * elapsed + 1
+    said = [r.getMessage() for r in caplog.records if "settings unknown" in r.getMessage()]
+    assert len(said) == 1, said  # once per 10 s, the first time
 
 
 def test_names_beyond_the_bound_get_kafkas_own_answer(kafka: KafkaCluster) -> None:
