@@ -163,3 +163,11 @@ def test_names_beyond_a_clients_budget_are_decided_unknown_and_counted() -> None
     assert cache.admit(["a", "b", "c", "d", "e"], client) == ["a", "b", "c"]
     assert counted == {"asked": 3, "client_rate": 2}
     assert cache.admit(["a", "b"], None) == ["a", "b"]  # no client: no per-client bound
+
+
+def test_a_reload_applies_the_new_lookup_bounds() -> None:
+    cache = TopicConfigCache(lambda: [], None, ttl_s=60, timeout_s=1)
+    client = Client()
+    cache.settings = TopicConfigsConfig(lookups_per_client_per_second=1, max_topics_per_request=2)
+    assert cache.admit(["a", "b", "c"], client) == ["a", "b"]
+    assert cache.ttl_s == TopicConfigsConfig().ttl_ms / 1000
