@@ -18,11 +18,10 @@ from pipeline import files
 from pipeline.check import LATEST_PRODUCE_VERSION, batch_frames
 from pipeline.segments import JournalSegment, SegmentRange
 from pipeline.task_data import AuditSettings, routing_for
-from policies.api import Need, Verdict, needs_of, parse_records
-from policies.builtin.schema import SchemaPolicy
+from policies.api import Verdict, parse_records
 from policies.config import TopicRouting
+from policies.schemas.ids import Sides, add_schema_ids, schema_sides
 from policies.schemas.model import RegisteredSchema, RegistryUnavailable, UnknownSchema
-from policies.schemas.wire import SCHEMA_ID_HEADER, read_schema_id
 from protocol.errors import DecodeError
 from protocol.journal import iter_entries
 from protocol.records import Record, read_batch
@@ -93,19 +92,9 @@ def needs_ids(unit: object, routing: TopicRouting) -> bool:
     return False  # corrupt regions hold no records; planning errors are reported as they are
 
 
-def _sides(routing: TopicRouting, topic: str) -> tuple[bool, bool] | None:
+def _sides(routing: TopicRouting, topic: str) -> Sides | None:
     """(values, keys) whose ids `topic`'s rule reads; None when it reads none."""
-    chain = routing.rule_for(topic).chain
-    if Need.SCHEMAS not in chain.needs:
-        return None
-    values = keys = False
-    for policy in chain.policies:
-        if isinstance(policy, SchemaPolicy):
-            values = values or policy.value_mode != "off"
-            keys = keys or policy.key_mode != "off"
-        elif Need.SCHEMAS in needs_of(policy):
-            values = keys = True  # another policy's reading of the records is its own
-    return values, keys
+    return schema_sides(routing.rule_for(topic).chain)
 
 
 def merge_ids(left: frozenset[int], right: frozenset[int]) -> frozenset[int]:
@@ -123,30 +112,21 @@ class _Collector:
         self.routing = routing_for(settings)
         self.ids: set[int] = set()
         self.budget = settings.sample_per_unit
-        self.sides: dict[str, tuple[bool, bool] | None] = {}
+        self.sides: dict[str, Sides | None] = {}
 
     @property
     def done(self) -> bool:
         return len(self.ids) > MAX_SCHEMA_IDS or (self.budget is not None and self.budget <= 0)
 
-    def sides_of(self, topic: str) -> tuple[bool, bool] | None:
+    def sides_of(self, topic: str) -> Sides | None:
         if topic not in self.sides:
             self.sides[topic] = _sides(self.routing, topic)
         return self.sides[topic]
 
-    def add(self, records: Iterable[Record], sides: tuple[bool, bool]) -> None:
-        values, keys = sides
-        for record in records:
-            if values and record.value is not None:
-                self._add(record.value)
-            if keys and record.key is not None:
-                self._add(record.key)
-            if self.budget is not None:
-                self.budget -= 1
-
-    def _add(self, data: bytes) -> None:
-        if len(data) >= SCHEMA_ID_HEADER and data[0] == 0:  # else: no id (the check says so)
-            self.ids.add(read_schema_id(data))
+    def add(self, records: Iterable[Record], sides: Sides) -> None:
+        read = add_schema_ids(self.ids, records, sides)
+        if self.budget is not None:
+            self.budget -= read
 
 
 def schema_ids_of_units(units: Iterable[Any], settings: AuditSettings) -> frozenset[int]:

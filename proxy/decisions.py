@@ -24,6 +24,7 @@ from protocol.messages import Request
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from proxy.schema_lookups import request_schema_ids
 from proxy.topic_configs import TopicConfigCache
 from registry.catalog import RegistryCatalog
 
@@ -34,8 +35,9 @@ INLINE_DECODE_BYTES = 4 * 1024 * 1024
 one that needs more is decided again on the decoding thread."""
 DECODING_SWITCH_INTERVAL_S = 0.0005
 LOOKUP_ROUNDS = 2
-"""Rounds of schema lookups one request may cause; after them a missing id counts as the
-registry unavailable (ids evicted meanwhile, or more ids than one round fetches)."""
+"""Rounds of schema lookups one request may cause; the first looks up every id the request
+carries (up to `max_lookups_per_request`). After them a missing id counts as the registry
+unavailable (ids evicted meanwhile, or more ids than one round fetches)."""
 
 
 class ProduceDecisions:
@@ -93,12 +95,19 @@ class ProduceDecisions:
         self, engine: ProduceEngine, payload: Frame, request: Request, topics: list[str]
     ) -> ProduceDecision:
         """The decision of a request `decide_inline` could not make: the topics described,
-        missing schema ids looked up (at most `LOOKUP_ROUNDS` times), then decided on the loop
-        if that is cheap, else on the decoding thread."""
+        missing schema ids looked up (at most `LOOKUP_ROUNDS` times, the first for every id
+        the request carries, waiting at most `request_wait_ms` in all), then decided on the
+        loop if that is cheap, else on the decoding thread.
+
+        The lookups are shared as this connection's (`RegistryCatalog.fetch`'s owner is this
+        task: a connection decides one request at a time); when it goes, its task is
+        cancelled, and lookups nobody else waits for with it."""
         if topics:
             await self.describe_topics(topics)
         schemas: SchemaCatalog | None = self.schemas
         fetched: dict[int, SchemaEntry] = {}
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         for lookup_round in range(LOOKUP_ROUNDS + 1):
             try:
                 decision = self._decide_inline_or_lookup(engine, payload, request, schemas)
@@ -107,12 +116,59 @@ class ProduceDecisions:
             except LookupNeeded as needed:
                 if self.schemas is None or lookup_round == LOOKUP_ROUNDS:
                     raise RuntimeError("schema lookups without a registry, or too late") from None
-                fetched.update(await self.schemas.fetch(needed.schema_ids))
+                wanted = needed.schema_ids
+                if lookup_round == 0:
+                    wanted = await self._with_request_ids(engine, request, wanted)
+                wait_ms = self.schemas.config.request_wait_ms
+                fetched |= await self.schemas.fetch(
+                    wanted,
+                    owner=asyncio.current_task(),
+                    wait_s=max(0.0, started + wait_ms / 1000 - loop.time()),
+                )
                 last = lookup_round + 1 == LOOKUP_ROUNDS  # then a missing id is a failure
                 schemas = self.schemas.with_answers(fetched, exhausted=last)
                 continue
             return decision
         raise AssertionError("the last round raises or returns")
+
+    async def _with_request_ids(
+        self, engine: ProduceEngine, request: Request, needed: frozenset[int]
+    ) -> frozenset[int]:
+        """`needed` and the ids the request's other records carry that the catalog lacks, up
+        to `max_lookups_per_request` in all (`needed` first): a policy stops at the first
+        partition with a missing id, so without them each round would learn one partition.
+        Read on the loop when cheap, else on the decoding thread."""
+        catalog = self.schemas
+        assert catalog is not None
+        room = catalog.config.max_lookups_per_request - len(needed)
+        if room <= 0:
+            return needed
+        chains = {name: view.chain for name, view in engine.topic_view(request).items()}
+        settings = engine.settings
+        allowance = Allowance(INLINE_DECODE_BYTES, self.decode_memory, inline=True)
+        try:
+            carried = request_schema_ids(
+                request,
+                chains,
+                allowance,
+                max_records=settings.inline_max_records,
+                max_partitions=settings.inline_max_partitions,
+            )
+        except InlineLimitReached:
+            limit = self.config.limits.decode_bytes_per_request
+
+            def read() -> set[int]:
+                full = Allowance(limit, self.decode_memory)
+                try:
+                    return request_schema_ids(request, chains, full)
+                finally:
+                    full.release()
+
+            carried = await self.off_loop(read)
+        finally:
+            allowance.release()
+        lacking = sorted(i for i in carried - needed if catalog.lacks(i))
+        return needed | frozenset(lacking[:room])
 
     def _decide_inline_or_lookup(
         self,

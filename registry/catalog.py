@@ -4,16 +4,19 @@
 Each id is looked up by one task however many requests wait for it; the answer (found, unknown,
 or the registry unavailable) is kept `cache_ttl_ms` or, for the last two,
 `negative_cache_ttl_ms`, for at most `cache_max_schemas` ids (the oldest go first).
+
+Lookups share `LOOKUPS_AT_ONCE` slots, at most `lookups_per_connection` per client connection,
+served in turn (`LookupSlots`). A request waits at most `request_wait_ms` for its lookups; a
+lookup whose last waiter leaves (its client gone, or that wait over) is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 from policies.schemas.formats import SchemaCompileError, compile_schema
@@ -42,6 +45,7 @@ from registry.answers import (
     versions_path,
 )
 from registry.client import Answer, RegistryClient, RequestObserver, Unreachable
+from registry.lookup_slots import LookupSlots
 from settings.schema_registry import SchemaRegistryConfig
 
 __all__ = ["CatalogObserver", "RegistryCatalog", "StaticCatalog", "resolve"]
@@ -49,8 +53,9 @@ __all__ = ["CatalogObserver", "RegistryCatalog", "StaticCatalog", "resolve"]
 log = logging.getLogger("kvproxy.registry")
 
 LOOKUPS_AT_ONCE = 16
-"""Ids looked up at the same time, for all clients together: a client sending ids the registry
-has never heard of makes its own requests wait, not the registry drown."""
+"""Ids looked up at the same time, for all clients together (each connection at most
+`lookups_per_connection` of them): a client sending ids the registry has never heard of makes
+its own requests wait, not the registry drown, nor the other clients wait."""
 MAX_REFERENCES = 64
 """Schemas one schema may lead to through its references, transitively."""
 FAILURE_LOG_INTERVAL_S = 10.0
@@ -61,7 +66,9 @@ class CatalogObserver:
     """Where the catalog reports what it does (the proxy's metrics); no-ops by default."""
 
     lookup: Callable[[str], None] = lambda outcome: None
-    """Once per id looked up: "found", "unknown" or "unavailable"."""
+    """Once per id looked up: "found", "unknown" or "unavailable"; "abandoned" when nobody
+    waited for the answer any more (the lookup was cancelled), "wait_expired" per id a request
+    stopped waiting for at `request_wait_ms`."""
     cache_hit: Callable[[], None] = lambda: None
     request: RequestObserver = lambda outcome, seconds: None
 
@@ -81,12 +88,22 @@ class RegistryCatalog:
         self.accept_unavailable = config.on_error == "accept"
         self.recheck_ms = config.negative_cache_ttl_ms
         self._entries: OrderedDict[int, tuple[SchemaEntry, float]] = OrderedDict()
-        self._lookups: dict[int, asyncio.Task[SchemaEntry]] = {}
-        self._lookups_at_once: asyncio.Semaphore | None = None
+        self._lookups: dict[int, _Lookup] = {}
+        self.slots = LookupSlots(LOOKUPS_AT_ONCE, config.lookups_per_connection)
         self._last_failure_log = 0.0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def lookups_in_flight(self) -> int:
+        """Ids being looked up now (waiting for a slot included)."""
+        return len(self._lookups)
+
+    def lacks(self, schema_id: int) -> bool:
+        """Whether `entry(schema_id)` would be None (not held, or expired); not a cache hit."""
+        held = self._entries.get(schema_id)
+        return held is None or held[1] < time.monotonic()
 
     def entry(self, schema_id: int) -> SchemaEntry | None:
         held = self._entries.get(schema_id)
@@ -114,31 +131,80 @@ class RegistryCatalog:
         """This catalog for a request that may look up nothing more."""
         return _RequestView(self, {}, exhausted=True)
 
-    async def fetch(self, schema_ids: Iterable[int]) -> dict[int, SchemaEntry]:
+    async def fetch(
+        self,
+        schema_ids: Iterable[int],
+        *,
+        owner: Hashable | None = None,
+        wait_s: float | None = None,
+    ) -> dict[int, SchemaEntry]:
         """Look up `schema_ids` (at most `max_lookups_per_request` of them), each once however
         many callers wait for it. What the registry said goes into the catalog and is returned:
         the caller decides with it (`with_answers`) even when the catalog may no longer hold it
-        (a negative TTL of 0, or evicted meanwhile)."""
+        (a negative TTL of 0, or evicted meanwhile).
+
+        `owner` is the client connection asking: its lookups hold at most
+        `lookups_per_connection` slots (None: no share, the audit's driver). After `wait_s`
+        the ids not answered yet are returned as the registry unavailable. A caller that stops
+        waiting (cancelled, or `wait_s` over) leaves its lookups; one nobody waits for any
+        more is cancelled."""
         wanted = sorted(set(schema_ids))[: self.config.max_lookups_per_request]
-        waits = []
-        for schema_id in wanted:
-            task = self._lookups.get(schema_id)
-            if task is None:
-                task = asyncio.get_running_loop().create_task(self._lookup(schema_id))
-                self._lookups[schema_id] = task
-                task.add_done_callback(functools.partial(self._looked_up, schema_id))
-            waits.append(asyncio.shield(task))  # a caller that goes away cancels only its wait
-        entries = await asyncio.gather(*waits)
-        return {entry.schema_id: entry for entry in entries}
+        joined = [self._join(schema_id, owner) for schema_id in wanted]
+        try:
+            if joined:
+                await asyncio.wait([lookup.task for lookup in joined], timeout=wait_s)
+        finally:
+            for lookup in joined:
+                self._leave(lookup)
+        out: dict[int, SchemaEntry] = {}
+        for lookup in joined:
+            task = lookup.task
+            if task.done() and not task.cancelled():
+                out[lookup.schema_id] = task.result()
+            else:
+                out[lookup.schema_id] = self._wait_expired(lookup.schema_id)
+        return out
 
-    def _looked_up(self, schema_id: int, _task: asyncio.Task[SchemaEntry]) -> None:
-        self._lookups.pop(schema_id, None)
+    def _join(self, schema_id: int, owner: Hashable | None) -> _Lookup:
+        lookup = self._lookups.get(schema_id)
+        if lookup is None:
+            task = asyncio.get_running_loop().create_task(self._lookup(schema_id, owner))
+            lookup = self._lookups[schema_id] = _Lookup(schema_id, task)
+            task.add_done_callback(lambda _task: self._looked_up(lookup))
+        lookup.waiters += 1
+        return lookup
 
-    async def _lookup(self, schema_id: int) -> SchemaEntry:
-        if self._lookups_at_once is None:
-            self._lookups_at_once = asyncio.Semaphore(LOOKUPS_AT_ONCE)  # on the running loop
-        async with self._lookups_at_once:
+    def _leave(self, lookup: _Lookup) -> None:
+        """One waiter fewer; the last one out cancels a lookup still running (its slot goes
+        to another lookup, its HTTP requests are closed)."""
+        lookup.waiters -= 1
+        if lookup.waiters > 0 or lookup.task.done():
+            return
+        lookup.task.cancel()
+        self._looked_up(lookup)
+        self.observer.lookup("abandoned")
+
+    def _looked_up(self, lookup: _Lookup) -> None:
+        if self._lookups.get(lookup.schema_id) is lookup:  # not a newer lookup of the same id
+            del self._lookups[lookup.schema_id]
+
+    def _wait_expired(self, schema_id: int) -> RegistryUnavailable:
+        """The answer to a request that stopped waiting for `schema_id`: not kept (another
+        request may still get the registry's own)."""
+        wait_ms = self.config.request_wait_ms
+        entry = RegistryUnavailable(
+            schema_id, f"no answer within schema_registry.request_wait_ms ({wait_ms} ms)"
+        )
+        self.observer.lookup("wait_expired")
+        self._log_failure(entry)
+        return entry
+
+    async def _lookup(self, schema_id: int, owner: Hashable | None) -> SchemaEntry:
+        await self.slots.acquire(owner)
+        try:
             return await self._lookup_now(schema_id)
+        finally:
+            self.slots.release(owner)
 
     async def _lookup_now(self, schema_id: int) -> SchemaEntry:
         fetched_ms = int(time.time() * 1000)
@@ -189,9 +255,20 @@ class RegistryCatalog:
         )
 
     async def aclose(self) -> None:
-        for task in list(self._lookups.values()):
-            task.cancel()
+        for lookup in list(self._lookups.values()):
+            lookup.task.cancel()
         await self.client.aclose()
+
+
+class _Lookup:
+    """One id being looked up, and how many requests wait for it."""
+
+    __slots__ = ("schema_id", "task", "waiters")
+
+    def __init__(self, schema_id: int, task: asyncio.Task[SchemaEntry]) -> None:
+        self.schema_id = schema_id
+        self.task = task
+        self.waiters = 0
 
 
 class _RequestView:

@@ -71,6 +71,14 @@ class SchemaRegistryConfig(Section):
     max_lookups_per_request: int = Field(default=64, ge=1, le=10_000)
     """Distinct unknown ids one Produce request may make the proxy look up; records with more
     are answered as if the registry were unavailable (`on_error`)."""
+    request_wait_ms: int = Field(default=10_000, ge=1, le=600_000)
+    """How long one Produce request waits for its lookups, a free lookup slot included;
+    partitions whose ids are still unanswered then get the registry-unavailable answer
+    (`on_error`), and a lookup nobody waits for any more is dropped. Keep it above the time
+    one lookup takes (`timeout_ms` per URL and reference)."""
+    lookups_per_connection: int = Field(default=4, ge=1, le=16)
+    """Lookups one client connection runs at once, of the 16 the proxy runs together: a client
+    sending ids the registry is slow to answer cannot take every slot."""
     max_schema_bytes: int = Field(default=1_048_576, ge=1_024)
     """The largest registry answer read (one schema with its metadata)."""
     on_error: Literal["reject", "accept"] = "reject"

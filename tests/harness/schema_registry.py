@@ -15,6 +15,8 @@ Usage::
         registry.fail = "down"                    # or None, "hangup", "slow", "error500", "garbage"
         registry.requests                         # [("GET", "/schemas/ids/1?subject=..."), ...]
         registry.count("/schemas/ids/1")          # requests to that path (query ignored)
+        gate = registry.gate(1)                   # hold every request about id 1 ...
+        gate.set()                                # ... until this; registry.aborted: given up
 
 Endpoints (anything else answers 404 ``{"error_code": 404, "message": "HTTP 404 Not Found"}``):
 
@@ -54,6 +56,12 @@ Failure modes (``registry.fail``, settable while running):
 * ``"error500"``: HTTP 500 ``{"error_code": 50001, ...}``.
 * ``"garbage"``: HTTP 200 with the registry's content type and a body that is not JSON.
 
+A gate (``registry.gate(schema_id)``, a ``threading.Event``) holds every request about one id
+(``/schemas/ids/{id}`` and ``/schemas/ids/{id}/versions``) after it is logged, until the event
+is set: a registry slow for that id only, as long as a test wants. A client that closes its
+connection while its request is held is noted in ``registry.aborted`` (the path, with query) and
+gets no answer.
+
 ``error500`` is retriable for confluent-kafka's client (as are connection errors): give it
 ``"max.retries": 0`` in tests, or it waits about a second per retry.
 """
@@ -63,6 +71,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
+import select
 import socket
 import ssl
 import threading
@@ -90,6 +100,7 @@ FailMode = Literal["down", "hangup", "slow", "error500", "garbage"]
 _FAIL_MODES: tuple[str, ...] = get_args(FailMode)
 _SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 _MAX_VERSION = 2**31 - 1
+_ID_PATH = re.compile(r"/schemas/ids/(\d+)(?:/versions)?")
 
 
 @dataclass(frozen=True)
@@ -377,6 +388,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw_body = self.rfile.read(length) if length else b""
         registry._log(method, self.path)
+        if self._held_until_client_left():
+            return
         fail = registry.fail
         if fail in ("hangup", "down"):
             self.close_connection = True
@@ -405,6 +418,31 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(exc.status, {"error_code": exc.error_code, "message": exc.message})
             return
         self._answer(200, answer)
+
+    def _held_until_client_left(self) -> bool:
+        """Wait at the gate of the id this request is about, if any; True when the client
+        closed its connection meanwhile (or the registry stops): nothing is answered."""
+        registry = self.server.registry
+        gate = registry._gate_for(self.path)
+        if gate is None:
+            return False
+        while not gate.wait(0.01):
+            if registry._stopping.is_set():
+                return True
+            if self._client_left():
+                registry._note_aborted(self.path)
+                self.close_connection = True
+                return True
+        return False
+
+    def _client_left(self) -> bool:
+        readable, _, _ = select.select([self.request], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return bool(self.request.recv(1, socket.MSG_PEEK) == b"")
+        except (OSError, ValueError):  # reset; or a TLS socket, which cannot peek
+            return True
 
     def _answer(self, status: int, payload: Any, *, basic: bool = False) -> None:
         extra = {}
@@ -451,6 +489,8 @@ class TestRegistry:
         self._requests: list[tuple[str, str]] = []
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
+        self._gates: dict[int, threading.Event] = {}
+        self._aborted: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -526,6 +566,18 @@ class TestRegistry:
             if urlsplit(seen).path == path and method in (None, seen_method)
         )
 
+    def gate(self, schema_id: int) -> threading.Event:
+        """Hold the requests about `schema_id` until the returned event is set (see the
+        module docstring); the same event for the same id."""
+        with self._lock:
+            return self._gates.setdefault(schema_id, threading.Event())
+
+    @property
+    def aborted(self) -> list[str]:
+        """Paths of held requests whose client closed the connection before an answer."""
+        with self._lock:
+            return list(self._aborted)
+
     def clear_requests(self) -> None:
         with self._lock:
             self._requests.clear()
@@ -590,6 +642,17 @@ class TestRegistry:
     def _connection_closed(self, sock: socket.socket) -> None:
         with self._lock:
             self._connections.discard(sock)
+
+    def _gate_for(self, path: str) -> threading.Event | None:
+        matched = _ID_PATH.fullmatch(urlsplit(path).path)
+        if matched is None:
+            return None
+        with self._lock:
+            return self._gates.get(int(matched.group(1)))
+
+    def _note_aborted(self, path: str) -> None:
+        with self._lock:
+            self._aborted.append(path)
 
     def _log(self, method: str, path: str) -> None:
         with self._lock:
