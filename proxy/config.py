@@ -301,6 +301,15 @@ class QuarantineConfig(Section):
     retention_bytes: int = Field(default=1024 * 1024 * 1024, ge=4096)
     retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=1)
     flush_interval_ms: int = Field(default=1000, ge=1)
+    queue_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
+    """Bytes of entries waiting to be written; beyond, entries are dropped, counted
+    (kvproxy_quarantine_dropped_total) and reported once per `drop_report_interval_ms`."""
+    drop_report_interval_ms: int = Field(default=10_000, ge=1)
+    repeat_window_ms: int = Field(default=300_000, ge=0)
+    """A refused batch sent again with the same bytes within this window is kept (journal, dead
+    letter, log line) once and counted; 0 keeps every attempt."""
+    repeat_batches: int = Field(default=10_000, ge=1)
+    """Recent refused batches remembered (by digest) to recognise a repeat."""
     dead_letter_suffix: str | None = None
     """When set, rejected records are also produced to `<topic><suffix>` on the cluster."""
     dead_letter_topics: tuple[str, ...] = ("*",)

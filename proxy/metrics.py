@@ -78,6 +78,22 @@ class _JournalCollector(Collector):
         written.add_metric(["failed"], journal.failed_writes)
         written.add_metric(["dropped"], journal.dropped)
         yield written
+        dropped = CounterMetricFamily(
+            "kvproxy_quarantine_dropped", "Journal entries not kept, by reason", labels=["reason"]
+        )
+        dropped_bytes = CounterMetricFamily(
+            "kvproxy_quarantine_dropped_bytes", "Bytes of those entries", labels=["reason"]
+        )
+        for reason, (entries, size) in sorted(journal.dropped_by_reason.items()):
+            dropped.add_metric([reason], entries)
+            dropped_bytes.add_metric([reason], size)
+        yield dropped
+        yield dropped_bytes
+        yield GaugeMetricFamily(
+            "kvproxy_quarantine_queued_bytes",
+            "Bytes waiting to be journaled",
+            value=journal.queued_bytes,
+        )
         yield GaugeMetricFamily(
             "kvproxy_quarantine_degraded",
             "1 while the quarantine journal cannot be written (clients are still answered)",
@@ -159,6 +175,11 @@ class ProxyMetrics:
             "kvproxy_dead_letters",
             "Rejected batches copied to dead-letter topics, by result (written, failed)",
             ["result"],
+            registry=r,
+        )
+        self.repeated_refusals = Counter(
+            "kvproxy_quarantine_repeated_batches",
+            "Refused batches sent again, kept once (quarantine.repeat_window_ms)",
             registry=r,
         )
         self.ready = Gauge(

@@ -26,6 +26,7 @@ from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics
 from proxy.produce import PartitionOutcome, ProduceDecision
 from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
+from proxy.quarantine.repeats import RecentRefusals, Refusal, refusal_key
 
 log = logging.getLogger("kvproxy")
 
@@ -48,6 +49,8 @@ def make_journal(
         retention_bytes=settings.retention_bytes,
         retention_ms=settings.retention_ms,
         flush_interval_ms=settings.flush_interval_ms,
+        queue_bytes=settings.queue_bytes,
+        report_interval_s=settings.drop_report_interval_ms / 1000,
         on_error=lambda why: log.error(
             "quarantine journal %s cannot be written: %s (clients are still answered)",
             directory,
@@ -80,6 +83,12 @@ class RejectionSink:
         self._off_loop = off_loop
         self._dead_letter_suffix = config.quarantine.dead_letter_suffix
         self._dead_letter_for = any_of(config.quarantine.dead_letter_topics)
+        self.recent_refusals = RecentRefusals(
+            window_ms=config.quarantine.repeat_window_ms,
+            capacity=config.quarantine.repeat_batches,
+            on_forget=self._write_attempts,
+        )
+        """Refused batches kept lately: one sent again is kept (journal, dead letter, log) once."""
         self.background: set[asyncio.Task[None]] = set()
         """Dead letters being built or sent (the server waits for them when it stops)."""
         self.rejection_log = RejectionLogger(
@@ -110,7 +119,7 @@ class RejectionSink:
             self.metrics.topic_labels.count(
                 self.metrics.rejections, outcome.topic, (policy, str(verdict.code))
             )
-            self._quarantine(outcome, decision.api_version, client_id, peer)
+            repeated = self._quarantine(outcome, decision.api_version, client_id, peer)
             event = RejectionEvent(
                 topic=outcome.topic,
                 partition=outcome.index,
@@ -121,7 +130,8 @@ class RejectionSink:
                 client_address=peer,
                 enforced=outcome.enforced,
             )
-            self.rejection_log.rejected(event)
+            if not repeated:  # a repeat is counted in kvproxy_quarantine_repeated_batches
+                self.rejection_log.rejected(event)
             for listener in list(self.rejection_listeners):
                 try:
                     listener(event)
@@ -131,21 +141,40 @@ class RejectionSink:
 
     def _quarantine(
         self, outcome: PartitionOutcome, version: int, client_id: str | None, peer: str
-    ) -> None:
+    ) -> bool:
         """Keep what was refused (or, in warn mode, would have been) and copy it to the
         dead-letter topic when configured. Neither ever changes the client's answer.
 
         A refusal its client answers by sending the same batch again (`Verdict.resend`: no
         memory to decompress, a registry out of reach) is neither: a kept copy would be a
-        second one once it does."""
+        second one once it does. A batch refused again with the same bytes within
+        `quarantine.repeat_window_ms` (a client retrying) is kept once: True for such a repeat,
+        whose attempts are counted and later written down in a "repeated" mark."""
         verdict = outcome.verdict
         if verdict.resend:
-            return
+            return False
+        entry_id = uuid.uuid4().hex
+        now_ms = int(time.time() * 1000)
+        key = refusal_key(
+            outcome.raw,
+            topic=outcome.topic,
+            partition=outcome.index,
+            client_id=client_id,
+            policy=verdict.policy,
+            code=verdict.code,
+        )
+        earlier = self.recent_refusals.seen(
+            key, now_ms, lambda: Refusal(entry_id, now_ms, outcome.topic, outcome.index)
+        )
+        if earlier is not None:
+            self.metrics.repeated_refusals.inc()
+            return True
+        records = bytes(outcome.raw)  # one copy, shared by the journal and the dead letter
         if self.journal is not None:
             self.journal.append(
                 QuarantineEntry(
-                    id=uuid.uuid4().hex,
-                    time_ms=int(time.time() * 1000),
+                    id=entry_id,
+                    time_ms=now_ms,
                     kind="rejected" if outcome.enforced else "warned",
                     topic=outcome.topic,
                     partition=outcome.index,
@@ -156,16 +185,16 @@ class RejectionSink:
                     code=verdict.code,
                     message=verdict.message,
                     record_indexes=tuple(e.index for e in verdict.record_errors),
-                    records=bytes(outcome.raw),
+                    records=records,
                 )
             )
         suffix = self._dead_letter_suffix
         if suffix and outcome.enforced and self._dead_letter_for(outcome.topic):
             if outcome.topic.endswith(suffix):
-                return  # never a dead letter of a dead letter
+                return False  # never a dead letter of a dead letter
             make = functools.partial(
                 dead_letter_records,
-                bytes(outcome.raw),
+                records,
                 policy=verdict.policy or "?",
                 code=verdict.code,
                 message=verdict.message,
@@ -177,6 +206,27 @@ class RejectionSink:
             )
             self.background.add(task)
             task.add_done_callback(self.background.discard)
+        return False
+
+    def _write_attempts(self, refusal: Refusal) -> None:
+        """Write down how often a kept refused batch was sent: a "repeated" mark (no records)
+        naming its entry (`repeat_of`) with `attempts`; readers that list refusals skip it."""
+        if self.journal is None:
+            return
+        self.journal.append(
+            QuarantineEntry(
+                id=uuid.uuid4().hex,
+                time_ms=int(time.time() * 1000),
+                kind="repeated",
+                topic=refusal.topic,
+                partition=refusal.partition,
+            ),
+            extra={"repeat_of": refusal.entry_id, "attempts": refusal.attempts},
+        )
+
+    def close(self) -> None:
+        """The proxy stops: write down the attempts of the refusals still remembered."""
+        self.recent_refusals.forget_all()
 
     async def _send_dead_letter(
         self, topic: str, partition: int, make: Callable[..., bytes]

@@ -309,6 +309,7 @@ class ProxyServer:
         self.admin_connections.close()
         if self.schemas is not None:
             await self.schemas.aclose()
+        self.sink.close()  # the attempts of repeated refusals, before the journal closes
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
 

@@ -98,14 +98,34 @@ class _FlushRequest:
 
 _STOP = object()
 
+ENTRY_OVERHEAD_BYTES = 1024
+"""What a queued entry costs beyond its records bytes (the object, its metadata), for the byte
+bound."""
+
+
+def queued_size(entry: QuarantineEntry) -> int:
+    """The bytes `entry` holds while it waits for the writer thread."""
+    return len(entry.records) + ENTRY_OVERHEAD_BYTES
+
+
+@dataclass
+class _Queued:
+    entry: QuarantineEntry
+    extra: dict[str, object] | None
+    size: int
+
 
 class Journal:
     """The proxy's quarantine journal: `open()`, `append()` from any thread, `close()`.
 
     Counters (read them from any thread): `written` entries written to a segment,
     `failed_writes` entries lost to a write error, `dropped` entries refused because the queue
-    was full or the journal not open. `degraded` is the last write error while writes fail, else
-    None.
+    was full or the journal not open (`dropped_by_reason`: reason -> [entries, bytes]).
+    `degraded` is the last write error while writes fail, else None.
+
+    The queue is bounded in bytes (`queue_bytes`, records plus `ENTRY_OVERHEAD_BYTES` each) as
+    well as in entries: what the writer cannot keep up with is dropped, counted, and reported
+    through `on_error` at most once per `report_interval_s` with the counts since the last line.
     """
 
     def __init__(
@@ -117,6 +137,8 @@ class Journal:
         retention_ms: int = 7 * DAY_MS,
         flush_interval_ms: int = 1000,
         queue_entries: int = 10_000,
+        queue_bytes: int = 64 * MiB,
+        report_interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
@@ -130,11 +152,18 @@ class Journal:
         self.written = 0
         self.failed_writes = 0
         self.dropped = 0
+        self.dropped_bytes = 0
+        self.dropped_by_reason: dict[str, list[int]] = {}
+        self.queue_bytes = queue_bytes
+        self.report_interval_s = report_interval_s
+        self._queued_bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._unreported = [0, 0]
+        self._last_drop_report: float | None = None
         self._degraded: str | None = None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_entries)
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._queue_full = False
         self._segments: list[_Segment] = []
         self._fd: int | None = None
         self._lock_fd: int | None = None
@@ -225,24 +254,67 @@ class Journal:
             corrupt_segments=tuple(corrupt),
         )
 
-    def append(self, entry: QuarantineEntry) -> None:
-        """Queue `entry` for the writer thread. Never blocks, never raises."""
+    def append(self, entry: QuarantineEntry, extra: dict[str, object] | None = None) -> bool:
+        """Queue `entry` for the writer thread (`extra`: metadata keys stored with it). Never
+        blocks, never raises; False when it was dropped (counted, reported once per interval).
+        """
+        size = queued_size(entry)
         if self._thread is None or self._closed:
-            self.dropped += 1
-            self._report("quarantine journal is not open: entry dropped")
-            return
+            self._drop("not_open", size)
+            return False
+        with self._bytes_lock:
+            if self._queued_bytes + size > self.queue_bytes:
+                full = True
+            else:
+                full = False
+                self._queued_bytes += size
+        if full:
+            self._drop("queue_full", size)
+            return False
         try:
-            self._queue.put_nowait(entry)
+            self._queue.put_nowait(_Queued(entry, extra, size))
         except queue.Full:
-            self.dropped += 1
-            if not self._queue_full:
-                self._queue_full = True
-                self._report(
-                    f"quarantine journal queue full ({self._queue.maxsize} entries): "
-                    "entries dropped"
-                )
+            self._dequeued(size)
+            self._drop("queue_full", size)
+            return False
+        return True
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the entries waiting for the writer thread (at most `queue_bytes`)."""
+        return self._queued_bytes
+
+    def _dequeued(self, size: int) -> None:
+        with self._bytes_lock:
+            self._queued_bytes -= size
+
+    def _drop(self, reason: str, size: int) -> None:
+        """Count an entry not kept; say so at most once per `report_interval_s`, with the
+        entries and bytes not kept since the last line."""
+        self.dropped += 1
+        self.dropped_bytes += size
+        counts = self.dropped_by_reason.setdefault(reason, [0, 0])
+        counts[0] += 1
+        counts[1] += size
+        self._unreported[0] += 1
+        self._unreported[1] += size
+        now = self.clock()
+        last = self._last_drop_report
+        if last is not None and now - last < self.report_interval_s:
             return
-        self._queue_full = False
+        self._last_drop_report = now
+        entries, size_sum = self._unreported
+        self._unreported = [0, 0]
+        why = (
+            "it is not open"
+            if reason == "not_open"
+            else f"its queue is full ({self._queue.maxsize} entries or {self.queue_bytes} "
+            "bytes, quarantine.queue_bytes)"
+        )
+        self._report(
+            f"quarantine journal cannot keep up: {entries} entries ({size_sum} bytes) not kept "
+            f"since the last report: {why}"
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued before this call is written and fsynced.
@@ -303,14 +375,20 @@ class Journal:
                 item.ok = self._sync() and self._degraded is None
                 item.done.set()
                 continue
-            assert isinstance(item, QuarantineEntry)
-            self._write(item)
+            assert isinstance(item, _Queued)
+            try:
+                self._write(item.entry, item.extra)
+            finally:
+                self._dequeued(item.size)
             if self._dirty and time.monotonic() - self._last_sync >= interval:
                 self._sync()
 
-    def _write(self, entry: QuarantineEntry) -> None:
+    def _write(self, entry: QuarantineEntry, extra: dict[str, object] | None = None) -> None:
+        metadata = entry.to_metadata()
+        if extra:
+            metadata.update(extra)
         try:
-            data = encode_entry(entry.to_metadata(), entry.records)
+            data = encode_entry(metadata, entry.records)
         except EncodeError as exc:
             self._failed(f"entry {entry.id} cannot be encoded: {exc}")
             return

@@ -1,0 +1,166 @@
+"""The quarantine journal under a flood, and a refused batch its client keeps sending.
+
+A client retrying a refusal whose code is retriable (CORRUPT_MESSAGE for a bad CRC) sends the
+same bytes again and again: the dead-letter topic, read back by a consumer, holds the batch once,
+the journal holds one entry (and a "repeated" mark with the attempts), the log one line, and
+/metrics counts the repeats. A flood of bad-CRC requests keeps the journal's queue within
+`quarantine.queue_bytes`: what is not kept is counted on /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import proxy.quarantine.journal as journal_module
+from protocol.journal import iter_entries
+from proxy.quarantine import JournalReader
+from proxy.quarantine.reader import list_segments
+from tests.harness import Broker, create_topic
+from tests.harness.metrics import scrape, value
+from tests.harness.processes import wait_until
+from tests.harness.produce import Part, batch, produce
+from tests.harness.proxy import run_proxy
+from tests.harness.quarantine import dead_letter_counts, journal_settings
+
+CORRUPT_MESSAGE = 2
+ATTEMPTS = 5
+
+
+def bad_crc(data: bytes) -> bytes:
+    """`data` with its last byte flipped: inside the bytes the batch CRC covers."""
+    return data[:-1] + bytes([data[-1] ^ 0x01])
+
+
+def consume_all(bootstrap: str, topic: str, partition: int, at_least: int) -> list[Any]:
+    """Every message of topic-partition, read straight from the broker: until `at_least`
+    arrived, then one more second to catch any extra copy."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kvproxy-journal-tests"})
+    got: list[Any] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        deadline = time.monotonic() + 20
+        while len(got) < at_least and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                got.append(message)
+        extra_until = time.monotonic() + 1.0
+        while time.monotonic() < extra_until:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                got.append(message)
+    finally:
+        consumer.close()
+    return got
+
+
+def stored_metadata(directory: Path) -> list[dict[str, Any]]:
+    """The metadata of every entry in the journal's segments, in write order."""
+    found: list[dict[str, Any]] = []
+    for _, path in list_segments(directory):
+        for _, _, metadata, _ in iter_entries(path.read_bytes()):
+            found.append(dict(metadata))
+    return found
+
+
+def test_a_refused_batch_sent_again_is_kept_once(
+    tansu: Broker,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = make_topic(1)
+    create_topic(tansu.bootstrap, topic + ".dlq", 1)
+    refused = bad_crc(batch(b"one", b"two"))
+    other = bad_crc(batch(b"three"))
+    journal_dir = tmp_path / "journal"
+    caplog.set_level(logging.WARNING, logger="kvproxy")
+    with run_proxy(
+        tansu.bootstrap, quarantine=journal_settings(journal_dir, dead_letter_suffix=".dlq")
+    ) as proxy:
+        for _ in range(ATTEMPTS):  # a client retrying CORRUPT_MESSAGE: the same bytes each time
+            answers = produce(proxy.host, proxy.port, 3, [(topic, 0, refused)])
+            assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE
+        answers = produce(proxy.host, proxy.port, 3, [(topic, 0, other)])
+        assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE
+        wait_until(lambda: sum(dead_letter_counts(proxy)) >= 2, "the dead letters to be sent")
+        assert dead_letter_counts(proxy) == (2, 0), "one dead letter per distinct batch"
+        samples = scrape(proxy)
+        assert value(samples, "kvproxy_quarantine_repeated_batches_total") == ATTEMPTS - 1
+
+    dead = consume_all(tansu.bootstrap, topic + ".dlq", 0, 2)
+    assert sorted(m.value() for m in dead) == sorted([refused, other]), "each refused batch once"
+
+    rejected = JournalReader(journal_dir).entries()
+    kept = [e.records for e in rejected]
+    assert kept == [refused, other], "one journal entry per distinct batch"
+    first_id = next(iter(JournalReader(journal_dir).entries())).id
+    marks = [m for m in stored_metadata(journal_dir) if m["kind"] == "repeated"]
+    assert [(m["repeat_of"], m["attempts"]) for m in marks] == [(first_id, ATTEMPTS)]
+
+    lines = [r for r in caplog.records if getattr(r, "event", None) == "rejection"]
+    assert len(lines) == 2, [r.getMessage() for r in lines]
+
+
+def test_a_bad_crc_flood_keeps_the_journal_queue_within_its_bytes(
+    tansu: Broker,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The writer is held (a gate) while 20 requests of 16 x 256 KiB bad-CRC partitions arrive:
+    the queue never holds more than `queue_bytes`; the rest is counted, and said once."""
+    gate = threading.Event()
+    real = journal_module._write_all
+    high_water = [0]
+
+    def held(fd: int, data: bytes) -> None:
+        gate.wait(60)
+        real(fd, data)
+
+    monkeypatch.setattr(journal_module, "_write_all", held)
+    topic = make_topic(16)
+    queue_bytes = 64 * 1024 * 1024  # quarantine.queue_bytes' default
+    caplog.set_level(logging.ERROR, logger="kvproxy")
+    partition_bytes = 256 * 1024
+    requests = 20  # 80 MiB of refused partitions
+    with run_proxy(
+        tansu.bootstrap,
+        quarantine=journal_settings(tmp_path / "journal"),
+    ) as proxy:
+        journal = proxy.server.journal
+        assert journal is not None
+        for n in range(requests):
+            parts: list[Part] = [
+                (topic, p, bad_crc(batch(bytes([n, p]) * (partition_bytes // 2))))
+                for p in range(16)
+            ]
+            answers = produce(proxy.host, proxy.port, 9, parts)
+            assert {a.error_code for a in answers.values()} == {CORRUPT_MESSAGE}
+            samples = scrape(proxy)
+            queued = value(samples, "kvproxy_quarantine_queued_bytes")
+            high_water[0] = max(high_water[0], int(queued))
+            assert queued <= queue_bytes
+        samples = scrape(proxy)
+        dropped = value(samples, "kvproxy_quarantine_dropped_total", reason="queue_full")
+        dropped_bytes = value(
+            samples, "kvproxy_quarantine_dropped_bytes_total", reason="queue_full"
+        )
+        offered = requests * 16
+        kept_at_most = queue_bytes // partition_bytes
+        assert dropped >= offered - kept_at_most - 1
+        assert dropped_bytes >= dropped * partition_bytes
+        gate.set()
+    lines = [r.getMessage() for r in caplog.records if "cannot keep up" in r.getMessage()]
+    assert len(lines) == 1, lines  # once per interval (10 s by default), with the counts
+    assert lines[0].startswith("quarantine journal ") and "1 entries" in lines[0]
