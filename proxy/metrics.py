@@ -237,7 +237,8 @@ class ProxyMetrics:
         )
         self.schema_lookups = Counter(
             "kvproxy_schema_lookups",
-            "Schema ids looked up in the registry, by outcome (found, unknown, unavailable)",
+            "Schema ids looked up in the registry, by outcome (found, unknown, unavailable, "
+            "abandoned: nobody waited any more, wait_expired: a request stopped waiting)",
             ["outcome"],
             registry=r,
         )
