@@ -1,0 +1,179 @@
+"""The quarantine journal under a bad-CRC flood, and a refused batch sent again and again.
+
+A fresh Tansu broker and `kvproxy serve` from this file's checkout (default checks, a journal in
+a temporary folder, dead letters of the retry phase's topic to `<topic>.dlq`). Two phases:
+
+- flood: `--connections` (default 4) connections each send, one after the other for `--seconds`
+  (default 60), Produce v9 requests of 16 partitions of one 256 KiB batch with a bad CRC, every
+  batch different (a counter in its value), so each refusal is a new journal entry.
+- retry: one connection sends the same bad-CRC batch `--retries` times (default 10), as a
+  client retrying CORRUPT_MESSAGE does.
+
+Figures: the proxy's RSS before, its peak (VmHWM) and its RSS at the end of the flood; requests
+and partitions refused; the proxy's log lines about the journal ("cannot keep up", "queue
+full") and its rejection lines; for the retry phase the dead letters read back from the broker
+and the journal entries holding that batch.
+
+    .venv/bin/python bench/hostile_journal.py [--seconds 60] [--connections 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import hostile
+from _common import ROOT, create_topic, start_proxy, tansu
+
+from protocol.journal import iter_entries
+from protocol.records import build_batch
+from tests.harness.produce import stored_batches
+
+PARTITIONS = 16
+PARTITION_BYTES = 256 * 1024
+TOPIC = "journal-flood"
+RETRY_TOPIC = "journal-retry"
+
+
+def bad_crc_batch(tag: bytes, size: int) -> bytes:
+    """One magic-2 batch of one record of about `size` bytes whose CRC does not match."""
+    data = build_batch([(b"k", tag + bytes(size - len(tag)), None, None)])
+    return data[:-1] + bytes([data[-1] ^ 0x01])
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    def read(size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("connection closed by the proxy")
+            data += chunk
+        return bytes(data)
+
+    return read(int.from_bytes(read(4), "big"))
+
+
+def flood(port: int, index: int, until: float, counts: list[int]) -> None:
+    """Distinct 16-partition bad-CRC requests, one answered before the next, until `until`."""
+    n = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        while time.monotonic() < until:
+            batches = [
+                bad_crc_batch(f"{index}-{n}-{p}".encode(), PARTITION_BYTES)
+                for p in range(PARTITIONS)
+            ]
+            sock.sendall(hostile.framed(hostile.produce_request(TOPIC, batches), n + 1))
+            _read_frame(sock)
+            n += 1
+    counts[index] = n
+
+
+def journal_entries(directory: Path) -> list[tuple[dict[str, Any], bytes]]:
+    found: list[tuple[dict[str, Any], bytes]] = []
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            for _, _, metadata, records in iter_entries(path.read_bytes()):
+                found.append((dict(metadata), bytes(records)))
+    return found
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kvbench-journal-") as tmp:
+        journal_dir = Path(tmp) / "journal"
+        extra = (
+            f"quarantine: {{dir: '{journal_dir}', dead_letter_suffix: .dlq, "
+            f"dead_letter_topics: [{RETRY_TOPIC}]}}\n"
+        )
+        with tansu() as server:
+            broker = server.broker
+            create_topic(broker.bootstrap, TOPIC, PARTITIONS)
+            create_topic(broker.bootstrap, TOPIC + ".dlq", PARTITIONS)
+            create_topic(broker.bootstrap, RETRY_TOPIC, 1)
+            create_topic(broker.bootstrap, RETRY_TOPIC + ".dlq", 1)
+            with start_proxy(broker.bootstrap, extra_yaml=extra) as proxy:
+                log_path = proxy.config_path.parent / "kvproxy.log"
+                pid = proxy.process.pid
+                idle = hostile.proc_status(pid)["VmRSS"]
+                counts = [0] * args.connections
+                until = time.monotonic() + args.seconds
+                threads = [
+                    threading.Thread(target=flood, args=(proxy.port, i, until, counts))
+                    for i in range(args.connections)
+                ]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(args.seconds + 120)
+                status = hostile.proc_status(pid)
+                flood_lines = log_path.read_text(errors="replace").splitlines()
+
+                retried = bad_crc_batch(b"retried", 1024)
+                with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+                    for n in range(args.retries):
+                        payload = hostile.produce_request(
+                            RETRY_TOPIC, [retried], version=args.version
+                        )
+                        sock.sendall(hostile.framed(payload, 10_000 + n))
+                        _read_frame(sock)
+                time.sleep(3)  # dead letters are sent in the background
+                all_lines = log_path.read_text(errors="replace").splitlines()
+            dead = [
+                r.value
+                for b in stored_batches(broker, RETRY_TOPIC + ".dlq", 0)
+                for r in b.records()
+                if r.value == retried
+            ]
+        entries = journal_entries(journal_dir)
+    retry_lines = all_lines[len(flood_lines) :]
+    return {
+        "code": hostile.code_location(),
+        "root": str(ROOT),
+        "connections": args.connections,
+        "seconds": args.seconds,
+        "requests": sum(counts),
+        "partitions_refused": sum(counts) * PARTITIONS,
+        "rss_idle_mib": round(idle / 2**20, 1),
+        "rss_peak_mib": round(status["VmHWM"] / 2**20, 1),
+        "rss_peak_above_idle_mib": round((status["VmHWM"] - idle) / 2**20, 1),
+        "rss_end_mib": round(status["VmRSS"] / 2**20, 1),
+        "journal_error_lines": sum(
+            1 for line in flood_lines if "ERROR" in line and "quarantine journal" in line
+        ),
+        "journal_lines_sample": [line for line in flood_lines if "quarantine journal" in line][:3],
+        "retries": args.retries,
+        "retry_produce_version": args.version,
+        "retry_dead_letters": len(dead),
+        "retry_journal_entries": sum(1 for _, records in entries if records == retried),
+        "retry_marks": [m.get("attempts") for m, _ in entries if m.get("kind") == "repeated"],
+        "retry_rejection_lines": sum(1 for line in retry_lines if f"{RETRY_TOPIC}-0" in line),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--retries", type=int, default=10)
+    parser.add_argument("--version", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(json.dumps(result, indent=2), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
