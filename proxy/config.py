@@ -310,6 +310,9 @@ class QuarantineConfig(Section):
     letter, log line) once and counted; 0 keeps every attempt."""
     repeat_batches: int = Field(default=10_000, ge=1)
     """Recent refused batches remembered (by digest) to recognise a repeat."""
+    dead_letter_pending_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
+    """Bytes of dead letters being built or sent; beyond, a dead letter is not sent (counted
+    kvproxy_dead_letters_total{result="dropped"}, said once per `drop_report_interval_ms`)."""
     dead_letter_suffix: str | None = None
     """When set, rejected records are also produced to `<topic><suffix>` on the cluster."""
     dead_letter_topics: tuple[str, ...] = ("*",)

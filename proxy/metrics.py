@@ -173,7 +173,7 @@ class ProxyMetrics:
         )
         self.dead_letters = Counter(
             "kvproxy_dead_letters",
-            "Rejected batches copied to dead-letter topics, by result (written, failed)",
+            "Rejected batches copied to dead-letter topics, by result (written, failed, dropped)",
             ["result"],
             registry=r,
         )

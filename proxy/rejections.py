@@ -7,7 +7,6 @@ cannot be sent or a rejection listener that fails is logged and counted, and the
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import functools
 import logging
@@ -18,10 +17,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from policies.topic_patterns import any_of
-from protocol.budget import Allowance, MemoryBudget
+from protocol.budget import MemoryBudget
 from proxy.bounds import MAX_TOPIC_CHARS, clip
 from proxy.config import ProxyConfig, QuarantineConfig
-from proxy.dead_letter import dead_letter_records, send_dead_letter
+from proxy.dead_letter import dead_letter_records
+from proxy.dead_letter_sender import DeadLetterSender
 from proxy.logs import RejectionEvent, RejectionLogger
 from proxy.metrics import ProxyMetrics
 from proxy.produce import PartitionOutcome, ProduceDecision
@@ -75,12 +75,6 @@ class RejectionSink:
     ) -> None:
         self.metrics = metrics
         self.journal = journal
-        self._bootstrap = bootstrap
-        self._upstream_ssl = upstream_ssl
-        self._connect_timeout = config.upstream.connect_timeout_ms / 1000
-        self._decode_bytes = config.limits.decode_bytes_per_request
-        self._decode_memory = decode_memory
-        self._off_loop = off_loop
         self._dead_letter_suffix = config.quarantine.dead_letter_suffix
         self._dead_letter_for = any_of(config.quarantine.dead_letter_topics)
         self.recent_refusals = RecentRefusals(
@@ -89,7 +83,18 @@ class RejectionSink:
             on_forget=self._write_attempts,
         )
         """Refused batches kept lately: one sent again is kept (journal, dead letter, log) once."""
-        self.background: set[asyncio.Task[None]] = set()
+        self.dead_letters = DeadLetterSender(
+            metrics,
+            bootstrap=bootstrap,
+            upstream_ssl=upstream_ssl,
+            connect_timeout=config.upstream.connect_timeout_ms / 1000,
+            decode_bytes=config.limits.decode_bytes_per_request,
+            decode_memory=decode_memory,
+            off_loop=off_loop,
+            pending_bytes=config.quarantine.dead_letter_pending_bytes,
+            report_interval_s=config.quarantine.drop_report_interval_ms / 1000,
+        )
+        self.background = self.dead_letters.background
         """Dead letters being built or sent (the server waits for them when it stops)."""
         self.rejection_log = RejectionLogger(
             rate=config.logs.rejections_per_window,
@@ -201,11 +206,7 @@ class RejectionSink:
                 partition=outcome.index,
                 client_id=client_id,
             )
-            task = asyncio.get_running_loop().create_task(
-                self._send_dead_letter(outcome.topic + suffix, outcome.index, make)
-            )
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            self.dead_letters.submit(outcome.topic + suffix, outcome.index, make, len(records))
         return False
 
     def _write_attempts(self, refusal: Refusal) -> None:
@@ -227,40 +228,6 @@ class RejectionSink:
     def close(self) -> None:
         """The proxy stops: write down the attempts of the refusals still remembered."""
         self.recent_refusals.forget_all()
-
-    async def _send_dead_letter(
-        self, topic: str, partition: int, make: Callable[..., bytes]
-    ) -> None:
-        """Build the dead letter on the decoding thread (decoding the refused records costs what
-        checking them did, with the same budget), then send it."""
-        allowance = Allowance(self._decode_bytes, self._decode_memory)
-
-        def build() -> bytes:
-            try:
-                return make(allowance=allowance)
-            finally:
-                allowance.release()
-
-        try:
-            batch = await self._off_loop(build)
-        except Exception as exc:  # e.g. no memory to compress the copy: counted, never raised
-            self.metrics.dead_letters.labels("failed").inc()
-            log.warning("dead letter for %s-%d not built: %r", topic, partition, exc)
-            return
-        try:
-            await send_dead_letter(
-                list(self._bootstrap),
-                self._upstream_ssl,
-                self._connect_timeout,
-                topic=topic,
-                partition=partition,
-                batch=batch,
-            )
-        except ConnectionError as exc:
-            self.metrics.dead_letters.labels("failed").inc()
-            log.warning("dead letter not written: %s", exc)
-        else:
-            self.metrics.dead_letters.labels("written").inc()
 
     def _count_produced(self, decision: ProduceDecision) -> None:
         """Batches and records by topic and verdict."""

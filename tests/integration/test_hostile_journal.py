@@ -164,3 +164,51 @@ def test_a_bad_crc_flood_keeps_the_journal_queue_within_its_bytes(
     lines = [r.getMessage() for r in caplog.records if "cannot keep up" in r.getMessage()]
     assert len(lines) == 1, lines  # once per interval (10 s by default), with the counts
     assert lines[0].startswith("quarantine journal ") and "1 entries" in lines[0]
+
+
+def test_dead_letters_pending_stay_within_their_bytes(
+    tansu: Broker,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Dead letters held (their send waits on a gate) while 80 MiB of refused partitions arrive:
+    at most `dead_letter_pending_bytes` (64 MiB) of them wait; the rest are counted dropped,
+    and said once."""
+    import asyncio
+
+    import proxy.dead_letter_sender as sender_module
+
+    gate = threading.Event()
+    sent: list[str] = []
+
+    async def held(*args: Any, topic: str, **kwargs: Any) -> None:
+        while not gate.is_set():  # the test opens the gate before the proxy stops
+            await asyncio.sleep(0.01)
+        sent.append(topic)
+
+    monkeypatch.setattr(sender_module, "send_dead_letter", held)
+    topic = make_topic(16)
+    partition_bytes = 256 * 1024
+    pending_bytes = 64 * 1024 * 1024  # quarantine.dead_letter_pending_bytes' default
+    requests = 20
+    caplog.set_level(logging.WARNING, logger="kvproxy")
+    with run_proxy(tansu.bootstrap, quarantine={"dead_letter_suffix": ".dlq"}) as proxy:
+        for n in range(requests):
+            parts: list[Part] = [
+                (topic, p, bad_crc(batch(bytes([n, p]) * (partition_bytes // 2))))
+                for p in range(16)
+            ]
+            answers = produce(proxy.host, proxy.port, 9, parts)
+            assert {a.error_code for a in answers.values()} == {CORRUPT_MESSAGE}
+        samples = scrape(proxy)
+        dropped = value(samples, "kvproxy_dead_letters_total", result="dropped")
+        offered = requests * 16
+        waiting_at_most = pending_bytes // partition_bytes
+        assert dropped >= offered - waiting_at_most
+        gate.set()
+        wait_until(lambda: len(sent) == offered - dropped, "the dead letters held to be sent")
+    lines = [r.getMessage() for r in caplog.records if "dead letters not sent" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("1 dead letters not sent since the last report")
