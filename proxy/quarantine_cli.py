@@ -27,6 +27,7 @@ from protocol.errors import ProtocolError
 from protocol.records import iter_batches
 from proxy.config import ProxyConfig, load_config
 from proxy.dump import preview
+from proxy.logs import escape_controls
 from proxy.quarantine import JournalReader, QuarantineEntry
 from proxy.quarantine_replay import (
     entry_leader,
@@ -154,7 +155,8 @@ def _list(args: argparse.Namespace) -> int:
     replayed = replayed_ids(directory)
     groups: dict[tuple[str, str, int, str], list[QuarantineEntry]] = collections.defaultdict(list)
     for entry in _entries(args, directory):
-        groups[(entry.topic, entry.policy or "?", entry.code, entry.kind)].append(entry)
+        key = (escape_controls(entry.topic), _safe(entry.policy or "?"), entry.code, entry.kind)
+        groups[key].append(entry)
     if not groups:
         print(f"{directory}: no entries")
         return 0
@@ -196,14 +198,15 @@ def _show(args: argparse.Namespace) -> int:
         mark = " [replayed]" if entry.id in replayed else ""
         print(
             f"{_format_time(entry.time_ms)} {entry.id} {entry.kind}{mark} "
-            f"{entry.topic}-{entry.partition}"
+            f"{escape_controls(entry.topic)}-{entry.partition}"
         )
         print(
-            f"  client {entry.client_id} at {entry.client_address}, "
+            f"  client {_safe(entry.client_id)} at {_safe(entry.client_address)}, "
             f"Produce v{entry.produce_version}"
         )
         print(
-            f"  policy {entry.policy}, code {entry.code} {error_name(entry.code)}: {entry.message}"
+            f"  policy {_safe(entry.policy)}, code {entry.code} {error_name(entry.code)}: "
+            f"{_safe(entry.message)}"
         )
         culprits = set(entry.record_indexes)
         for line in _record_lines(entry.records, culprits):
@@ -211,6 +214,12 @@ def _show(args: argparse.Namespace) -> int:
     if shown == 0:
         print(f"{directory}: no entries")
     return 0
+
+
+def _safe(text: str | None) -> str:
+    """A field a client filled, printed as the log prints it: control characters escaped, so
+    it can neither drive the operator's terminal nor start a forged line."""
+    return escape_controls(str(text))
 
 
 def _record_lines(records: bytes, culprits: set[int]) -> Iterator[str]:
@@ -278,7 +287,7 @@ async def _replay_async(
     marks_path = (directory / REPLAYED_FILE).resolve()
     with open(marks_path, "a", encoding="utf-8") as marks:
         for entry in pending:
-            where = f"{entry.id} {entry.topic}-{entry.partition}"
+            where = f"{entry.id} {escape_controls(entry.topic)}-{entry.partition}"
             twin = written_as.get(same_records(entry))
             if twin is not None:
                 marks.write(entry.id + "\n")
