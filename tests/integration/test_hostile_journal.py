@@ -22,11 +22,13 @@ from protocol.journal import iter_entries
 from proxy.quarantine import JournalReader
 from proxy.quarantine.reader import list_segments
 from tests.harness import Broker, create_topic
+from tests.harness.flipping_relay import FLIPPED, MARK, PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.metrics import scrape, value
 from tests.harness.processes import wait_until
 from tests.harness.produce import Part, batch, produce
 from tests.harness.proxy import run_proxy
 from tests.harness.quarantine import dead_letter_counts, journal_settings
+from tests.harness.upstream import Upstream
 
 CORRUPT_MESSAGE = 2
 ATTEMPTS = 5
@@ -212,3 +214,64 @@ def test_dead_letters_pending_stay_within_their_bytes(
     lines = [r.getMessage() for r in caplog.records if "dead letters not sent" in r.getMessage()]
     assert len(lines) == 1, lines
     assert lines[0].startswith("1 dead letters not sent since the last report")
+
+
+def test_librdkafka_retrying_a_bad_crc_leaves_one_dead_letter_and_one_entry(
+    upstream: Upstream, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """confluent-kafka (librdkafka) retries CORRUPT_MESSAGE until message.timeout.ms, sending the
+    same batch each time (a relay flips one bit of it on the way, see tests/harness)."""
+    from confluent_kafka import Producer
+
+    topic = upstream.create_topic(1)
+    upstream.create_topic(1, name=topic + ".dlq")
+    journal_dir = tmp_path / "journal"
+    caplog.set_level(logging.WARNING, logger="kvproxy")
+    errors: list[Any] = []
+    with run_proxy(
+        upstream.bootstrap,
+        listen={"advertised_host": RELAY_HOST},
+        quarantine=journal_settings(journal_dir, dead_letter_suffix=".dlq"),
+    ) as proxy:
+        relays = [
+            FlippingRelay((RELAY_HOST, port), (PROXY_HOST, port))
+            for port in (proxy.port, proxy.broker_port(upstream.node_id))
+        ]
+        try:
+            producer = Producer(
+                {
+                    "bootstrap.servers": f"{RELAY_HOST}:{proxy.port}",
+                    "message.timeout.ms": 3000,
+                    "retry.backoff.ms": 100,
+                    "linger.ms": 0,
+                }
+            )
+            producer.produce(
+                topic, key=b"k", value=b"a " + MARK, on_delivery=lambda e, m: errors.append(e)
+            )
+            producer.flush(20)
+        finally:
+            for relay in relays:
+                relay.close()
+        samples = scrape(proxy)
+        attempts = sum(
+            count
+            for (name, labels), count in samples.items()
+            if name == "kvproxy_policy_rejections_total" and ("topic", topic) in labels
+        )
+        assert attempts >= 2, "librdkafka sent the refused batch again"
+        repeats = value(samples, "kvproxy_quarantine_repeated_batches_total")
+        wait_until(lambda: sum(dead_letter_counts(proxy)) >= 1, "the dead letter to be sent")
+        assert dead_letter_counts(proxy) == (1, 0)
+    assert len(errors) == 1 and errors[0] is not None  # timed out after its retries
+
+    dead = consume_all(upstream.bootstrap, topic + ".dlq", 0, 1)
+    assert len(dead) == 1, "the retried batch once in the dead-letter topic"
+    assert FLIPPED in dead[0].value()
+    entries = list(JournalReader(journal_dir).entries())
+    assert len(entries) == 1
+    marks = [m for m in stored_metadata(journal_dir) if m["kind"] == "repeated"]
+    assert [(m["repeat_of"], m["attempts"]) for m in marks] == [(entries[0].id, attempts)]
+    lines = [r for r in caplog.records if getattr(r, "event", None) == "rejection"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert repeats == attempts - 1
