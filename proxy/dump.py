@@ -150,23 +150,39 @@ def run(args: argparse.Namespace) -> int:
     if options.headers_only:
         summary.null_keys = None
     missing = without_segments = False
-    for path in args.paths:
-        if not path.exists():
-            print(f"kvproxy dump: {path}: no such file or directory", file=sys.stderr)
-            missing = True
-            continue
-        files = list(segment_files([path]))
-        if not files:
-            print(f"kvproxy dump: no Kafka log segments (*.log) in {path}", file=sys.stderr)
-            without_segments = True
-        for file in files:
-            _dump_file(file, summary, out=out, options=options)
-    if args.json:
-        json.dump(summary.as_json(), out)
-        out.write("\n")
+    try:
+        for path in args.paths:
+            if not path.exists():
+                print(f"kvproxy dump: {path}: no such file or directory", file=sys.stderr)
+                missing = True
+                continue
+            files = list(segment_files([path]))
+            if not files:
+                print(f"kvproxy dump: no Kafka log segments (*.log) in {path}", file=sys.stderr)
+                without_segments = True
+            for file in files:
+                _dump_file(file, summary, out=out, options=options)
+        if args.json:
+            json.dump(summary.as_json(), out)
+            out.write("\n")
+        out.flush()  # here, where a closed output is caught, not at the interpreter's exit
+    except BrokenPipeError:
+        return _output_closed(out)
     if missing:
         return 2
     return 1 if summary.errors or without_segments else 0
+
+
+def _output_closed(out: TextIO) -> int:
+    """The reader left (`| head`): the output ends there, as `kafka-dump-log | head` ends with
+    status 0. Nothing is said about the input, which was fine. What is still buffered goes to
+    /dev/null so the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, out.fileno())
+    finally:
+        os.close(devnull)
+    return 0
 
 
 def _dump_file(path: Path, summary: DumpSummary, *, out: TextIO, options: DumpOptions) -> None:
@@ -184,6 +200,8 @@ def _dump_file(path: Path, summary: DumpSummary, *, out: TextIO, options: DumpOp
             if options.text:
                 out.write(f"Dumping {path}\n")
             _scan_file(path, handle, size, summary, out=out, options=options)
+        except BrokenPipeError:  # the output closed: not a fault of the input
+            raise
         except OSError as exc:
             _report(summary, path, 0, f"cannot read: {exc.strerror or exc}")
 
