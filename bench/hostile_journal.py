@@ -14,7 +14,8 @@ and partitions refused; the proxy's log lines about the journal ("cannot keep up
 full") and its rejection lines; for the retry phase the dead letters read back from the broker
 and the journal entries holding that batch.
 
-    .venv/bin/python bench/hostile_journal.py [--seconds 60] [--connections 4] [--json out.json]
+    .venv/bin/python bench/hostile_journal.py [--seconds 60] [--connections 4] [--queue-bytes N]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         journal_dir = Path(tmp) / "journal"
         extra = (
             f"quarantine: {{dir: '{journal_dir}', dead_letter_suffix: .dlq, "
-            f"dead_letter_topics: [{RETRY_TOPIC}]}}\n"
+            f"dead_letter_topics: [{RETRY_TOPIC}]"
+            + (f", queue_bytes: {args.queue_bytes}" if args.queue_bytes else "")
+            + "}\n"
         )
         with tansu() as server:
             broker = server.broker
@@ -141,6 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "root": str(ROOT),
         "connections": args.connections,
         "seconds": args.seconds,
+        "queue_bytes": args.queue_bytes,
         "requests": sum(counts),
         "partitions_refused": sum(counts) * PARTITIONS,
         "rss_idle_mib": round(idle / 2**20, 1),
@@ -150,6 +154,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "journal_error_lines": sum(
             1 for line in flood_lines if "ERROR" in line and "quarantine journal" in line
         ),
+        "journal_cannot_keep_up_lines": [
+            line.split("cannot keep up: ", 1)[1][:60]
+            for line in flood_lines
+            if "cannot keep up" in line
+        ][:8],
         "journal_lines_sample": [line for line in flood_lines if "quarantine journal" in line][:3],
         "retries": args.retries,
         "retry_produce_version": args.version,
@@ -166,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--retries", type=int, default=10)
     parser.add_argument("--version", type=int, default=3)
+    parser.add_argument("--queue-bytes", type=int, help="quarantine.queue_bytes (newer code)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     result = run(args)
