@@ -101,6 +101,22 @@ class _JournalCollector(Collector):
         )
 
 
+class _ShownOnceCounted(Collector):
+    """A counter served only once it counted something: a fresh /metrics stays small."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self._name = name
+        self._documentation = documentation
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+    def collect(self) -> Iterator[Metric]:
+        if self.value:
+            yield CounterMetricFamily(self._name, self._documentation, value=self.value)
+
+
 class ProxyMetrics:
     def __init__(self, topic_label_limit: int = 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -173,15 +189,14 @@ class ProxyMetrics:
         )
         self.dead_letters = Counter(
             "kvproxy_dead_letters",
-            "Rejected batches copied to dead-letter topics, by result (written, failed, dropped)",
+            "Dead-letter copies of rejected batches, by result",
             ["result"],
             registry=r,
         )
-        self.repeated_refusals = Counter(
-            "kvproxy_quarantine_repeated_batches",
-            "Refused batches sent again, kept once (quarantine.repeat_window_ms)",
-            registry=r,
+        self.repeated_refusals = _ShownOnceCounted(
+            "kvproxy_quarantine_repeated_batches", "Refused batches sent again, kept once"
         )
+        r.register(self.repeated_refusals)
         self.ready = Gauge(
             "kvproxy_ready",
             "1 once the cluster has answered the proxy and while a bootstrap server accepts "
