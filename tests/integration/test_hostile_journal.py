@@ -74,7 +74,11 @@ def stored_metadata(directory: Path) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.parametrize(("version", "magic"), [(3, 2), (2, 1)], ids=["v3-magic2", "v2-legacy"])
 def test_a_refused_batch_sent_again_is_kept_once(
+    *,
+    version: int,
+    magic: int,
     tansu: Broker,
     make_topic: Callable[..., str],
     tmp_path: Path,
@@ -82,25 +86,27 @@ def test_a_refused_batch_sent_again_is_kept_once(
 ) -> None:
     topic = make_topic(1)
     create_topic(tansu.bootstrap, topic + ".dlq", 1)
-    refused = bad_crc(batch(b"one", b"two"))
-    other = bad_crc(batch(b"three"))
+    refused = bad_crc(batch(b"one", b"two", magic=magic))
+    other = bad_crc(batch(b"three", magic=magic))
     journal_dir = tmp_path / "journal"
     caplog.set_level(logging.WARNING, logger="kvproxy")
     with run_proxy(
         tansu.bootstrap, quarantine=journal_settings(journal_dir, dead_letter_suffix=".dlq")
     ) as proxy:
         for _ in range(ATTEMPTS):  # a client retrying CORRUPT_MESSAGE: the same bytes each time
-            answers = produce(proxy.host, proxy.port, 3, [(topic, 0, refused)])
+            answers = produce(proxy.host, proxy.port, version, [(topic, 0, refused)])
             assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE
-        answers = produce(proxy.host, proxy.port, 3, [(topic, 0, other)])
+        answers = produce(proxy.host, proxy.port, version, [(topic, 0, other)])
         assert answers[(topic, 0)].error_code == CORRUPT_MESSAGE
         wait_until(lambda: sum(dead_letter_counts(proxy)) >= 2, "the dead letters to be sent")
         assert dead_letter_counts(proxy) == (2, 0), "one dead letter per distinct batch"
         samples = scrape(proxy)
         assert value(samples, "kvproxy_quarantine_repeated_batches_total") == ATTEMPTS - 1
 
-    dead = consume_all(tansu.bootstrap, topic + ".dlq", 0, 2)
-    assert sorted(m.value() for m in dead) == sorted([refused, other]), "each refused batch once"
+    dead = consume_all(tansu.bootstrap, topic + ".dlq", 0, 2 if magic == 2 else 3)
+    # magic 2 with a bad CRC travels as one unreadable record; a legacy message set is read
+    expected = [refused, other] if magic == 2 else [b"one", b"twn", b"thred"]
+    assert sorted(m.value() for m in dead) == sorted(expected), "each refused batch once"
 
     rejected = JournalReader(journal_dir).entries()
     kept = [e.records for e in rejected]
