@@ -37,6 +37,7 @@ from proxy.quarantine_replay import (
     same_records,
     skip_stored,
 )
+from proxy.replay_marks import Replayed, mark_line, read_marks, replayed_in_full, union
 from proxy.upstream_client import describe_topic_configs
 from settings.loading import ConfigError
 
@@ -119,12 +120,14 @@ def _entries(args: argparse.Namespace, directory: Path) -> Iterator[QuarantineEn
             )
 
 
+def replay_marks(directory: Path) -> dict[str, Replayed]:
+    """Entry id -> the record indexes replayed so far (None: every one)."""
+    return read_marks(directory / REPLAYED_FILE, JournalReader(directory).replayed_ids())
+
+
 def replayed_ids(directory: Path) -> set[str]:
-    path = directory / REPLAYED_FILE
-    ids = JournalReader(directory).replayed_ids()
-    if path.exists():
-        ids.update(line.strip() for line in path.read_text().splitlines() if line.strip())
-    return ids
+    """Ids of entries replayed, in full or in part."""
+    return set(replay_marks(directory))
 
 
 def record_count(records: bytes) -> int | None:
@@ -265,14 +268,22 @@ async def _replay_async(
         raise ConfigError("replay needs upstream.bootstrap_servers (the embedded broker is gone)")
     ssl_context = upstream_side_ssl(config)
     timeout = config.upstream.connect_timeout_ms / 1000
-    done = replayed_ids(directory)
-    pending = [e for e in _entries(args, directory) if e.kind == "rejected" and e.id not in done]
+    marks_read = replay_marks(directory)
+    done = set(marks_read)
+    whole = replayed_in_full(marks_read)
+    # An entry replayed in part stays pending: its other records may be asked for later.
+    pending = [e for e in _entries(args, directory) if e.kind == "rejected" and e.id not in whole]
     # A client that retries a refused batch sends the same bytes again, and each refusal is an
     # entry (a retriable answer, or a retry after a lost connection): they are written once.
     written_as: dict[bytes, str] = {}
+    replayed_as: dict[bytes, Replayed] = {}  # the records of those bytes replayed so far
     for earlier_entry in JournalReader(directory).entries(topic=args.topic):
         if earlier_entry.kind == "rejected" and earlier_entry.id in done:
-            written_as.setdefault(same_records(earlier_entry), earlier_entry.id)
+            key = same_records(earlier_entry)
+            written_as.setdefault(key, earlier_entry.id)
+            replayed_as[key] = union(
+                replayed_as.get(key, frozenset()), marks_read[earlier_entry.id]
+            )
     settings = routing.config_override(args.topic)  # the YAML's, over the cluster's
     if routing.settings_needed(args.topic) and pending:
         described = await describe_topic_configs(
@@ -288,9 +299,20 @@ async def _replay_async(
     with open(marks_path, "a", encoding="utf-8") as marks:
         for entry in pending:
             where = f"{entry.id} {escape_controls(entry.topic)}-{entry.partition}"
-            twin = written_as.get(same_records(entry))
-            if twin is not None:
-                marks.write(entry.id + "\n")
+            key = same_records(entry)
+            chosen = replay_records(
+                entry, all_records=args.all_records, replayed=replayed_as.get(key, frozenset())
+            )
+            twin = written_as.get(key)
+            if not isinstance(chosen, str) and not chosen.count and entry.id in done:
+                continue  # what is asked of this entry was replayed by an earlier run
+            if (
+                twin is not None
+                and twin != entry.id
+                and not isinstance(chosen, str)
+                and not chosen.count
+            ):
+                marks.write(mark_line(entry.id, replayed_as.get(key)))
                 marks.flush()
                 os.fsync(marks.fileno())
                 duplicates += 1
@@ -299,7 +321,6 @@ async def _replay_async(
                     "the same batch): nothing written; marked replayed"
                 )
                 continue
-            chosen = replay_records(entry, all_records=args.all_records)
             if isinstance(chosen, str):
                 failed += 1
                 print(f"{where}: still fails: {chosen}")
@@ -312,6 +333,7 @@ async def _replay_async(
                     f"{error_name(verdict.code)}: {verdict.message}"
                 )
                 continue
+            asked = chosen.indexes  # the marks name these, stored already or not
             leader, error = await entry_leader(bootstrap, ssl_context, timeout, entry)
             if not error and args.skip_stored:
                 kept = await skip_stored(leader, ssl_context, timeout, entry, chosen)
@@ -330,10 +352,12 @@ async def _replay_async(
                 failed += 1
                 print(f"{where}: not written: {error}; the entry stays for a later replay")
                 continue
-            marks.write(entry.id + "\n")
+            now = union(replayed_as.get(key, frozenset()), _as_marked(asked))
+            marks.write(mark_line(entry.id, _whole_if_complete(now, entry)))
             marks.flush()
             os.fsync(marks.fileno())
-            written_as[same_records(entry)] = entry.id
+            written_as.setdefault(key, entry.id)
+            replayed_as[key] = now
             passed += 1
             address = f"{leader[0]}:{leader[1]}"
             if not chosen.count:
@@ -374,6 +398,18 @@ async def _replay_async(
     print(f"replay marks: {marks_path} ({passed + duplicates} added)")
     # Non-zero while anything is left to replay, so that scripts and operators notice.
     return 1 if failed else 0
+
+
+def _as_marked(indexes: tuple[int, ...] | None) -> Replayed:
+    return None if indexes is None else frozenset(indexes)
+
+
+def _whole_if_complete(replayed: Replayed, entry: QuarantineEntry) -> Replayed:
+    """Every record of the entry replayed: marked as the whole entry."""
+    total = record_count(entry.records)
+    if replayed is not None and total is not None and replayed >= set(range(total)):
+        return None
+    return replayed
 
 
 def _plural(count: int, word: str) -> str:

@@ -54,16 +54,40 @@ class ReplayRecords:
     """The 0-based indexes of the records written, None for every one."""
 
 
-def replay_records(entry: QuarantineEntry, *, all_records: bool = False) -> ReplayRecords | str:
+_RECORD_ERRORS_SINCE = 8
+"""Produce v8 (KIP-467) answers name the records refused (record_errors); older answers only
+say the whole batch failed."""
+
+
+def told_refused(entry: QuarantineEntry) -> tuple[int, ...] | None:
+    """The records the client was told were refused, None for the whole batch.
+
+    A client told which records failed (Produce v8+ with record_errors) sends the others again
+    itself; a client told only that the batch failed (v7 and older, or an entry whose
+    version is unknown) may have dropped every record of it, and replay owes it all of them."""
+    if (
+        entry.produce_version >= _RECORD_ERRORS_SINCE
+        and entry.record_indexes
+        and not entry.record_indexes_omitted
+    ):
+        return entry.record_indexes
+    return None
+
+
+def replay_records(
+    entry: QuarantineEntry,
+    *,
+    all_records: bool = False,
+    replayed: frozenset[int] | None = frozenset(),
+) -> ReplayRecords | str:
     """The records to replay for `entry`, or why none can be.
 
-    Only the refused records (`record_indexes`) unless `all_records`: a client that knows
-    which records of a batch were refused (KIP-467) sends the others again itself. A refusal
-    without record indexes, or with some left out of the journal, replays the whole batch. The
-    batches are written as a plain producer's: the original producer id, epoch and sequences
-    belong to the client's session and a broker refuses them from anyone else or drops them
-    as duplicates. Stored bytes whose CRC does not match are never replayed: rewriting them
-    would give corrupt data a valid CRC."""
+    By default what the client was told failed (`told_refused`); every record with
+    `all_records`; never those `replayed` already (None: every one was). The batches are
+    written as a plain producer's: the original producer id, epoch and sequences belong to the
+    client's session and a broker refuses them from anyone else or drops them as duplicates.
+    Stored bytes whose CRC does not match are never replayed: rewriting them would give
+    corrupt data a valid CRC."""
     try:
         batches = read_batches(entry.records)
     except DecodeError as exc:
@@ -77,20 +101,20 @@ def replay_records(entry: QuarantineEntry, *, all_records: bool = False) -> Repl
                 f"{batch.computed_crc():#010x}), as the client sent it; it is never replayed"
             )
     total = sum(max(batch.record_count, 0) for batch in batches)
-    keep: set[int] | None = None
-    if not all_records and entry.record_indexes and not entry.record_indexes_omitted:
-        keep = {index for index in entry.record_indexes if 0 <= index < total} or None
+    refused = None if all_records else told_refused(entry)
+    wanted = set(range(total)) if refused is None else {i for i in refused if 0 <= i < total}
+    wanted = wanted or set(range(total))
+    keep = set() if replayed is None else wanted - replayed
     try:
-        records = as_own_producer(entry.records, keep)
+        records = as_own_producer(entry.records, None if len(keep) == total else keep)
     except DecodeError as exc:
         return f"the stored records do not decode ({exc}); see `kvproxy quarantine show`"
-    count = total if keep is None else len(keep)
     return ReplayRecords(
-        records=records,
-        count=count,
-        left_out=total - count,
+        records=records if keep else b"",  # nothing left: the caller writes nothing
+        count=len(keep),
+        left_out=total - len(wanted),
         transactional=any(batch.is_transactional for batch in batches),
-        indexes=None if keep is None else tuple(sorted(keep)),
+        indexes=None if len(keep) == total else tuple(sorted(keep)),
     )
 
 

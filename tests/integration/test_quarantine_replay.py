@@ -212,7 +212,14 @@ def test_all_records_replays_the_innocent_ones_too(
     journal_dir.mkdir()
     rows = [(b"k", f"v{i}".encode(), None, None) for i in range(3)]
     named = new_entry(
-        "rejected", topic, 0, policy="x", code=87, records=build_batch(rows), record_indexes=(1,)
+        "rejected",
+        topic,
+        0,
+        policy="x",
+        code=87,
+        records=build_batch(rows),
+        record_indexes=(1,),
+        produce_version=9,
     )
     whole = new_entry("rejected", topic, 0, policy="x", code=2, records=build_batch(rows))
     cut = new_entry(

@@ -20,7 +20,7 @@ def values(chosen: ReplayRecords) -> list[bytes | None]:
 
 def test_only_the_refused_records_by_default_all_when_asked() -> None:
     idempotent = build_batch(ROWS, producer_id=9, producer_epoch=2, base_sequence=40)
-    refused = entry(idempotent, record_indexes=(1, 3))
+    refused = entry(idempotent, record_indexes=(1, 3), produce_version=9)
     chosen = replay_records(refused)
     assert isinstance(chosen, ReplayRecords)
     assert (values(chosen), chosen.count, chosen.left_out) == ([b"v1", b"v3"], 2, 2)
