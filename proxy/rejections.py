@@ -52,9 +52,9 @@ def make_journal(
         queue_bytes=settings.queue_bytes,
         report_interval_s=settings.drop_report_interval_ms / 1000,
         on_error=lambda why: log.error(
-            "quarantine journal %s cannot be written: %s (clients are still answered)",
-            directory,
+            "%s (journal %s; clients are still answered)",
             why,
+            directory,
         ),
     )
 
