@@ -6,6 +6,7 @@ a temporary folder, dead letters of the retry phase's topic to `<topic>.dlq`). T
 - flood: `--connections` (default 4) connections each send, one after the other for `--seconds`
   (default 60), Produce v9 requests of 16 partitions of one 256 KiB batch with a bad CRC, every
   batch different (a counter in its value), so each refusal is a new journal entry.
+  With `--dead-letter-flood` the flood's topic gets dead letters too.
 - retry: one connection sends the same bad-CRC batch `--retries` times (default 10), as a
   client retrying CORRUPT_MESSAGE does.
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         journal_dir = Path(tmp) / "journal"
         extra = (
             f"quarantine: {{dir: '{journal_dir}', dead_letter_suffix: .dlq, "
-            f"dead_letter_topics: [{RETRY_TOPIC}]"
+            f"dead_letter_topics: [{RETRY_TOPIC}{', ' + TOPIC if args.dead_letter_flood else ''}]"
             + (f", queue_bytes: {args.queue_bytes}" if args.queue_bytes else "")
             + "}\n"
         )
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "connections": args.connections,
         "seconds": args.seconds,
         "queue_bytes": args.queue_bytes,
+        "dead_letter_flood": args.dead_letter_flood,
         "requests": sum(counts),
         "partitions_refused": sum(counts) * PARTITIONS,
         "rss_idle_mib": round(idle / 2**20, 1),
@@ -176,6 +178,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--retries", type=int, default=10)
     parser.add_argument("--version", type=int, default=3)
     parser.add_argument("--queue-bytes", type=int, help="quarantine.queue_bytes (newer code)")
+    parser.add_argument(
+        "--dead-letter-flood", action="store_true", help="the flood's topic gets dead letters too"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     result = run(args)
