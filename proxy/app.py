@@ -13,7 +13,7 @@ from pathlib import Path
 
 from policies.config import TopicRouting
 from proxy.config import ProxyConfig, build_routing_for
-from proxy.embedded import EmbeddedBroker, run_embedded_broker
+from proxy.embedded import EmbeddedBroker, advertised, run_embedded_broker
 from proxy.listeners import METADATA_RETRY_S
 from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
 from proxy.server import ProxyServer, WorkerRole
@@ -42,6 +42,12 @@ async def running_proxy(
             broker: EmbeddedBroker = stack.enter_context(run_embedded_broker())
             log.info("embedded broker listening on %s", broker.bootstrap)
             bootstrap = ((broker.host, broker.port),)
+            journal = config.quarantine.dir
+            if journal is not None:  # for `kvproxy quarantine replay`, which writes to it
+                base = config_dir or Path.cwd()
+                stack.enter_context(
+                    advertised(journal if journal.is_absolute() else base / journal, broker)
+                )
         server = ProxyServer(config, bootstrap, routing=routing, base_dir=config_dir, worker=worker)
         await server.start()
         try:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from protocol.framing import FrameDecoder, frame
@@ -99,6 +100,40 @@ def run_embedded_broker(port: int | None = None) -> Iterator[EmbeddedBroker]:
             yield EmbeddedBroker(HOST, port)
         finally:
             _stop(process)
+
+
+ADDRESS_FILE = "embedded-broker"
+"""In the quarantine folder while `kvproxy serve` runs an embedded broker: its "host:port", so
+`kvproxy quarantine replay` can write to the broker that holds the data (in memory)."""
+
+
+@contextlib.contextmanager
+def advertised(directory: Path, broker: EmbeddedBroker) -> Iterator[None]:
+    """`directory`/ADDRESS_FILE names `broker` until exit (then removed, if still ours)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / ADDRESS_FILE
+    text = broker.bootstrap + "\n"
+    partial = path.with_name(f".{ADDRESS_FILE}.{os.getpid()}")
+    partial.write_text(text, encoding="ascii")
+    os.replace(partial, path)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if path.read_text(encoding="ascii") == text:
+                path.unlink()
+
+
+def advertised_broker(directory: Path) -> EmbeddedBroker | None:
+    """The embedded broker a running `kvproxy serve` names in `directory`, if it answers."""
+    try:
+        host, _, port = (
+            (directory / ADDRESS_FILE).read_text(encoding="ascii").strip().rpartition(":")
+        )
+        broker = EmbeddedBroker(host, int(port))
+    except (OSError, ValueError):
+        return None
+    return broker if api_versions_ok(broker.host, broker.port) else None
 
 
 _PR_SET_PDEATHSIG = 1

@@ -264,8 +264,8 @@ async def _replay_async(
     except ProxyError as exc:
         raise ConfigError(f"{args.config}: {exc}") from None
     bootstrap = list(config.upstream.addresses())
-    if not bootstrap:
-        raise ConfigError("replay needs upstream.bootstrap_servers (the embedded broker is gone)")
+    if config.upstream.embedded:
+        bootstrap = [_running_embedded_broker(directory, args.config)]
     ssl_context = upstream_side_ssl(config)
     timeout = config.upstream.connect_timeout_ms / 1000
     marks_read = replay_marks(directory)
@@ -398,6 +398,23 @@ async def _replay_async(
     print(f"replay marks: {marks_path} ({passed + duplicates} added)")
     # Non-zero while anything is left to replay, so that scripts and operators notice.
     return 1 if failed else 0
+
+
+def _running_embedded_broker(directory: Path, config_file: str) -> tuple[str, int]:
+    """The broker of the `kvproxy serve` running this config: the embedded broker lives inside
+    serve and keeps its data in memory, so replay writes there, or nowhere."""
+    from proxy.embedded import ADDRESS_FILE, advertised_broker  # noqa: PLC0415
+
+    broker = advertised_broker(directory)
+    if broker is None:
+        raise ConfigError(
+            "upstream.embedded: the embedded broker runs inside `kvproxy serve` and keeps its "
+            f"data in memory, and no running serve names one in {directory / ADDRESS_FILE}. "
+            f"Start `kvproxy serve -c FILE` (FILE: {config_file}, or any config with this "
+            "quarantine.dir) and replay while it runs; or set upstream.bootstrap_servers to "
+            "replay to a cluster"
+        )
+    return broker.host, broker.port
 
 
 def _as_marked(indexes: tuple[int, ...] | None) -> Replayed:
