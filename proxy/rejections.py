@@ -156,8 +156,8 @@ class RejectionSink:
         `quarantine.repeat_window_ms` (a client retrying) is kept once: True for such a repeat,
         whose attempts are counted and later written down in a "repeated" mark."""
         verdict = outcome.verdict
-        if verdict.resend:
-            return False
+        if verdict.resend or (self.journal is None and not self._dead_letter_suffix):
+            return False  # nothing to keep: no digest to take (the log lines are rate-limited)
         entry_id = uuid.uuid4().hex
         now_ms = int(time.time() * 1000)
         key = refusal_key(
