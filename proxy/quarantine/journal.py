@@ -15,6 +15,7 @@ from pathlib import Path
 
 from protocol.errors import DecodeError, EncodeError
 from protocol.journal import encode_entry, iter_entries
+from proxy.quarantine.drops import Drops
 from proxy.quarantine.entry import QuarantineEntry
 from proxy.quarantine.reader import list_segments, segment_name
 
@@ -119,13 +120,10 @@ class Journal:
     """The proxy's quarantine journal: `open()`, `append()` from any thread, `close()`.
 
     Counters (read them from any thread): `written` entries written to a segment,
-    `failed_writes` entries lost to a write error, `dropped` entries refused because the queue
-    was full or the journal not open (`dropped_by_reason`: reason -> [entries, bytes]).
+    `failed_writes` entries lost to a write error, `dropped` entries not kept because the queue
+    was full (`queue_bytes`, records plus `ENTRY_OVERHEAD_BYTES` each, or `queue_entries`) or the
+    journal not open: `drops` has them by reason and says so once per `report_interval_s`.
     `degraded` is the last write error while writes fail, else None.
-
-    The queue is bounded in bytes (`queue_bytes`, records plus `ENTRY_OVERHEAD_BYTES` each) as
-    well as in entries: what the writer cannot keep up with is dropped, counted, and reported
-    through `on_error` at most once per `report_interval_s` with the counts since the last line.
     """
 
     def __init__(
@@ -151,15 +149,10 @@ class Journal:
         self.on_error = on_error
         self.written = 0
         self.failed_writes = 0
-        self.dropped = 0
-        self.dropped_bytes = 0
-        self.dropped_by_reason: dict[str, list[int]] = {}
+        self.drops = Drops(report_interval_s, clock, self._report)
         self.queue_bytes = queue_bytes
-        self.report_interval_s = report_interval_s
         self._queued_bytes = 0
         self._bytes_lock = threading.Lock()
-        self._unreported = [0, 0]
-        self._last_drop_report: float | None = None
         self._degraded: str | None = None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_entries)
         self._thread: threading.Thread | None = None
@@ -263,11 +256,8 @@ class Journal:
             self._drop("not_open", size)
             return False
         with self._bytes_lock:
-            if self._queued_bytes + size > self.queue_bytes:
-                full = True
-            else:
-                full = False
-                self._queued_bytes += size
+            full = self._queued_bytes + size > self.queue_bytes
+            self._queued_bytes += 0 if full else size
         if full:
             self._drop("queue_full", size)
             return False
@@ -289,32 +279,19 @@ class Journal:
             self._queued_bytes -= size
 
     def _drop(self, reason: str, size: int) -> None:
-        """Count an entry not kept; say so at most once per `report_interval_s`, with the
-        entries and bytes not kept since the last line."""
-        self.dropped += 1
-        self.dropped_bytes += size
-        counts = self.dropped_by_reason.setdefault(reason, [0, 0])
-        counts[0] += 1
-        counts[1] += size
-        self._unreported[0] += 1
-        self._unreported[1] += size
-        now = self.clock()
-        last = self._last_drop_report
-        if last is not None and now - last < self.report_interval_s:
-            return
-        self._last_drop_report = now
-        entries, size_sum = self._unreported
-        self._unreported = [0, 0]
-        why = (
-            "it is not open"
-            if reason == "not_open"
-            else f"its queue is full ({self._queue.maxsize} entries or {self.queue_bytes} "
-            "bytes, quarantine.queue_bytes)"
+        full = (
+            f"({self._queue.maxsize} entries or {self.queue_bytes} bytes, quarantine.queue_bytes)"
         )
-        self._report(
-            f"quarantine journal cannot keep up: {entries} entries ({size_sum} bytes) not kept "
-            f"since the last report: {why}"
-        )
+        why = "it is not open" if reason == "not_open" else f"its queue is full {full}"
+        self.drops.count(reason, size, why)
+
+    @property
+    def dropped(self) -> int:
+        return self.drops.entries
+
+    @property
+    def dropped_by_reason(self) -> dict[str, list[int]]:
+        return self.drops.by_reason
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued before this call is written and fsynced.
