@@ -239,9 +239,10 @@ class _Output:
 def _gzip_declared(data: Buffer) -> int | None:
     """The size a gzip member's trailer gives (ISIZE: the input size modulo 2**32): a first
     guess, since members can be concatenated, and a floor: a valid stream holds at least that
-    much, so one whose trailer says more than the allowance has is refused undecoded."""
-    if len(data) < 18:
-        return None
+    much, so one whose trailer says more than the allowance has is refused undecoded. Only a
+    stream that starts as gzip (magic 1f 8b, deflate) has a trailer to read."""
+    if len(data) < 18 or bytes(data[:3]) != b"\x1f\x8b\x08":
+        return None  # not gzip at all: decoding it says so (corrupt), its last bytes mean nothing
     return int.from_bytes(bytes(data[-4:]), "little")
 
 
