@@ -224,7 +224,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         meanwhile, in order."""
         try:
             if request is None:  # many partitions: read off the loop too (`proxy.partition_limit`)
-                header, decision = await decide_unread(self._state.decisions, engine, payload)
+                header, decision = await decide_unread(self._state.decisions, engine, payload, self)
             else:
                 header = request.header
                 decisions = self._state.decisions

@@ -66,12 +66,13 @@ def names_many_partitions(payload: Frame, inline_max_partitions: int) -> bool:
 
 
 async def decide_unread(
-    decisions: ProduceDecisions, engine: ProduceEngine, payload: Frame
+    decisions: ProduceDecisions, engine: ProduceEngine, payload: Frame, client: object
 ) -> tuple[RequestHeader, ProduceDecision]:
     """Decide a request `names_many_partitions` found: on the decoding thread, its partitions
     counted, then either refused as a whole or decoded; then decided as any other
     (`ProduceDecisions.decide_later`, which decides off the loop too). A `ProtocolError` for
-    bytes that are not a request, as the codec raises."""
+    bytes that are not a request, as the codec raises. `client` is the connection whose lookup
+    budget the request's topic-settings lookups are charged to."""
     limits = decisions.config.limits
     limit, max_answer = limits.max_partitions_per_request, limits.max_frame_bytes
 
@@ -88,7 +89,7 @@ async def decide_unread(
     if isinstance(read_off_loop, WholeRequestRefusal):
         return read_request_header(payload)[0], read_off_loop
     request = read_off_loop
-    topics = decisions.topics_to_describe(request)
+    topics = decisions.topics_to_describe(request, client)
     return request.header, await decisions.decide_later(engine, payload, request, topics)
 
 
