@@ -114,6 +114,15 @@ class AdminConnections:
             link.close()  # a late answer must not be read as the next request's
             raise
 
+    def local_addresses(self) -> set[tuple[str, int]]:
+        """The proxy's own ends of the connections kept open (their peers see these)."""
+        found = set()
+        for link in list(self._links.values()):
+            writer = link.writer
+            if writer is not None and (address := writer.get_extra_info("sockname")):
+                found.add((str(address[0]), int(address[1])))
+        return found
+
     def close(self) -> None:
         for link in self._links.values():
             with contextlib.suppress(Exception):

@@ -312,21 +312,36 @@ class _Run:
 # ---- checks between chunks ----------------------------------------------------------------------
 
 
-def _stub_quiet(cluster: StubCluster, timeout: float = 10.0) -> list[str]:
-    """Wait until the stub holds no connection, so every frame it will receive is recorded; the
-    stacks of its connection threads still running after `timeout` (a stub stuck on a frame).
+def _peer(conn: socket.socket) -> tuple[str, int] | None:
+    try:
+        host, port = conn.getpeername()[:2]
+    except OSError:
+        return None
+    return (str(host), int(port))
+
+
+def _stub_quiet(cluster: StubCluster, proxy: RunningProxy, timeout: float = 10.0) -> list[str]:
+    """Wait until the stub holds no connection but the proxy's kept one for its own requests
+    (`proxy.admin_connections`), so every frame it will receive is recorded; the stacks of its
+    connection threads still running after `timeout` (a stub stuck on a frame).
 
     Then forget the stub's finished connection threads: it keeps every thread it started, which
     would show as the test's own memory growth (the stub is not under test)."""
+    kept = proxy.server.admin_connections.local_addresses
+
+    def others() -> list[socket.socket]:
+        own = kept()
+        return [conn for conn in cluster._conns if _peer(conn) not in own]
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with cluster._lock:
-            if not cluster._conns:
+            if not others():
                 break
         time.sleep(0.02)
     stuck = []
     with cluster._lock:
-        if cluster._conns:
+        if others():
             frames = sys._current_frames()
             for thread in cluster._threads:
                 if thread.is_alive() and thread.name.startswith("stub-conn"):
@@ -434,7 +449,7 @@ def _run_chunk(
     stats = proxy.wait_until_idle(timeout=15)
     if stats.client_connections or stats.upstream_connections or stats.pending_tasks:
         run.tally.fail(None, f"connections or tasks left after a chunk: {stats}")
-    stuck = _stub_quiet(cluster)
+    stuck = _stub_quiet(cluster, proxy)
     if stuck:
         run.tally.fail(None, f"the stub never finished with what it received: {stuck}")
     _check_upstream(cluster, run, run.tally)
