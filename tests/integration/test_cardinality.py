@@ -91,6 +91,7 @@ def test_invented_topic_names_make_no_labels_and_keep_every_structure_bounded(
         (policies_config, "_CACHE_LIMIT"),
         (topic_configs, "MAX_TOPICS"),
         (topic_labels, "MAX_KNOWN"),
+        (topic_labels, "MAX_PENDING"),  # names waiting for the paced Metadata lookups
         (logs, "MAX_KEYS"),
         (rejections, "MAX_REJECTION_KEYS"),
     ]:
