@@ -21,15 +21,11 @@ the batch CRC covers. Everything else passes through the relay unchanged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
-import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -42,20 +38,17 @@ import pytest
 from protocol.messages import PRODUCE
 from proxy.logs import TEXT_FORMAT, JsonFormatter
 from tests.harness.clients import LINGER_MS
+from tests.harness.flipping_relay import MARK, PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.kcat import run_kcat
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.upstream import Upstream
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "clients.md"
-RELAY_HOST = "127.0.0.2"
-PROXY_HOST = "127.0.0.1"
 KVPROXY = [sys.executable, "-m", "kvproxy.cli"]
 
 pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
-MARK = b"flip-me"
-FLIPPED = b"flip-md"  # "e" 0x65 -> "d" 0x64: one bit
 
 CURRENCY = {
     "custom": {"class": "examples.policies:CurrencyPolicy", "config": {"allowed": ["EUR", "USD"]}}
@@ -70,80 +63,6 @@ DOC_PORT = "127.0.0.1:51234"
 DOC_TEXT_TIME = "2026-11-22 10:00:00,123"
 DOC_JSON_TIME = "2026-11-22T10:00:00.123Z"
 DOC_ENTRY_ID = "4f9c2a61d2b84c0e9a57be1f03c6d7e2"
-
-
-# ---- the bit-flipping relay ----
-
-
-class FlippingRelay:
-    """Forwards connections from `listen` to `target`; client-to-proxy frames containing MARK
-    are forwarded with MARK replaced by FLIPPED. Loopback only; threads."""
-
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
-        self.target = target
-        self._server = socket.create_server(listen)
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.close()
-        with self._lock:
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._sockets += [client, upstream]
-            threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._answers, args=(upstream, client), daemon=True).start()
-
-    @staticmethod
-    def _read(sock: socket.socket, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = sock.recv(size - len(data))
-            if not chunk:
-                raise EOFError
-            data += chunk
-        return data
-
-    def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
-        try:
-            while True:
-                prefix = self._read(client, 4)
-                frame = self._read(client, struct.unpack(">i", prefix)[0])
-                upstream.sendall(prefix + frame.replace(MARK, FLIPPED))
-        except (EOFError, OSError):
-            pass
-        _shut(client, upstream)
-
-    @staticmethod
-    def _answers(upstream: socket.socket, client: socket.socket) -> None:
-        try:
-            while chunk := upstream.recv(65536):
-                client.sendall(chunk)
-        except OSError:
-            pass
-        _shut(client, upstream)
-
-
-def _shut(*sockets: socket.socket) -> None:
-    for sock in sockets:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 # ---- the stage: topics, proxy, relays, captured log records ----
