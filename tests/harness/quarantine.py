@@ -52,3 +52,33 @@ def dead_letter_counts(proxy: RunningProxy) -> tuple[float, float]:
         value(samples, "kvproxy_dead_letters_total", result="written"),
         value(samples, "kvproxy_dead_letters_total", result="failed"),
     )
+
+
+def consume(bootstrap: str, topic: str, partition: int, count: int) -> list[Any]:
+    """Messages of topic-partition read with confluent-kafka straight from the broker: until
+    `count` arrived, then one more second to catch any extra copy."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "kvproxy-quarantine-tests",
+            "enable.auto.commit": False,
+        }
+    )
+    got: list[Any] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                got.append(message)
+        extra_until = time.monotonic() + 1.0
+        while time.monotonic() < extra_until:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                got.append(message)
+    finally:
+        consumer.close()
+    return got

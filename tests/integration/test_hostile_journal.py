@@ -27,7 +27,7 @@ from tests.harness.metrics import scrape, value
 from tests.harness.processes import wait_until
 from tests.harness.produce import Part, batch, produce
 from tests.harness.proxy import run_proxy
-from tests.harness.quarantine import dead_letter_counts, journal_settings
+from tests.harness.quarantine import consume, dead_letter_counts, journal_settings
 from tests.harness.upstream import Upstream
 
 CORRUPT_MESSAGE = 2
@@ -37,32 +37,6 @@ ATTEMPTS = 5
 def bad_crc(data: bytes) -> bytes:
     """`data` with its last byte flipped: inside the bytes the batch CRC covers."""
     return data[:-1] + bytes([data[-1] ^ 0x01])
-
-
-def consume_all(bootstrap: str, topic: str, partition: int, at_least: int) -> list[Any]:
-    """Every message of topic-partition, read straight from the broker: until `at_least`
-    arrived, then one more second to catch any extra copy."""
-    import time
-
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kvproxy-journal-tests"})
-    got: list[Any] = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        deadline = time.monotonic() + 20
-        while len(got) < at_least and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                got.append(message)
-        extra_until = time.monotonic() + 1.0
-        while time.monotonic() < extra_until:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                got.append(message)
-    finally:
-        consumer.close()
-    return got
 
 
 def stored_metadata(directory: Path) -> list[dict[str, Any]]:
@@ -103,7 +77,7 @@ def test_a_refused_batch_sent_again_is_kept_once(
         samples = scrape(proxy)
         assert value(samples, "kvproxy_quarantine_repeated_batches_total") == ATTEMPTS - 1
 
-    dead = consume_all(tansu.bootstrap, topic + ".dlq", 0, 2 if magic == 2 else 3)
+    dead = consume(tansu.bootstrap, topic + ".dlq", 0, 2 if magic == 2 else 3)
     # magic 2 with a bad CRC travels as one unreadable record; a legacy message set is read
     expected = [refused, other] if magic == 2 else [b"one", b"twn", b"thred"]
     assert sorted(m.value() for m in dead) == sorted(expected), "each refused batch once"
@@ -271,7 +245,7 @@ def test_librdkafka_retrying_a_bad_crc_leaves_one_dead_letter_and_one_entry(
         assert dead_letter_counts(proxy) == (1, 0)
     assert len(errors) == 1 and errors[0] is not None  # timed out after its retries
 
-    dead = consume_all(upstream.bootstrap, topic + ".dlq", 0, 1)
+    dead = consume(upstream.bootstrap, topic + ".dlq", 0, 1)
     assert len(dead) == 1, "the retried batch once in the dead-letter topic"
     assert FLIPPED in dead[0].value()
     entries = list(JournalReader(journal_dir).entries())

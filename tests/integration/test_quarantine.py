@@ -42,7 +42,7 @@ from tests.harness.produce import (
     stored,
 )
 from tests.harness.proxy import RunningProxy, free_port_range, run_proxy
-from tests.harness.quarantine import dead_letter_counts, journal_settings, new_entry
+from tests.harness.quarantine import consume, dead_letter_counts, journal_settings, new_entry
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.tansu import free_port
 
@@ -55,36 +55,6 @@ BINARY = b"\x00\x01\xfe\xff"
 
 def values_of(records: bytes) -> list[bytes | None]:
     return [r.value for b in iter_batches(records) for r in b.records()]
-
-
-def consume(bootstrap: str, topic: str, partition: int, count: int) -> list[Any]:
-    """Messages of topic-partition read with confluent-kafka straight from the broker: until
-    `count` arrived, then one more second to catch any extra copy."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "kvproxy-quarantine-tests",
-            "enable.auto.commit": False,
-        }
-    )
-    got: list[Any] = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        deadline = time.monotonic() + 20
-        while len(got) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                got.append(message)
-        extra_until = time.monotonic() + 1.0
-        while time.monotonic() < extra_until:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                got.append(message)
-    finally:
-        consumer.close()
-    return got
 
 
 # ---- list, show, replay ----
