@@ -9,9 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from proxy.quarantine import QuarantineEntry
 from tests.harness.metrics import scrape, value
+from tests.harness.processes import kvproxy
 from tests.harness.proxy import RunningProxy
+from tests.harness.upstream import Upstream
 
 
 def new_entry(
@@ -82,3 +86,23 @@ def consume(bootstrap: str, topic: str, partition: int, count: int) -> list[Any]
     finally:
         consumer.close()
     return got
+
+
+def relaxed_config(tmp_path: Path, upstream: Upstream, journal_dir: Path) -> Path:
+    """The config after the cause is fixed: the topic no longer requires JSON."""
+    config = tmp_path / "relaxed.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "upstream": {"bootstrap_servers": [upstream.bootstrap]},
+                "quarantine": {"dir": str(journal_dir)},
+                "topics": [],
+            }
+        )
+    )
+    return config
+
+
+def replay(config: Path, topic: str, *extra: str) -> str:
+    """`kvproxy quarantine replay` of `topic` under `config`; its standard output."""
+    return kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, *extra).stdout

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from protocol.journal import encode_entry
 from protocol.records import build_batch
@@ -23,7 +22,7 @@ from proxy.quarantine import JournalReader, segment_name
 from tests.harness.processes import kvproxy
 from tests.harness.produce import JSON_ONLY, stored, stored_batches
 from tests.harness.proxy import run_proxy
-from tests.harness.quarantine import journal_settings, new_entry
+from tests.harness.quarantine import journal_settings, new_entry, relaxed_config, replay
 from tests.harness.upstream import Upstream
 
 GOOD = [b'{"n": 0}', b'{"n": 2}', b'{"n": 4}']
@@ -33,25 +32,6 @@ BAD = [b"bad 1", b"bad 3", b"bad 5"]
 SENT = GOOD + BAD
 
 pytestmark = pytest.mark.upstreams("tansu", "kafka")
-
-
-def relaxed_config(tmp_path: Path, upstream: Upstream, journal_dir: Path) -> Path:
-    """The config after the cause is fixed: the topic no longer requires JSON."""
-    config = tmp_path / "relaxed.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "upstream": {"bootstrap_servers": [upstream.bootstrap]},
-                "quarantine": {"dir": str(journal_dir)},
-                "topics": [],
-            }
-        )
-    )
-    return config
-
-
-def replay(config: Path, topic: str, *extra: str) -> str:
-    return kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, *extra).stdout
 
 
 def replay_twice(config: Path, topic: str, entries: int, records: int) -> tuple[str, str]:

@@ -9,14 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from protocol.messages import PRODUCE, decode_response
 from proxy.quarantine import JournalReader
-from tests.harness.processes import kvproxy
 from tests.harness.produce import JSON_ONLY, stored
 from tests.harness.proxy import run_proxy
-from tests.harness.quarantine import journal_settings
+from tests.harness.quarantine import journal_settings, relaxed_config, replay
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import produce_request
 from tests.harness.upstream import Upstream
@@ -24,25 +22,6 @@ from tests.harness.upstream import Upstream
 pytestmark = pytest.mark.upstreams("tansu")
 
 GOOD_BAD_GOOD = [(b"k", b'{"n": 0}'), (b"k", b"bad 1"), (b"k", b'{"n": 2}')]
-
-
-def relaxed_config(tmp_path: Path, upstream: Upstream, journal_dir: Path) -> Path:
-    """The config after the cause is fixed: the topic no longer requires JSON."""
-    config = tmp_path / "relaxed.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "upstream": {"bootstrap_servers": [upstream.bootstrap]},
-                "quarantine": {"dir": str(journal_dir)},
-                "topics": [],
-            }
-        )
-    )
-    return config
-
-
-def replay(config: Path, topic: str, *extra: str) -> str:
-    return kvproxy("quarantine", "replay", "-c", str(config), "--topic", topic, *extra).stdout
 
 
 def produce(client: RawKafkaClient, version: int, topic: str) -> tuple[int, list[int]]:
