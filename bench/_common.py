@@ -292,3 +292,26 @@ def write_results(name: str, figures: Mapping[str, Any]) -> Path:
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **figures}, indent=2))
     print(f"figures written to {path}")
     return path
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """One size-prefixed Kafka frame from `sock` (without its prefix)."""
+
+    def read(size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("connection closed by the proxy")
+            data += chunk
+        return bytes(data)
+
+    return read(int.from_bytes(read(4), "big"))
+
+
+def report(result: dict[str, Any], json_path: Path | None) -> dict[str, Any]:
+    """Print a benchmark's result as JSON, and write it to `json_path` when given."""
+    print(json.dumps(result, indent=2), flush=True)
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+    return result

@@ -22,7 +22,6 @@ and the journal entries holding that batch.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 import tempfile
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hostile
-from _common import ROOT, create_topic, start_proxy, tansu
+from _common import ROOT, create_topic, read_frame, report, start_proxy, tansu
 
 from protocol.journal import iter_entries
 from protocol.records import build_batch
@@ -53,19 +52,6 @@ def bad_crc_batch(tag: bytes, size: int) -> bytes:
     return data[:-1] + bytes([data[-1] ^ 0x01])
 
 
-def _read_frame(sock: socket.socket) -> bytes:
-    def read(size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("connection closed by the proxy")
-            data += chunk
-        return bytes(data)
-
-    return read(int.from_bytes(read(4), "big"))
-
-
 def flood(port: int, index: int, until: float, counts: list[int]) -> None:
     """Distinct 16-partition bad-CRC requests, one answered before the next, until `until`."""
     n = 0
@@ -76,7 +62,7 @@ def flood(port: int, index: int, until: float, counts: list[int]) -> None:
                 for p in range(PARTITIONS)
             ]
             sock.sendall(hostile.framed(hostile.produce_request(TOPIC, batches), n + 1))
-            _read_frame(sock)
+            read_frame(sock)
             n += 1
     counts[index] = n
 
@@ -129,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             RETRY_TOPIC, [retried], version=args.version
                         )
                         sock.sendall(hostile.framed(payload, 10_000 + n))
-                        _read_frame(sock)
+                        read_frame(sock)
                 time.sleep(3)  # dead letters are sent in the background
                 all_lines = log_path.read_text(errors="replace").splitlines()
             dead = [
@@ -183,11 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    result = run(args)
-    print(json.dumps(result, indent=2), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return result
+    return report(run(args), args.json)
 
 
 if __name__ == "__main__":

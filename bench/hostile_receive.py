@@ -19,7 +19,6 @@ the proxy closed and when, `kvproxy_connections_closed_total` by reason and
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import struct
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hostile
-from _common import ROOT, create_topic, start_proxy, tansu
+from _common import ROOT, create_topic, report, start_proxy, tansu
 from hostile import OtherClient, fetch_metrics, framed, produce_request
 from request_rate import metrics_url, percentile
 
@@ -176,11 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bound", type=float, default=90.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    result = run(args)
-    print(json.dumps(result, indent=2), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return result
+    return report(run(args), args.json)
 
 
 if __name__ == "__main__":

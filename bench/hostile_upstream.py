@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import socket
 import sys
 import threading
@@ -30,26 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hostile
-from _common import ROOT, create_topic, start_proxy, tansu
+from _common import ROOT, create_topic, read_frame, report, start_proxy, tansu
 from hostile import OtherClient
 from request_rate import percentile
 
 from protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
 from tests.harness.requests import produce_request
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    def read(size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("connection closed by the proxy")
-            data += chunk
-        return bytes(data)
-
-    return read(int.from_bytes(read(4), "big"))
 
 
 def hostile_client(port: int, names: list[str], codes: collections.Counter[str]) -> None:
@@ -59,7 +45,7 @@ def hostile_client(port: int, names: list[str], codes: collections.Counter[str])
             payload = produce_request(8, n + 1, name, [(b"k", b"v")])
             sock.sendall(len(payload).to_bytes(4, "big") + payload)
             try:
-                answer = decode_response(_read_frame(sock), PRODUCE, 8).body
+                answer = decode_response(read_frame(sock), PRODUCE, 8).body
             except (OSError, ConnectionError) as exc:
                 codes[f"failed: {exc}"] += len(names) - n
                 return
@@ -128,11 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    result = run(args)
-    print(json.dumps(result, indent=2), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return result
+    return report(run(args), args.json)
 
 
 if __name__ == "__main__":
