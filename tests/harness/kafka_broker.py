@@ -475,9 +475,19 @@ class KafkaCluster:
                 raise TimeoutError(f"topic {name} has no leader for every partition: {topic}")
             time.sleep(0.05)
 
-    def leader_of(self, topic: str, partition: int = 0) -> int:
-        metadata = self.admin().list_topics(topic, timeout=10)
-        return int(metadata.topics[topic].partitions[partition].leader)
+    def leader_of(self, topic: str, partition: int = 0, timeout: float = 30.0) -> int:
+        """The partition's leader as Metadata names it. Brokers learn of a new topic one by one,
+        so a broker that has not yet heard of it is asked again until the deadline."""
+        admin = self.admin()
+        deadline = time.monotonic() + timeout
+        while True:
+            found = admin.list_topics(topic, timeout=10).topics.get(topic)
+            known = found.partitions.get(partition) if found is not None else None
+            if known is not None and known.leader >= 0:
+                return int(known.leader)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no leader of {topic}-{partition} in Metadata: {found}")
+            time.sleep(0.05)
 
     def tool(
         self, main_class: str, *args: str, timeout: float = 120

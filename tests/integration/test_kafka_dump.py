@@ -33,10 +33,12 @@ def segments(directory: Path) -> list[Path]:
 
 
 def produce_codec(cluster: KafkaCluster, codec: str) -> str:
-    """Three batches of one codec, with a null key, a tombstone and headers among them."""
+    """Three batches of one codec, with a null key, a tombstone and headers among them. The
+    linger is long so that only the flushes end a batch: a batch of one record sent early on a
+    loaded machine is one librdkafka would send uncompressed (smaller than its compressed form)."""
     topic = cluster.create_topic()
     producer = Producer(
-        {"bootstrap.servers": cluster.bootstrap, "compression.type": codec, "linger.ms": 5}
+        {"bootstrap.servers": cluster.bootstrap, "compression.type": codec, "linger.ms": 60000}
     )
     for i in range(RECORDS):
         key = None if i == 3 else b"key-%d" % i
