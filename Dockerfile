@@ -19,9 +19,12 @@ COPY protocol ./protocol
 COPY policies ./policies
 COPY settings ./settings
 COPY registry ./registry
+COPY journal ./journal
 COPY proxy ./proxy
 COPY pipeline ./pipeline
 COPY producer ./producer
+COPY commands ./commands
+# kvproxy/ holds the command line and a link to each folder above; all install as kvproxy.*
 COPY kvproxy ./kvproxy
 RUN /opt/kvproxy/bin/pip install .
 

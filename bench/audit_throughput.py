@@ -32,13 +32,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.check import check_unit
-from pipeline.job import AuditRequest, load_settings, run_audit
-from pipeline.segments import RANGE_BYTES, SegmentFile, SegmentRange, discover, plan_segment
-from pipeline.spark import start_session
-from pipeline.task_data import AuditSettings
-from protocol.compression import Codec
-from protocol.records import build_batch
+from kvproxy.pipeline.check import check_unit
+from kvproxy.pipeline.job import AuditRequest, load_settings, run_audit
+from kvproxy.pipeline.segments import RANGE_BYTES, SegmentFile, SegmentRange, discover, plan_segment
+from kvproxy.pipeline.spark import start_session
+from kvproxy.pipeline.task_data import AuditSettings
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 
 MIB = 1024 * 1024
 PARTITIONS = (("clicks", 0), ("clicks", 1), ("orders", 0), ("orders", 1))

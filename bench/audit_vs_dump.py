@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.audit_throughput import COMPACTED_CONFIG, MIB, batches_of, text_pool
-from protocol.compression import Codec
+from kvproxy.protocol.compression import Codec
 
 NOW_MS = 1_800_000_000_000
 

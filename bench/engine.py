@@ -15,7 +15,8 @@ What it measures, all in one process on the same bytes, so every figure has its 
     batch, then one 16 KiB batch, default chain, topic not compacted: GB/s of frame bytes and
     requests/s.
 (d) the limits: CRC32C, memcpy, aiokafka's C record parser (counting only; reading each record's
-    timestamp and key) and each decompressor (`protocol.compression.decompress`, GB/s of output).
+    timestamp and key) and each decompressor (`kvproxy.protocol.compression.decompress`, GB/s of
+    output).
 (e) the cost of checking each batch's records against its declared count (`batch_integrity`, as
     Kafka's record iterators do): three chains, each timed with the check and with it switched
     off, on the 16 KiB and 1 MiB batches: the default chain (whose `timestamps` scan the count
@@ -68,14 +69,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, write_results
 
-from policies.api import ProducedRecords, Verdict, parse_records
-from policies.chain import PolicyChain
-from policies.config import DEFAULT_POLICIES, build_routing
-from protocol.compression import Codec, decompress
-from protocol.messages import PRODUCE, decode_request, encode_request, make_request
-from protocol.records import build_batch
-from protocol.records.layout import V2_HEADER_SIZE
-from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.policies.api import ProducedRecords, Verdict, parse_records
+from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.config import DEFAULT_POLICIES, build_routing
+from kvproxy.protocol.compression import Codec, decompress
+from kvproxy.protocol.messages import PRODUCE, decode_request, encode_request, make_request
+from kvproxy.protocol.records import build_batch
+from kvproxy.protocol.records.layout import V2_HEADER_SIZE
+from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 
 TOPIC = "bench-engine"
 BATCH_LEVEL_POLICIES: tuple[str, ...] = ("batch_integrity", "crc")
@@ -368,7 +369,7 @@ def decompress_only(codec: Codec, batch: bytes) -> Callable[[], None]:
 
 def decompress_count(codec: Codec, batch: bytes, plain: bytes, expected: int) -> Callable[[], None]:
     """Decompress, then count the records with the C parser, behind the header of `plain` (the
-    same batch uncompressed: attributes without codec bits), as `protocol.records` does."""
+    same batch uncompressed: attributes without codec bits), as `kvproxy.protocol.records` does."""
     payload = memoryview(batch)[V2_HEADER_SIZE:]
     header = plain[:V2_HEADER_SIZE]
 

@@ -44,7 +44,7 @@ check that the bench works, not a measurement).
         [--memory-guard-gib 8] [--timeout SECONDS] [--smoke]
 
 The proxy runs from this file's checkout (`python -m kvproxy.cli serve` in its root); the output
-names the file its `proxy.server` module is read from and the commit.
+names the file its `kvproxy.proxy.server` module is read from and the commit.
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ from _common import ROOT, create_topic, machine, start_proxy, tansu, write_resul
 from connections import raise_fd_limit
 from request_rate import AnswerCheck, BenchmarkError, metrics_url, percentile, produce_payload
 
-from protocol import legacy_messages
-from protocol.compression import Codec, compress
-from protocol.error_codes import error_name
-from protocol.messages import decode_response, encode_request, make_request
-from protocol.records import build_batch
+from kvproxy.protocol import legacy_messages
+from kvproxy.protocol.compression import Codec, compress
+from kvproxy.protocol.error_codes import error_name
+from kvproxy.protocol.messages import decode_response, encode_request, make_request
+from kvproxy.protocol.records import build_batch
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 PRODUCE = 0
@@ -184,7 +184,8 @@ def _zigzag_varint(value: int) -> bytes:
 
 class XerialWriter:
     """Xerial snappy framing written as it comes, so 1 GiB of zeros is never held: blocks of
-    32 KiB of input, each compressed alone (as `protocol.compression.compress` frames them), an
+    32 KiB of input, each compressed alone (as `kvproxy.protocol.compression.compress` frames
+    them), an
     all-zero block compressed once."""
 
     BLOCK = 32 * KIB

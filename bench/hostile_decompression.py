@@ -31,9 +31,9 @@ import crc32c
 import hostile
 from hostile import FULL, SMOKE, TOPIC, Plan, Scenario, Sizes, produce_request
 
-from protocol.compression import Codec
-from protocol.records import build_batch
-from protocol.records.layout import V2_ATTRIBUTES_POS, V2_HEADER_SIZE
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
+from kvproxy.protocol.records.layout import V2_ATTRIBUTES_POS, V2_HEADER_SIZE
 
 IN_FLIGHT = 3
 

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hostile
 from _common import ROOT, create_topic, read_frame, report, start_proxy, tansu
 
-from protocol.journal import iter_entries
-from protocol.records import build_batch
+from kvproxy.protocol.journal import iter_entries
+from kvproxy.protocol.records import build_batch
 from tests.harness.produce import stored_batches
 
 PARTITIONS = 16

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import create_topic, start_proxy, tansu
 from hostile import framed, produce_request
 
-from protocol.messages import PRODUCE, decode_response
-from protocol.records import build_batch
+from kvproxy.protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.records import build_batch
 from tests.harness.schema_registry import TestRegistry
 
 HOSTILE_TOPIC = "lookups-hostile"

@@ -48,7 +48,7 @@ from hostile import (
 
 sys.path.insert(0, str(ROOT))
 
-from protocol.messages import METADATA, decode_response
+from kvproxy.protocol.messages import METADATA, decode_response
 from tests.harness.partitions import many_partitions_request
 from tests.harness.requests import metadata_request
 

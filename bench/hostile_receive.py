@@ -34,7 +34,7 @@ from _common import ROOT, create_topic, report, start_proxy, tansu
 from hostile import OtherClient, fetch_metrics, framed, produce_request
 from request_rate import metrics_url, percentile
 
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 
 MiB = 1024 * 1024
 DECLARED = (100 * MiB,) * 5 + (12 * MiB,)

@@ -39,9 +39,9 @@ import hostile
 from _common import ROOT, create_topic, start_proxy, tansu
 from hostile import OtherClient, framed, percentile, produce_request
 
-from protocol.records import build_batch
-from proxy.config import load_config_and_rules
-from settings.loading import ConfigError
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.settings.loading import ConfigError
 from tests.harness.schema_registry import TestRegistry
 
 LONG_TOPIC = "-" * 16_000

@@ -33,7 +33,7 @@ from _common import ROOT, create_topic, read_frame, report, start_proxy, tansu
 from hostile import OtherClient
 from request_rate import percentile
 
-from protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
+from kvproxy.protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
 from tests.harness.requests import produce_request
 

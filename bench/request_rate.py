@@ -65,8 +65,8 @@ from _common import (
     write_results,
 )
 
-from protocol.messages import decode_response, encode_request, make_request
-from protocol.records import build_batch
+from kvproxy.protocol.messages import decode_response, encode_request, make_request
+from kvproxy.protocol.records import build_batch
 
 PRODUCE = 0
 PRODUCE_VERSION = 9

@@ -57,13 +57,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 from engine import WORDS, Timing, profile, time_rounds
 
-from policies.api import ProducedRecords, Verdict, parse_records
-from policies.builtin import PolicyContext
-from policies.builtin.schema import SchemaPolicy
-from policies.schemas.model import RegisteredSchema, SchemaType
-from protocol.records import build_batch
-from protocol.records.layout import V2_HEADER_SIZE
-from registry.catalog import StaticCatalog
+from kvproxy.policies.api import ProducedRecords, Verdict, parse_records
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.builtin.schema import SchemaPolicy
+from kvproxy.policies.schemas.model import RegisteredSchema, SchemaType
+from kvproxy.protocol.records import build_batch
+from kvproxy.protocol.records.layout import V2_HEADER_SIZE
+from kvproxy.registry.catalog import StaticCatalog
 
 TOPIC = "bench-schema"
 SUBJECT = f"{TOPIC}-value"

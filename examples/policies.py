@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from policies import ACCEPT, PolicyViolation, ProducedRecords, Verdict
+from kvproxy.policies import ACCEPT, PolicyViolation, ProducedRecords, Verdict
 
 
 class CurrencyPolicy:

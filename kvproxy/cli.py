@@ -12,13 +12,13 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from proxy.signals import queue_sighup
+from kvproxy.proxy.signals import queue_sighup
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: the proxy's subcommands, then the audit's."""
-    from pipeline import cli as pipeline_cli  # noqa: PLC0415
-    from proxy import cli as proxy_cli  # noqa: PLC0415
+    from kvproxy.commands import cli as proxy_cli  # noqa: PLC0415
+    from kvproxy.pipeline import cli as pipeline_cli  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
         prog="kvproxy", description="Kafka validation proxy: decode, check and relay Kafka traffic"
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["serve"]:
         queue_sighup()  # before the seconds of imports below: a SIGHUP then must not kill serve
-    from settings.loading import ConfigError  # noqa: PLC0415
+    from kvproxy.settings.loading import ConfigError  # noqa: PLC0415
 
     args = build_parser().parse_args(arguments)
     try:

@@ -1,7 +1,8 @@
 """What one audit task does: run the proxy's policy chains over stored batches, emit violations.
 
 Everything here runs on executors. The settings travel as plain data (`AuditSettings`, in
-`pipeline.task_data`); each Python worker builds the topic routing from them once, with the same
+`kvproxy.pipeline.task_data`); each Python worker builds the topic routing from them once, with the
+same
 `policies.build_routing` the proxy uses, so a backtest answers exactly what the proxy would. A
 stored batch is checked as the one batch of a Produce request (`ProducedRecords.stored` relaxes
 only what the broker itself changes on append: assigned offsets, records removed by the
@@ -15,24 +16,31 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from pipeline import files
-from pipeline.segments import (
+from kvproxy.pipeline import files
+from kvproxy.pipeline.segments import (
     OFFSET_ORDER,
     CorruptRegion,
     JournalSegment,
     OffsetDisorder,
     SegmentRange,
 )
-from pipeline.task_data import AuditSettings, PartitionStats, Violation, routing_for
-from policies.api import Need, ProducedRecords, RecordError, Verdict, needs_of, parse_records
-from policies.builtin.broker import record_offset
-from policies.chain import Mode, PolicyChain
-from policies.schemas.model import LookupNeeded
-from protocol import error_codes
-from protocol.errors import DecodeError
-from protocol.journal import iter_entries
-from protocol.records import Record, RecordBatch, read_batch
-from settings.errors import profile_code
+from kvproxy.pipeline.task_data import AuditSettings, PartitionStats, Violation, routing_for
+from kvproxy.policies.api import (
+    Need,
+    ProducedRecords,
+    RecordError,
+    Verdict,
+    needs_of,
+    parse_records,
+)
+from kvproxy.policies.builtin.broker import record_offset
+from kvproxy.policies.chain import Mode, PolicyChain
+from kvproxy.policies.schemas.model import LookupNeeded
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.journal import iter_entries
+from kvproxy.protocol.records import Record, RecordBatch, read_batch
+from kvproxy.settings.errors import profile_code
 
 __all__ = ["LATEST_PRODUCE_VERSION", "batch_frames", "bucket_size_ms", "check_unit", "key_preview"]
 
@@ -49,7 +57,7 @@ def _cluster_compaction(bootstrap: tuple[str, ...], topic: str) -> bool | None:
     """Whether the cluster compacts `topic`, asked once per Python worker."""
     key = (bootstrap, topic)
     if key not in _CLUSTER_COMPACTION:
-        from pipeline.kafka_client import LiveSourceError, describe_compaction  # noqa: PLC0415
+        from kvproxy.pipeline.kafka_client import LiveSourceError, describe_compaction  # noqa: PLC0415
 
         try:
             _CLUSTER_COMPACTION[key] = describe_compaction(list(bootstrap), [topic]).get(topic)
@@ -216,7 +224,7 @@ def check_unit(
     elif isinstance(unit, JournalSegment):
         rows.extend(_scan_journal(task, unit))
     else:
-        from pipeline.live import fetch_batches  # noqa: PLC0415  (only live audits need it)
+        from kvproxy.pipeline.live import fetch_batches  # noqa: PLC0415  (only live audits need it)
 
         window = (unit.low, unit.high)
         frames = ((-1, memoryview(raw)) for raw in fetch_batches(unit))

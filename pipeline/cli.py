@@ -116,7 +116,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.job import AuditError, AuditRequest, run_audit  # noqa: PLC0415
+    from kvproxy.pipeline.job import AuditError, AuditRequest, run_audit  # noqa: PLC0415
 
     conf: dict[str, str] = {}
     for item in args.conf:
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         now_ms = parse_now(args.now) if args.now is not None else None
         if args.start is not None or args.end is not None:
-            from pipeline.live import parse_offset_spec  # noqa: PLC0415
+            from kvproxy.pipeline.live import parse_offset_spec  # noqa: PLC0415
 
             start, end = parse_offset_spec(args.start), parse_offset_spec(args.end)
     except ValueError as exc:

@@ -2,7 +2,7 @@
 
 Stages: (1) the driver lists the inputs and, for a live topic, asks the cluster for partition
 offsets; (2) one Spark stage reads each segment's batch headers and cuts it into ranges; (3) one
-stage checks every range, journal segment and live offset range (`pipeline.check`); (4) the
+stage checks every range, journal segment and live offset range (`kvproxy.pipeline.check`); (4) the
 violations are written as Parquet and summarised with Spark SQL; the driver writes
 `summary.json` and `report.html` and prints a console summary.
 """
@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline import files
-from pipeline.check import check_unit
-from pipeline.schema_ids import (
+from kvproxy.pipeline import files
+from kvproxy.pipeline.check import check_unit
+from kvproxy.pipeline.schema_ids import (
     MAX_SCHEMA_IDS,
     SchemaLookups,
     fetch_answers,
@@ -30,7 +30,7 @@ from pipeline.schema_ids import (
     needs_ids,
     schema_ids_of_units,
 )
-from pipeline.segments import (
+from kvproxy.pipeline.segments import (
     RANGE_BYTES,
     CorruptRegion,
     JournalSegment,
@@ -40,7 +40,7 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
-from pipeline.summary import (
+from kvproxy.pipeline.summary import (
     SAMPLE_ROWS,
     GroupKey,
     grouped_by_spark,
@@ -48,14 +48,14 @@ from pipeline.summary import (
     samples_locally,
     write_locally,
 )
-from pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
-from policies import plugins
-from policies.api import Need
-from policies.config import PolicyConfigError
-from registry.catalog import StaticCatalog
-from settings.audit_file import read_audit_file
-from settings.loading import ConfigError
-from settings.schema_registry import (
+from kvproxy.pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
+from kvproxy.policies import plugins
+from kvproxy.policies.api import Need
+from kvproxy.policies.config import PolicyConfigError
+from kvproxy.registry.catalog import StaticCatalog
+from kvproxy.settings.audit_file import read_audit_file
+from kvproxy.settings.loading import ConfigError
+from kvproxy.settings.schema_registry import (
     SchemaRegistryConfig,
 )
 
@@ -81,7 +81,8 @@ class AuditRequest:
     bootstrap: tuple[str, ...] = ()
     topics: tuple[str, ...] = ()
     start: Any = None
-    """`pipeline.live.OffsetSpec` for live topics: an offset, a Timestamp, or None (earliest)."""
+    """`kvproxy.pipeline.live.OffsetSpec` for live topics: an offset, a Timestamp, or None
+    (earliest)."""
     end: Any = None
     sample: int | None = None
     now_ms: int | None = None
@@ -165,11 +166,11 @@ def run_audit(
     journal = [f for f in found if isinstance(f, JournalSegment)]
     live_units: list[Any] = []
     if request.bootstrap:
-        from pipeline.kafka_client import (  # noqa: PLC0415  (only needed with a cluster)
+        from kvproxy.pipeline.kafka_client import (  # noqa: PLC0415  (only needed with a cluster)
             LiveSourceError,
             describe_compaction,
         )
-        from pipeline.live import plan_live_ranges  # noqa: PLC0415
+        from kvproxy.pipeline.live import plan_live_ranges  # noqa: PLC0415
 
         names = sorted({s.topic for s in segments} | set(request.topics))
         try:
@@ -191,7 +192,7 @@ def run_audit(
 
     own_session = spark is None
     if spark is None:
-        from pipeline.spark import SparkUnavailable, start_session  # noqa: PLC0415
+        from kvproxy.pipeline.spark import SparkUnavailable, start_session  # noqa: PLC0415
 
         try:
             spark = start_session(request.master, request.spark_conf)
@@ -497,7 +498,7 @@ def _summarise(
 
 
 def _write_outputs(output: str, summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> None:
-    from pipeline.report import render_report  # noqa: PLC0415
+    from kvproxy.pipeline.report import render_report  # noqa: PLC0415
 
     files.write_text(output.rstrip("/") + "/summary.json", json.dumps(summary, indent=2) + "\n")
     files.write_text(output.rstrip("/") + "/report.html", render_report(summary, samples))

@@ -1,4 +1,5 @@
-"""A small blocking Kafka client for the audit, over the sans-IO requests of `protocol.admin`.
+"""A small blocking Kafka client for the audit, over the sans-IO requests of
+`kvproxy.protocol.admin`.
 
 Spark runs the planning on the driver and the reading in executor tasks, neither of which has an
 event loop, so the audit speaks the Kafka protocol with blocking sockets. Each API's version is
@@ -15,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from policies.topic_settings import ClusterSetting, from_cluster
-from protocol import admin, error_codes
-from protocol.errors import ProtocolError
-from protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from protocol.messages import (
+from kvproxy.policies.topic_settings import ClusterSetting, from_cluster
+from kvproxy.protocol import admin, error_codes
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kvproxy.protocol.messages import (
     API_NAMES,
     API_VERSIONS,
     DESCRIBE_CONFIGS,
@@ -30,7 +31,7 @@ from protocol.messages import (
     decode_response,
     supported_versions,
 )
-from settings.addresses import join_host_port, parse_host_port
+from kvproxy.settings.addresses import join_host_port, parse_host_port
 
 __all__ = [
     "CLIENT_ID",

@@ -1,7 +1,7 @@
 """Read a live topic's raw record batches for the audit job, over plain blocking sockets.
 
 Spark runs the planning on the driver and the reading in executor tasks, neither of which has an
-event loop, so this module reads through the blocking client of `pipeline.kafka_client`. The
+event loop, so this module reads through the blocking client of `kvproxy.pipeline.kafka_client`. The
 driver calls `plan_live_ranges` once (Metadata for partitions and leaders, ListOffsets for the
 window) and hands each task one picklable `LiveRange`; the task calls `fetch_batches`, which
 yields every complete batch of its chunk exactly once, as the broker stored it, so the same
@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pipeline import kafka_client
-from pipeline.kafka_client import (
+from kvproxy.pipeline import kafka_client
+from kvproxy.pipeline.kafka_client import (
     MAX_FRAME,
     Broker,
     FetchAnswer,
@@ -29,10 +29,10 @@ from pipeline.kafka_client import (
     list_offsets,
     partitions_of,
 )
-from protocol import admin, error_codes
-from protocol.errors import ProtocolError
-from protocol.records import RecordBatch, iter_batches
-from protocol.records.layout import LOG_OVERHEAD
+from kvproxy.protocol import admin, error_codes
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.records import RecordBatch, iter_batches
+from kvproxy.protocol.records.layout import LOG_OVERHEAD
 
 __all__ = [
     "LiveRange",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.report_charts import (
+from kvproxy.pipeline.report_charts import (
     OTHERS_COLOUR,
     TOPIC_COLOUR,
     hbar_chart,
@@ -18,7 +18,7 @@ from pipeline.report_charts import (
     swatch,
     timeline_chart,
 )
-from pipeline.report_format import (
+from kvproxy.pipeline.report_format import (
     as_int,
     byte_size,
     duration_text,

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.report_format import (
+from kvproxy.pipeline.report_format import (
     DAY_MS,
     MINUTE_MS,
     as_int,

@@ -14,19 +14,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import files
-from pipeline.check import LATEST_PRODUCE_VERSION, batch_frames
-from pipeline.segments import JournalSegment, SegmentRange
-from pipeline.task_data import AuditSettings, routing_for
-from policies.api import Verdict, parse_records
-from policies.config import TopicRouting
-from policies.schemas.ids import Sides, add_schema_ids, schema_sides
-from policies.schemas.model import RegisteredSchema, RegistryUnavailable, UnknownSchema
-from protocol.errors import DecodeError
-from protocol.journal import iter_entries
-from protocol.records import Record, read_batch
-from registry.catalog import RegistryCatalog
-from settings.schema_registry import SchemaRegistryConfig
+from kvproxy.pipeline import files
+from kvproxy.pipeline.check import LATEST_PRODUCE_VERSION, batch_frames
+from kvproxy.pipeline.segments import JournalSegment, SegmentRange
+from kvproxy.pipeline.task_data import AuditSettings, routing_for
+from kvproxy.policies.api import Verdict, parse_records
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.schemas.ids import Sides, add_schema_ids, schema_sides
+from kvproxy.policies.schemas.model import RegisteredSchema, RegistryUnavailable, UnknownSchema
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.journal import iter_entries
+from kvproxy.protocol.records import Record, read_batch
+from kvproxy.registry.catalog import RegistryCatalog
+from kvproxy.settings.schema_registry import SchemaRegistryConfig
 
 __all__ = [
     "MAX_SCHEMA_IDS",
@@ -83,7 +83,7 @@ class SchemaLookups:
 def needs_ids(unit: object, routing: TopicRouting) -> bool:
     """Whether the id pass reads `unit`: a range of a topic whose rule needs schemas, or a
     journal segment (its entries name their topics)."""
-    from pipeline.live import LiveRange  # noqa: PLC0415  (kept off the executors' imports)
+    from kvproxy.pipeline.live import LiveRange  # noqa: PLC0415  (kept off the executors' imports)
 
     if isinstance(unit, JournalSegment):
         return True
@@ -158,7 +158,7 @@ def _collect(collector: _Collector, unit: Any) -> None:
         data = files.read_range(unit.uri, unit.start, unit.end)
         views = (view for _, view in batch_frames(data, unit.start))
     else:
-        from pipeline.live import fetch_batches  # noqa: PLC0415  (only live audits need it)
+        from kvproxy.pipeline.live import fetch_batches  # noqa: PLC0415  (only live audits need it)
 
         views = (memoryview(raw) for raw in fetch_batches(unit))
     for view in views:

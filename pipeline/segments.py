@@ -21,9 +21,9 @@ import struct
 from dataclasses import dataclass
 from typing import IO
 
-from pipeline import files
-from protocol.records.layout import MIN_LENGTH_BY_MAGIC
-from protocol.records.segment import (
+from kvproxy.pipeline import files
+from kvproxy.protocol.records.layout import MIN_LENGTH_BY_MAGIC
+from kvproxy.protocol.records.segment import (
     ReadAt,
     frame_end,
     partition_of,

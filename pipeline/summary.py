@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline import files
-from pipeline.check import bucket_size_ms
-from pipeline.task_data import VIOLATION_FIELDS
+from kvproxy.pipeline import files
+from kvproxy.pipeline.check import bucket_size_ms
+from kvproxy.pipeline.task_data import VIOLATION_FIELDS
 
 __all__ = [
     "SAMPLE_ROWS",

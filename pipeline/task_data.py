@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from policies.config import TopicRouting
-from settings.rules import RuleSections
+from kvproxy.policies.config import TopicRouting
+from kvproxy.settings.rules import RuleSections
 
 if TYPE_CHECKING:
-    from registry.catalog import StaticCatalog
-    from settings.schema_registry import SchemaRegistryConfig
+    from kvproxy.registry.catalog import StaticCatalog
+    from kvproxy.settings.schema_registry import SchemaRegistryConfig
 
 __all__ = [
     "VIOLATION_FIELDS",
@@ -72,7 +72,7 @@ class AuditSettings:
     before they ship (its credentials stay on the driver)."""
     schemas: StaticCatalog | None = None
     """What the registry said about every schema id the records carry, asked once on the
-    driver (`pipeline.schema_ids`); what `schema` policies read on the executors."""
+    driver (`kvproxy.pipeline.schema_ids`); what `schema` policies read on the executors."""
 
     def key(self) -> str:
         return json.dumps([self.defaults, self.topics, self.base_dir], sort_keys=True, default=str)

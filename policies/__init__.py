@@ -1,6 +1,6 @@
 """RecordsPolicy checks: pure, synchronous, shared by the proxy and the Spark audit job."""
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     INVALID_RECORD_REJECTION,
     MISSING_KEY,
@@ -13,10 +13,10 @@ from policies.api import (
     parse_records,
     record_errors_verdict,
 )
-from policies.builtin import PolicyConfigError
-from policies.chain import Mode, PolicyChain
-from policies.config import TopicRouting, TopicRule, build_routing
-from policies.producer_state import ProducerStateTracker
+from kvproxy.policies.builtin import PolicyConfigError
+from kvproxy.policies.chain import Mode, PolicyChain
+from kvproxy.policies.config import TopicRouting, TopicRule, build_routing
+from kvproxy.policies.producer_state import ProducerStateTracker
 
 __all__ = [
     "ACCEPT",

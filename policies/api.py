@@ -19,14 +19,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from protocol import error_codes
-from protocol.budget import Allowance
-from protocol.errors import BatchFraming, BufferUnderflow, DecodeError
-from protocol.records import Record, RecordBatch, read_batches
-from protocol.records.readers import first_batch_incomplete
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.budget import Allowance
+from kvproxy.protocol.errors import BatchFraming, BufferUnderflow, DecodeError
+from kvproxy.protocol.records import Record, RecordBatch, read_batches
+from kvproxy.protocol.records.readers import first_batch_incomplete
 
 if TYPE_CHECKING:
-    from policies.schemas.model import SchemaCatalog
+    from kvproxy.policies.schemas.model import SchemaCatalog
 
 __all__ = [
     "ACCEPT",
@@ -81,7 +81,7 @@ class Verdict:
     """Name of the policy that fired."""
     rejection: str | None = None
     """`"missing_key"`, `"invalid_record"` for record-level rejections the error profile may
-    renumber (`protocol.error_codes.Rejection` values); None otherwise."""
+    renumber (`kvproxy.protocol.error_codes.Rejection` values); None otherwise."""
     resend: bool = False
     """The refusal is about the proxy's circumstances, not the data (no memory to decompress,
     a schema registry out of reach): the code is retriable, the client sends the same batch
@@ -219,7 +219,7 @@ class ProducedRecords:
     raw: bytes | memoryview = field(repr=False)
     """The partition's records bytes as sent."""
     batches: tuple[RecordBatch, ...]
-    """Parsed batch views (`protocol.records`)."""
+    """Parsed batch views (`kvproxy.protocol.records`)."""
     produce_version: int
     acks: int
     transactional_id: str | None
@@ -258,7 +258,7 @@ class ProducedRecords:
         """Every record of every batch, `index` renumbered 0.. across the partition.
 
         Decoded once and cached, so several record-level policies share one decode. Bad bytes
-        raise `protocol.errors.CorruptRecords` (the chain answers CORRUPT_MESSAGE).
+        raise `kvproxy.protocol.errors.CorruptRecords` (the chain answers CORRUPT_MESSAGE).
         """
         return iter(self.record_tuple())
 
@@ -328,7 +328,8 @@ class Need(enum.Enum):
     SCHEMAS = "schemas"
     """What the schema registry says about the schema ids the records carry
     (`ProducedRecords.schemas`): a policy that finds an id missing raises
-    `policies.schemas.model.LookupNeeded`; the proxy fetches the ids and runs the chain again."""
+    `kvproxy.policies.schemas.model.LookupNeeded`; the proxy fetches the ids and runs the chain
+    again."""
 
 
 def needs_of(policy: object) -> frozenset[Need]:

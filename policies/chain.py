@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     Need,
     PolicyViolation,
@@ -17,12 +17,12 @@ from policies.api import (
     Verdict,
     needs_of,
 )
-from policies.builtin.base import BuiltinPolicy
-from policies.builtin.broker_checks import BROKER_CHECKS, BrokerChecks, PolicyFailed
-from policies.schemas.model import LookupNeeded
-from protocol import error_codes
-from protocol.budget import ResourceLimit
-from protocol.errors import DecodeError, InvalidRecords
+from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.policies.builtin.broker_checks import BROKER_CHECKS, BrokerChecks, PolicyFailed
+from kvproxy.policies.schemas.model import LookupNeeded
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.budget import ResourceLimit
+from kvproxy.protocol.errors import DecodeError, InvalidRecords
 
 __all__ = ["CRASH_LOG_INTERVAL_S", "Mode", "PolicyChain"]
 
@@ -192,7 +192,7 @@ def _steps(policies: tuple[RecordsPolicy, ...]) -> tuple[RecordsPolicy, ...]:
     for policy in policies:
         name = policy.name
         builtin = isinstance(policy, BuiltinPolicy) and type(policy).__module__.startswith(
-            "policies.builtin."
+            "kvproxy.policies.builtin."
         )
         if builtin and name in BROKER_CHECKS and name not in broker:
             broker[name] = policy

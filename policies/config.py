@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies import plugins, topic_settings
-from policies.api import UNKNOWN_TOPIC_CONFIG, Need, RecordsPolicy, TopicConfig
-from policies.builtin import PolicyConfigError, PolicyContext
-from policies.builtin.base import (
+from kvproxy.policies import plugins, topic_settings
+from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, Need, RecordsPolicy, TopicConfig
+from kvproxy.policies.builtin import PolicyConfigError, PolicyContext
+from kvproxy.policies.builtin.base import (
     MAX_PROBLEMS_SHOWN,
     ConfigProblem,
     KeyPath,
@@ -37,11 +37,11 @@ from policies.builtin.base import (
     kind_of,
     short_repr,
 )
-from policies.chain import Mode, PolicyChain
-from policies.producer_state import ProducerStateTracker
-from policies.topic_names import NoSuchTopicPolicy
-from policies.topic_patterns import FirstMatch, PatternError, compile_pattern
-from protocol.topics import is_legal_topic_name
+from kvproxy.policies.chain import Mode, PolicyChain
+from kvproxy.policies.producer_state import ProducerStateTracker
+from kvproxy.policies.topic_names import NoSuchTopicPolicy
+from kvproxy.policies.topic_patterns import FirstMatch, PatternError, compile_pattern
+from kvproxy.protocol.topics import is_legal_topic_name
 
 __all__ = [
     "DEFAULT_DEFAULTS",
@@ -64,7 +64,7 @@ _DEFAULTS_KEYS = frozenset({"mode", "policies"})
 _TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies"})
 _CACHE_LIMIT = 10_000
 """Topics whose rule `TopicRouting` remembers, the least recently used dropped first. A name that
-cannot be a topic (`protocol.topics`) is never matched nor kept: clients choose names."""
+cannot be a topic (`kvproxy.protocol.topics`) is never matched nor kept: clients choose names."""
 MAX_TOPIC_RULES = 10_000
 """Entries `topics` may hold: a rule set past it (YAML aliases make one easily) is refused.
 Each rule builds its policies when the file is loaded, and a new topic name is matched against
@@ -109,7 +109,7 @@ class TopicRouting:
         self.no_such_topic = TopicRule(
             None, Mode.ENFORCE, None, PolicyChain([NoSuchTopicPolicy()]), lambda _topic: False
         )
-        """The rule of a name that cannot be a topic (`policies.topic_names`)."""
+        """The rule of a name that cannot be a topic (`kvproxy.policies.topic_names`)."""
         self._first_match = FirstMatch([rule.match or "" for rule in self.rules])
         self._cache: OrderedDict[str, TopicRule] = OrderedDict()
 

@@ -21,13 +21,14 @@ import fastjsonschema.draft07
 import fastjsonschema.draft2019
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-from policies.builtin.base import cut
+from kvproxy.policies.builtin.base import cut
 
 __all__ = ["LinearPattern", "LinearRegexError", "compile_json_schema", "compile_linear"]
 
 MAX_PROGRAM_BYTES: Final = 64 * 1024 * 1024
 """RE2's memory for one compiled pattern (its default is 8 MiB): enough for the combined
-matcher of the largest rule set (`policies.topic_patterns`); a pattern past it is refused."""
+matcher of the largest rule set (`kvproxy.policies.topic_patterns`); a pattern past it is
+refused."""
 
 
 class LinearRegexError(ValueError):

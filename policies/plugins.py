@@ -2,7 +2,7 @@
 
 Every name is an entry point of the group `kvproxy.policies` (kvproxy's own in its
 pyproject.toml); the object it names has `create(context, options)`, which returns the configured
-policy. A policy declares what it needs from the proxy in `needs` (`policies.api.Need`): the
+policy. A policy declares what it needs from the proxy in `needs` (`kvproxy.policies.api.Need`): the
 proxy gets it before the chain runs, or, for the broker's answer, calls its `observe`.
 `custom: {class: module:Class}` still loads a class by its import path. See
 docs/adding-a-policy.md.
@@ -19,8 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
-from policies.api import Need, RecordsPolicy, needs_of
-from policies.builtin.base import (
+from kvproxy.policies.api import Need, RecordsPolicy, needs_of
+from kvproxy.policies.builtin.base import (
     KeyPath,
     PolicyConfigError,
     PolicyContext,
@@ -53,7 +53,7 @@ a distribution installed since is found)."""
 
 
 class ProblemSink(Protocol):
-    """Where `build_policy` reports what is wrong (`policies.config`'s problem list)."""
+    """Where `build_policy` reports what is wrong (`kvproxy.policies.config`'s problem list)."""
 
     def add(self, path: KeyPath, message: str, at: KeyPath = ()) -> None: ...
 

@@ -18,8 +18,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from protocol.records import RecordBatch
-from protocol.topics import MAX_TOPIC_NAME_CHARS
+from kvproxy.protocol.records import RecordBatch
+from kvproxy.protocol.topics import MAX_TOPIC_NAME_CHARS
 
 __all__ = ["ProducerEntry", "ProducerStateTracker"]
 

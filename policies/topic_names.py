@@ -1,4 +1,5 @@
-"""The rule of a Produce to a name that cannot be a Kafka topic (`protocol.topics`: more than 249
+"""The rule of a Produce to a name that cannot be a Kafka topic (`kvproxy.protocol.topics`: more
+than 249
 characters, or characters other than letters, digits, `.`, `_`, `-`).
 
 Such a topic cannot exist, so the proxy answers as the broker does for a topic it does not
@@ -13,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from policies.api import ProducedRecords, Verdict
-from protocol import error_codes
-from protocol.topics import MAX_TOPIC_NAME_CHARS
+from kvproxy.policies.api import ProducedRecords, Verdict
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.topics import MAX_TOPIC_NAME_CHARS
 
 __all__ = ["NO_SUCH_TOPIC", "NoSuchTopicPolicy"]
 

@@ -2,7 +2,8 @@
 (`orders-*`, `?`, `[...]`) or a regular expression between slashes (`/orders-\\d+/`, full match).
 Matching is case-sensitive, as topic names are.
 
-Globs and regular expressions run on RE2 (`policies.linear_regex`): the time to match a name is
+Globs and regular expressions run on RE2 (`kvproxy.policies.linear_regex`): the time to match a
+name is
 linear in its length whatever the pattern, and a /regex/ RE2 cannot compile (backreferences,
 lookaround) is a config error. `FirstMatch` answers which of many patterns matches first with a
 few combined expressions instead of trying each pattern in turn.
@@ -13,8 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from policies.builtin.base import short_repr
-from policies.linear_regex import LinearPattern, LinearRegexError, compile_linear
+from kvproxy.policies.builtin.base import short_repr
+from kvproxy.policies.linear_regex import LinearPattern, LinearRegexError, compile_linear
 
 __all__ = ["FirstMatch", "PatternError", "any_of", "compile_pattern", "is_regex"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from policies.api import Need, TopicConfig, needs_of
+from kvproxy.policies.api import Need, TopicConfig, needs_of
 
 __all__ = [
     "CLEANUP_POLICY",

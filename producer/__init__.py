@@ -9,7 +9,7 @@
 See docs/producer.md.
 """
 
-from producer.errors import (
+from kvproxy.producer.errors import (
     Classification,
     CommitFailedError,
     FailureType,
@@ -19,7 +19,7 @@ from producer.errors import (
     error_code,
     failure_type,
 )
-from producer.resilient import ResilientProducer
+from kvproxy.producer.resilient import ResilientProducer
 
 __all__ = [
     "Classification",

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.protocol.produce import ProduceRequest, ProduceRequest_v8
 from aiokafka.structs import TopicPartition
 
-from producer.compat import KeepCodesHandler, use_produce_handler
+from kvproxy.producer.compat import KeepCodesHandler, use_produce_handler
 
 __all__ = ["BatchRejected", "install"]
 

@@ -49,7 +49,7 @@ from aiokafka.protocol.transaction import InitProducerIdRequest_v0
 from aiokafka.protocol.types import CompactString, Int16, Int32, Int64, Schema, TaggedFields
 from aiokafka.structs import TopicPartition
 
-from protocol.error_codes import ERRORS, UNKNOWN_SERVER_ERROR
+from kvproxy.protocol.error_codes import ERRORS, UNKNOWN_SERVER_ERROR
 
 __all__ = [
     "BrokerError",

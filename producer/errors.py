@@ -8,7 +8,8 @@ Every error a producer meets is answered twice here:
   refused it (MESSAGE_REJECTED), it could not be delivered (DELIVERY_FAILED), or the producer's
   idempotence / transaction state failed (TRANSACTION_FAILED).
 
-Both read the project's error table (`protocol.error_codes`), so a code means the same thing here
+Both read the project's error table (`kvproxy.protocol.error_codes`), so a code means the same
+thing here
 as in the proxy. They accept a bare error code, an aiokafka or kafka-python error, and the
 exceptions below.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from protocol.error_codes import (
+from kvproxy.protocol.error_codes import (
     ERRORS_BY_NAME,
     KIP_INVALID_RECORD,
     KIP_INVALID_RECORD_KEY,

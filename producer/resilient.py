@@ -26,16 +26,16 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from producer._record_errors import BatchRejected, install
-from producer.compat import enable_transactions
-from producer.errors import (
+from kvproxy.producer._record_errors import BatchRejected, install
+from kvproxy.producer.compat import enable_transactions
+from kvproxy.producer.errors import (
     FailureType,
     IdempotenceUnavailableError,
     ProduceFailedError,
     error_code,
     failure_type,
 )
-from protocol.error_codes import UNSUPPORTED_FOR_MESSAGE_FORMAT, ErrorProfile
+from kvproxy.protocol.error_codes import UNSUPPORTED_FOR_MESSAGE_FORMAT, ErrorProfile
 
 __all__ = ["Idempotence", "ResilientProducer"]
 
@@ -98,7 +98,7 @@ class ResilientProducer:
       `IdempotenceUnavailableError` at `start()`, or fail the send that finds out with it).
     - `error_profile`: which numbers mean a refused record (`kip`: 45 and 85 as well as 87).
     - With `transactional_id`, the records of a refused batch are not resent (the transaction
-      has to abort: use `producer.transactions.run_transaction`); they fail with
+      has to abort: use `kvproxy.producer.transactions.run_transaction`); they fail with
       TRANSACTION_FAILED, the refused ones with MESSAGE_REJECTED.
     """
 

@@ -37,7 +37,8 @@ batch is refused: committing would commit the records that did get through. Here
 made through the `Transaction` is awaited before the commit, and one failed send aborts.
 
 After an abort caused by a failed send, the producer's epoch is renewed
-(`producer.compat.renew_epoch`): aiokafka had numbered the refused batch, the broker never stored
+(`kvproxy.producer.compat.renew_epoch`): aiokafka had numbered the refused batch, the broker never
+stored
 it, and without a new epoch every later batch on that partition would be refused as
 OUT_OF_ORDER_SEQUENCE_NUMBER.
 """
@@ -51,8 +52,8 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata, TopicPartition
 
-from producer.compat import aiokafka_producer, fatal_error, renew_epoch
-from producer.errors import (
+from kvproxy.producer.compat import aiokafka_producer, fatal_error, renew_epoch
+from kvproxy.producer.errors import (
     Classification,
     CommitFailedError,
     ProduceFailedError,

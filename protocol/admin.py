@@ -1,8 +1,9 @@
 """The requests kvproxy makes of a cluster on its own behalf, sans-IO: Metadata, DescribeConfigs,
 ListOffsets and Fetch, built for a given version and their answers read into plain values.
 
-The proxy sends them over asyncio (`proxy.upstream_client`) and the audit over blocking sockets
-(`pipeline.kafka_client`); both build and read them here, so they ask the same questions and
+The proxy sends them over asyncio (`kvproxy.proxy.upstream_client`) and the audit over blocking
+sockets
+(`kvproxy.pipeline.kafka_client`); both build and read them here, so they ask the same questions and
 understand the answers the same way. A builder takes every field any version has and keeps the
 ones the asked version defines, so one call serves a fixed version and a negotiated one alike.
 """
@@ -16,8 +17,8 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, Final
 
-from protocol.framing import frame
-from protocol.messages import (
+from kvproxy.protocol.framing import frame
+from kvproxy.protocol.messages import (
     DESCRIBE_CONFIGS,
     FETCH,
     LIST_OFFSETS,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 from typing import ClassVar
 
-from protocol import error_codes
-from protocol.errors import ProtocolError
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.errors import ProtocolError
 
 __all__ = [
     "Allowance",

@@ -10,7 +10,8 @@ framing lives here so that `records` only sees plain bytes in and out:
   writes and reads that variant.
 
 What a frame header declares (a zstd window, an lz4 block size, a content size) is charged
-before the frame is decoded (`protocol.declared_sizes`). A large output is a private anonymous
+before the frame is decoded (`kvproxy.protocol.declared_sizes`). A large output is a private
+anonymous
 mapping, not a `bytearray`: the interpreter zero-fills a `bytearray` while holding the GIL
 (tens of milliseconds for 60 MiB, every other thread waiting), where a fresh mapping costs
 nothing until the decoder writes it, with the GIL released.
@@ -29,9 +30,9 @@ from typing import Any, TypeAlias
 
 import cramjam
 
-from protocol.budget import Allowance, OutOfMemory, ResourceLimit
-from protocol.declared_sizes import Declared, lz4_declared, zstd_declared
-from protocol.errors import CorruptRecords, UnsupportedCompression
+from kvproxy.protocol.budget import Allowance, OutOfMemory, ResourceLimit
+from kvproxy.protocol.declared_sizes import Declared, lz4_declared, zstd_declared
+from kvproxy.protocol.errors import CorruptRecords, UnsupportedCompression
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 Plain: TypeAlias = bytearray | memoryview

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from protocol.errors import CorruptRecords
+from kvproxy.protocol.errors import CorruptRecords
 
 __all__ = ["Declared", "lz4_declared", "zstd_declared"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from protocol import error_codes
+from kvproxy.protocol import error_codes
 
 
 class ProtocolError(Exception):

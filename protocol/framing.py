@@ -18,8 +18,8 @@ import struct
 import sys
 from typing import Final
 
-from protocol.budget import MemoryBudget
-from protocol.errors import FrameTooLarge, NegativeSize
+from kvproxy.protocol.budget import MemoryBudget
+from kvproxy.protocol.errors import FrameTooLarge, NegativeSize
 
 SIZE_PREFIX: Final = 4
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024

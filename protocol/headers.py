@@ -20,8 +20,8 @@ from typing import Final
 from kio.index import load_request_schema
 from kio.schema.index import api_key_map, schema_name_map
 
-from protocol.errors import BufferUnderflow, DecodeError, NegativeSize, UnsupportedVersion
-from protocol.legacy_messages import LEGACY_SCHEMAS
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, NegativeSize, UnsupportedVersion
+from kvproxy.protocol.legacy_messages import LEGACY_SCHEMAS
 
 _API_VERSIONS: Final = 18
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import crc32c
 
-from protocol.errors import BufferUnderflow, DecodeError, EncodeError
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, EncodeError
 
 __all__ = [
     "ENTRY_OVERHEAD",

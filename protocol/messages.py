@@ -19,8 +19,8 @@ from kio.serial import entity_writer
 from kio.serial.errors import BufferUnderflow as _KioBufferUnderflow
 from kio.serial.errors import SerialError as _KioSerialError
 
-from protocol.errors import BufferUnderflow, DecodeError, EncodeError, UnsupportedVersion
-from protocol.headers import (
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, EncodeError, UnsupportedVersion
+from kvproxy.protocol.headers import (
     RequestHeader,
     ResponseHeader,
     read_request_header,
@@ -30,8 +30,8 @@ from protocol.headers import (
     write_request_header,
     write_response_header,
 )
-from protocol.legacy_messages import LEGACY_SCHEMAS
-from protocol.schema_reader import entity_reader
+from kvproxy.protocol.legacy_messages import LEGACY_SCHEMAS
+from kvproxy.protocol.schema_reader import entity_reader
 
 PRODUCE: Final = 0
 FETCH: Final = 1

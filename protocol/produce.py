@@ -12,8 +12,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
-from protocol.messages import PRODUCE, codec_for
-from protocol.schema_reader import UnknownErrorCode
+from kvproxy.protocol.messages import PRODUCE, codec_for
+from kvproxy.protocol.schema_reader import UnknownErrorCode
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ import sys
 from array import array
 from dataclasses import dataclass
 
-from protocol.errors import BufferUnderflow, DecodeError, NegativeSize
-from protocol.headers import (
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, NegativeSize
+from kvproxy.protocol.headers import (
     read_request_header,
     read_unsigned_varint,
     request_header_version,

@@ -34,8 +34,8 @@ from kio.serial._introspect import (
 )
 from kio.serial._parse import get_reader
 
-from protocol.errors import BufferUnderflow, DecodeError
-from protocol.headers import read_unsigned_varint
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError
+from kvproxy.protocol.headers import read_unsigned_varint
 
 Buf = bytes | bytearray | memoryview
 FieldReader = Callable[[Buf, int], tuple[Any, int]]

@@ -4,7 +4,8 @@ topic settings, Metadata for the brokers and the metrics' topic label).
 A connection per request cost a TCP (and TLS) handshake per name a client invented: 5,000 names
 that are no topic opened 10,000 connections to the cluster. Here each broker address has one
 connection, opened at the first request and kept; requests on it go one at a time (the answers
-are short and the names batched, see `proxy.topic_configs`). A connection that fails or times
+are short and the names batched, see `kvproxy.proxy.topic_configs`). A connection that fails or
+times
 out is closed and the next request opens a new one; a request that fails on a connection kept
 from before (the broker closed it while idle) is sent once more on a new one.
 """
@@ -17,10 +18,10 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from protocol import admin
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.messages import decode_response
+from kvproxy.protocol import admin
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.framing import FrameDecoder
+from kvproxy.protocol.messages import decode_response
 
 _CLIENT_ID = "kvproxy"
 

@@ -11,13 +11,13 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from policies.config import TopicRouting
-from proxy.config import ProxyConfig, build_routing_for
-from proxy.embedded import EmbeddedBroker, advertised, run_embedded_broker
-from proxy.listeners import METADATA_RETRY_S
-from proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
-from proxy.server import ProxyServer, WorkerRole
-from proxy.signals import queue_sighup, take_queued_sighups
+from kvproxy.policies.config import TopicRouting
+from kvproxy.proxy.config import ProxyConfig, build_routing_for
+from kvproxy.proxy.embedded import EmbeddedBroker, advertised, run_embedded_broker
+from kvproxy.proxy.listeners import METADATA_RETRY_S
+from kvproxy.proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
+from kvproxy.proxy.server import ProxyServer, WorkerRole
+from kvproxy.proxy.signals import queue_sighup, take_queued_sighups
 
 log = logging.getLogger("kvproxy")
 
@@ -153,7 +153,7 @@ class _Sighup:
         self._stopping = False
 
     def take_early(self) -> None:
-        """Those that came before the event loop handled SIGHUP (see `proxy.signals`)."""
+        """Those that came before the event loop handled SIGHUP (see `kvproxy.proxy.signals`)."""
         early = take_queued_sighups()
         if early:
             self._queued += early

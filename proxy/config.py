@@ -4,7 +4,7 @@ The proxy's own sections (listen, upstream, limits, metrics, ...) are here; what
 from the same file too (how it is read and reported, `errors`, the policy sections) is in
 `settings`. Every key has a default and unknown keys are errors, so a typo is reported instead
 of ignored. The policy sections (`defaults`, `topics`) are kept as data here and turned into
-policy chains by `policies.config.build_routing`, which reports their errors;
+policy chains by `kvproxy.policies.config.build_routing`, which reports their errors;
 `load_config_and_rules` reports the errors of both at once, each with the line of the file it is
 on. `docs/configuration.md` documents every key.
 """
@@ -21,17 +21,21 @@ from pydantic import (
     model_validator,
 )
 
-from policies.config import PolicyConfigError, TopicRouting, build_routing
-from policies.producer_state import ProducerStateTracker
-from policies.topic_patterns import PatternError, compile_pattern
-from protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from proxy.errors import ProxyError
-from settings.addresses import parse_host_port
-from settings.loading import Section, read_document, report, validate
-from settings.rules import RULE_SECTIONS, RuleSections
-from settings.schema_registry import REGISTRY_MISSING, SchemaRegistryConfig, registry_missing
-from settings.secrets import Secret
-from settings.sections import ErrorsConfig
+from kvproxy.policies.config import PolicyConfigError, TopicRouting, build_routing
+from kvproxy.policies.producer_state import ProducerStateTracker
+from kvproxy.policies.topic_patterns import PatternError, compile_pattern
+from kvproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kvproxy.proxy.errors import ProxyError
+from kvproxy.settings.addresses import parse_host_port
+from kvproxy.settings.loading import Section, read_document, report, validate
+from kvproxy.settings.rules import RULE_SECTIONS, RuleSections
+from kvproxy.settings.schema_registry import (
+    REGISTRY_MISSING,
+    SchemaRegistryConfig,
+    registry_missing,
+)
+from kvproxy.settings.secrets import Secret
+from kvproxy.settings.sections import ErrorsConfig
 
 
 class NodePortError(ValueError):
@@ -273,7 +277,8 @@ class ShutdownConfig(Section):
 
 
 class TopicConfigsConfig(Section):
-    """How long what DescribeConfigs said about a topic (`policies.topic_settings`) is trusted."""
+    """How long what DescribeConfigs said about a topic (`kvproxy.policies.topic_settings`) is
+    trusted."""
 
     ttl_ms: int = Field(default=60_000, ge=0)
     absent_ttl_ms: int = Field(default=5_000, ge=0)

@@ -1,9 +1,11 @@
 """Client and upstream connections: bytes in, frames out, answers back in request order.
 
 Transport and protocol are split as in uvicorn: `ClientConnection` (here) and its
-`UpstreamConnection` (`proxy.upstream_connection`) are `asyncio.Protocol`s that only move bytes
+`UpstreamConnection` (`kvproxy.proxy.upstream_connection`) are `asyncio.Protocol`s that only move
+bytes
 and apply backpressure; `protocol/` does the decoding.
-Each client connection keeps a FIFO of slots (`proxy.slots`), one per request that expects an
+Each client connection keeps a FIFO of slots (`kvproxy.proxy.slots`), one per request that expects
+an
 answer; slots leave strictly in request order. A connection is handed a `ConnectionState`, the
 few shared parts of the relay it uses, never the server itself.
 """
@@ -17,29 +19,35 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from protocol.errors import ProtocolError
-from protocol.framing import Frame, FrameDecoder, size_prefix
-from protocol.headers import RequestHeader, read_request_prefix
-from protocol.messages import API_VERSIONS, PRODUCE, Request, decode_request, supported_versions
-from proxy.errors import ProxyError
-from proxy.fds import OutOfFileDescriptors
-from proxy.metrics import api_name
-from proxy.partition_limit import decide_unread, names_many_partitions
-from proxy.produce import DECODE_BUDGET, ProduceDecision, ProduceEngine
-from proxy.reasons import CloseReason, PauseReason
-from proxy.receive_memory import FrameClock
-from proxy.relay_state import ConnectionState
-from proxy.rewrite import (
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.framing import Frame, FrameDecoder, size_prefix
+from kvproxy.protocol.headers import RequestHeader, read_request_prefix
+from kvproxy.protocol.messages import (
+    API_VERSIONS,
+    PRODUCE,
+    Request,
+    decode_request,
+    supported_versions,
+)
+from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.fds import OutOfFileDescriptors
+from kvproxy.proxy.metrics import api_name
+from kvproxy.proxy.partition_limit import decide_unread, names_many_partitions
+from kvproxy.proxy.produce import DECODE_BUDGET, ProduceDecision, ProduceEngine
+from kvproxy.proxy.reasons import CloseReason, PauseReason
+from kvproxy.proxy.receive_memory import FrameClock
+from kvproxy.proxy.relay_state import ConnectionState
+from kvproxy.proxy.rewrite import (
     REWRITE_INLINE_BYTES,
     needs_rewrite,
     rewrite_off_loop,
     rewrite_response,
     unsupported_api_versions_answer,
 )
-from proxy.slots import MAX_SILENT_SLOTS, Slot, answers_silent, merged
+from kvproxy.proxy.slots import MAX_SILENT_SLOTS, Slot, answers_silent, merged
 
 if TYPE_CHECKING:
-    from proxy.upstream_connection import UpstreamConnection
+    from kvproxy.proxy.upstream_connection import UpstreamConnection
 
 log = logging.getLogger("kvproxy")
 
@@ -223,7 +231,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         loop if it is cheap, else on the decoding thread); then handle the requests held
         meanwhile, in order."""
         try:
-            if request is None:  # many partitions: read off the loop too (`proxy.partition_limit`)
+            if (
+                request is None
+            ):  # many partitions: read off the loop too (`kvproxy.proxy.partition_limit`)
                 header, decision = await decide_unread(self._state.decisions, engine, payload, self)
             else:
                 header = request.header

@@ -9,12 +9,12 @@ import logging
 import ssl
 from typing import Final
 
-from policies.api import RECORD_OBJECT_BYTES
-from protocol.budget import Allowance
-from protocol.compression import Codec
-from protocol.errors import ProtocolError
-from protocol.records import build_batch, read_batches
-from proxy.upstream_client import partition_leader, produce_batch
+from kvproxy.policies.api import RECORD_OBJECT_BYTES
+from kvproxy.protocol.budget import Allowance
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.records import build_batch, read_batches
+from kvproxy.proxy.upstream_client import partition_leader, produce_batch
 
 log = logging.getLogger("kvproxy")
 

@@ -14,10 +14,10 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 
-from protocol.budget import Allowance, MemoryBudget
-from proxy.bounds import MAX_TOPIC_CHARS, clip
-from proxy.dead_letter import send_dead_letter
-from proxy.metrics import ProxyMetrics
+from kvproxy.journal.bounds import MAX_TOPIC_CHARS, clip
+from kvproxy.protocol.budget import Allowance, MemoryBudget
+from kvproxy.proxy.dead_letter import send_dead_letter
+from kvproxy.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("kvproxy")
 

@@ -15,18 +15,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from policies.config import TopicRouting
-from policies.schemas.model import LookupNeeded, SchemaCatalog, SchemaEntry
-from protocol.budget import Allowance, InlineLimitReached, MemoryBudget
-from protocol.error_codes import ErrorProfile
-from protocol.framing import Frame
-from protocol.messages import Request
-from proxy.config import ProxyConfig
-from proxy.metrics import ProxyMetrics
-from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
-from proxy.schema_lookups import request_schema_ids
-from proxy.topic_configs import TopicConfigCache
-from registry.catalog import RegistryCatalog
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.schemas.model import LookupNeeded, SchemaCatalog, SchemaEntry
+from kvproxy.protocol.budget import Allowance, InlineLimitReached, MemoryBudget
+from kvproxy.protocol.error_codes import ErrorProfile
+from kvproxy.protocol.framing import Frame
+from kvproxy.protocol.messages import Request
+from kvproxy.proxy.config import ProxyConfig
+from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.schema_lookups import request_schema_ids
+from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.registry.catalog import RegistryCatalog
 
 T = TypeVar("T")
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from protocol.framing import FrameDecoder, frame
-from protocol.messages import API_VERSIONS, decode_response, encode_request, make_request
+from kvproxy.protocol.framing import FrameDecoder, frame
+from kvproxy.protocol.messages import API_VERSIONS, decode_response, encode_request, make_request
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 20.0

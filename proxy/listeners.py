@@ -4,7 +4,7 @@ Port-per-broker: the bootstrap listener (`listen.port`) forwards to any live boo
 listener for upstream node N is `listen.broker_port_base + N mod listen.max_brokers` (or
 `+ N - listen.lowest_node_id` when that is set), opened the first time an answer names node N.
 `Listeners` is the node directory and the connection registry a `ClientConnection` is handed
-(`proxy.relay_state`): it counts connections against the limits, closes idle ones, and opens
+(`kvproxy.proxy.relay_state`): it counts connections against the limits, closes idle ones, and opens
 each one's upstream side.
 """
 
@@ -19,21 +19,21 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import ProtocolError
-from proxy.admin_connections import AdminConnections
-from proxy.config import NodePortError, ProxyConfig, shared_port_problem
-from proxy.errors import ProxyError
-from proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
-from proxy.fds import describe as describe_fd_shortage
-from proxy.metrics import ProxyMetrics
-from proxy.quarantine import Journal
-from proxy.reasons import CloseReason
-from proxy.relay_state import REFUSAL_LOG_INTERVAL_S
-from proxy.upstream_client import describe_failure
-from proxy.upstream_connection import UpstreamConnection
+from kvproxy.journal import Journal
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.proxy.admin_connections import AdminConnections
+from kvproxy.proxy.config import NodePortError, ProxyConfig, shared_port_problem
+from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
+from kvproxy.proxy.fds import describe as describe_fd_shortage
+from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.reasons import CloseReason
+from kvproxy.proxy.relay_state import REFUSAL_LOG_INTERVAL_S
+from kvproxy.proxy.upstream_client import describe_failure
+from kvproxy.proxy.upstream_connection import UpstreamConnection
 
 if TYPE_CHECKING:
-    from proxy.connection import ClientConnection
+    from kvproxy.proxy.connection import ClientConnection
 
 log = logging.getLogger("kvproxy")
 
@@ -246,7 +246,7 @@ class Listeners:
         A SASL-only listener closes the connection on the proxy's Metadata request (it carries
         no credentials) but answers ApiVersions, which Kafka serves before authentication: such
         a cluster has answered too, and its brokers are learnt from clients' answers."""
-        from proxy.upstream_client import (  # noqa: PLC0415
+        from kvproxy.proxy.upstream_client import (  # noqa: PLC0415
             answers_api_versions,
             fetch_broker_addresses,
         )

@@ -5,7 +5,8 @@ client address, as structured fields (`extra`) so the JSON format carries them a
 that keeps sending bad batches cannot flood the log: at most `rate` lines per (topic, policy,
 code) are written per window (60 s), and at most `total_rate` over all of them, since a client
 can invent a new topic name for every batch; when a window ends with rejections left unwritten,
-a summary line says how many (`suppressed`). Client-chosen strings are clipped (`proxy.bounds`),
+a summary line says how many (`suppressed`). Client-chosen strings are clipped
+(`kvproxy.journal.bounds`),
 so a line's length is bounded too.
 
 Client-chosen strings can hold newlines and terminal escapes. The text format escapes every
@@ -25,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TextIO
 
-from protocol.error_codes import error_name
-from proxy.bounds import MAX_CLIENT_ID_CHARS, MAX_MESSAGE_CHARS, MAX_TOPIC_CHARS, clip
+from kvproxy.journal.bounds import MAX_CLIENT_ID_CHARS, MAX_MESSAGE_CHARS, MAX_TOPIC_CHARS, clip
+from kvproxy.protocol.error_codes import error_name
 
 log = logging.getLogger("kvproxy.rejections")
 
@@ -179,7 +180,8 @@ class RejectionLogger:
     window ends (at the next rejection of that key, when `max_keys` newer keys push it out, or at
     `flush()`, which `kvproxy serve` calls every few seconds and at shutdown). Lines over the
     total rate are counted instead, and one more line per window says how many. So at most
-    `total_rate + 1` lines are written per window, each of bounded length (`proxy.bounds`), and
+    `total_rate + 1` lines are written per window, each of bounded length
+    (`kvproxy.journal.bounds`), and
     memory holds at most `max_keys` windows, however many topic names clients invent. `clock` is
     injectable for tests.
     """

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
-from registry.catalog import CatalogObserver
+from kvproxy.proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
+from kvproxy.registry.catalog import CatalogObserver
 
 log = logging.getLogger("kvproxy")
 

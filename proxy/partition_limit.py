@@ -6,22 +6,22 @@ each: a million of them held the loop for 47 s). So a request naming more partit
 loop decides (`ProduceSettings.inline_max_partitions`) is decoded and decided on the decoding
 thread; on the loop only its first partitions are counted from the bytes. A request naming more
 than the limit is never decoded: every partition is answered MESSAGE_TOO_LARGE (10), the answer
-written straight to bytes (`protocol.produce_shape`), as the records limit answers.
+written straight to bytes (`kvproxy.protocol.produce_shape`), as the records limit answers.
 """
 
 from __future__ import annotations
 
 import sys
 
-from policies.api import Verdict
-from protocol import error_codes
-from protocol.errors import DecodeError, ProtocolError
-from protocol.framing import Frame
-from protocol.headers import RequestHeader, read_request_header
-from protocol.messages import Request, decode_request
-from protocol.produce_shape import ProduceShape, refusal_answer, scan_produce
-from proxy.decisions import ProduceDecisions
-from proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine
+from kvproxy.policies.api import Verdict
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.errors import DecodeError, ProtocolError
+from kvproxy.protocol.framing import Frame
+from kvproxy.protocol.headers import RequestHeader, read_request_header
+from kvproxy.protocol.messages import Request, decode_request
+from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer, scan_produce
+from kvproxy.proxy.decisions import ProduceDecisions
+from kvproxy.proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine
 
 __all__ = [
     "PARTITIONS_LIMIT",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     UNKNOWN_TOPIC_CONFIG,
     ProducedRecords,
@@ -23,15 +23,15 @@ from policies.api import (
     Verdict,
     parse_records,
 )
-from policies.chain import Mode, PolicyChain
-from policies.config import TopicRouting
-from policies.schemas.model import SchemaCatalog
-from protocol import error_codes
-from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, RetryLater
-from protocol.error_codes import ErrorProfile
-from protocol.errors import DecodeError
-from protocol.framing import Frame
-from protocol.messages import (
+from kvproxy.policies.chain import Mode, PolicyChain
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.schemas.model import SchemaCatalog
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, RetryLater
+from kvproxy.protocol.error_codes import ErrorProfile
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.framing import Frame
+from kvproxy.protocol.messages import (
     PRODUCE,
     Request,
     Response,
@@ -40,8 +40,8 @@ from protocol.messages import (
     encode_response,
     make_response,
 )
-from protocol.produce import partition_answer, produce_answer, produce_response_types
-from proxy.produce_scan import (
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.proxy.produce_scan import (
     ANSWERED_AS_THEY_ARE,
     RECORDS_LIMIT,
     declared_records,
@@ -49,7 +49,7 @@ from proxy.produce_scan import (
     refuse_every_partition,
     too_many_records,
 )
-from settings.errors import profile_code
+from kvproxy.settings.errors import profile_code
 
 log = logging.getLogger("kvproxy.produce")
 
@@ -109,7 +109,7 @@ class PartitionOutcome:
     """What the proxy decided for one partition of one request.
 
     Read-only by contract, not frozen: built per partition per request, and a frozen
-    dataclass's `__init__` costs several times as much (see `policies.api.ProducedRecords`).
+    dataclass's `__init__` costs several times as much (see `kvproxy.policies.api.ProducedRecords`).
     """
 
     topic: str

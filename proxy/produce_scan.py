@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.api import ProducedRecords, Verdict
-from protocol import error_codes
-from protocol.budget import BudgetExhausted
-from protocol.compression import Codec
-from protocol.errors import DecodeError
-from protocol.records import read_batch
+from kvproxy.policies.api import ProducedRecords, Verdict
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.budget import BudgetExhausted
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.records import read_batch
 
 __all__ = [
     "ANSWERED_AS_THEY_ARE",

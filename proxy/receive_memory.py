@@ -1,7 +1,8 @@
 """Receive memory: what the large frames being received from clients hold, who waits for it,
 and how long one frame may hold it.
 
-A large frame reserves its declared size when its size prefix arrives (`protocol.framing`) and
+A large frame reserves its declared size when its size prefix arrives (`kvproxy.protocol.framing`)
+and
 keeps it until it is complete. A frame that cannot reserve waits, unread, oldest first. What
 bounds the wait is the time a frame may take to arrive once it holds its reservation
 (`limits.frame_receive_timeout_ms`): measured from its reservation, not from its last byte, so a
@@ -16,13 +17,13 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from protocol.budget import MemoryBudget
-from protocol.framing import FrameDecoder
-from proxy.metrics import ProxyMetrics
-from proxy.reasons import CloseReason, PauseReason
+from kvproxy.protocol.budget import MemoryBudget
+from kvproxy.protocol.framing import FrameDecoder
+from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.reasons import CloseReason, PauseReason
 
 if TYPE_CHECKING:
-    from proxy.connection import ClientConnection
+    from kvproxy.proxy.connection import ClientConnection
 
 log = logging.getLogger("kvproxy")
 

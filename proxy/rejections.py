@@ -16,17 +16,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from policies.topic_patterns import any_of
-from protocol.budget import MemoryBudget
-from proxy.bounds import MAX_TOPIC_CHARS, clip
-from proxy.config import ProxyConfig, QuarantineConfig
-from proxy.dead_letter import dead_letter_records
-from proxy.dead_letter_sender import DeadLetterSender
-from proxy.logs import RejectionEvent, RejectionLogger
-from proxy.metrics import ProxyMetrics
-from proxy.produce import PartitionOutcome, ProduceDecision
-from proxy.quarantine import WORKER_DIR_PREFIX, Journal, QuarantineEntry
-from proxy.quarantine.repeats import RecentRefusals, Refusal, refusal_key
+from kvproxy.journal import WORKER_DIR_PREFIX, Journal, QuarantineEntry
+from kvproxy.journal.bounds import MAX_TOPIC_CHARS, clip
+from kvproxy.journal.repeats import RecentRefusals, Refusal, refusal_key
+from kvproxy.policies.topic_patterns import any_of
+from kvproxy.protocol.budget import MemoryBudget
+from kvproxy.proxy.config import ProxyConfig, QuarantineConfig
+from kvproxy.proxy.dead_letter import dead_letter_records
+from kvproxy.proxy.dead_letter_sender import DeadLetterSender
+from kvproxy.proxy.logs import RejectionEvent, RejectionLogger
+from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.produce import PartitionOutcome, ProduceDecision
 
 log = logging.getLogger("kvproxy")
 

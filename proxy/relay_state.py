@@ -3,7 +3,8 @@
 As uvicorn's `ServerState`: a connection gets its limits, the metrics, the receive-memory
 waiters, the produce decisions, the rejection sink, the node directory and the connection
 registry, and nothing else of the server. The directory and the registry are described here as
-protocols (the listeners implement them), so `proxy.connection` never imports the modules that
+protocols (the listeners implement them), so `kvproxy.proxy.connection` never imports the modules
+that
 create connections.
 """
 
@@ -14,16 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from protocol.framing import BufferPool
-from proxy.config import LimitsConfig
-from proxy.decisions import ProduceDecisions
-from proxy.metrics import ProxyMetrics
-from proxy.receive_memory import ReceiveWaiters
-from proxy.rejections import RejectionSink
+from kvproxy.protocol.framing import BufferPool
+from kvproxy.proxy.config import LimitsConfig
+from kvproxy.proxy.decisions import ProduceDecisions
+from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.receive_memory import ReceiveWaiters
+from kvproxy.proxy.rejections import RejectionSink
 
 if TYPE_CHECKING:
-    from proxy.connection import ClientConnection
-    from proxy.upstream_connection import UpstreamConnection
+    from kvproxy.proxy.connection import ClientConnection
+    from kvproxy.proxy.upstream_connection import UpstreamConnection
 
 log = logging.getLogger("kvproxy")
 

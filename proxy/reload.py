@@ -4,7 +4,8 @@ The new file is loaded and validated, and its policy chains are built (custom cl
 schemas read) before anything is swapped; a file that fails any of that is refused with one ERROR
 line naming the file and every problem with its line, and the rules in force stay. The reading,
 parsing and building run on a thread of their own, so a large or hostile file never holds the
-event loop (the file's bounds are in `settings.yaml_file`); only the swap runs on the loop. On
+event loop (the file's bounds are in `kvproxy.settings.yaml_file`); only the swap runs on the loop.
+On
 success the server's rules are replaced between two requests: a request already decided keeps its
 verdict, the next one uses the new rules, and no connection is dropped. Sections that only take
 effect at start (`listen`, `upstream`, `limits`, `shutdown`, ...) are reported with a WARNING and
@@ -28,13 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from policies.api import Need
-from policies.builtin.base import MAX_PROBLEMS_SHOWN, cut
-from policies.config import TopicRouting
-from policies.producer_state import ProducerStateTracker
-from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, load_config_and_rules
-from proxy.server import ProxyServer
-from settings.loading import ConfigError
+from kvproxy.policies.api import Need
+from kvproxy.policies.builtin.base import MAX_PROBLEMS_SHOWN, cut
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.producer_state import ProducerStateTracker
+from kvproxy.proxy.config import RELOADABLE_SECTIONS, ProxyConfig, load_config_and_rules
+from kvproxy.proxy.server import ProxyServer
+from kvproxy.settings.loading import ConfigError
 
 log = logging.getLogger("kvproxy.reload")
 

@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.static.primitive import i16
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     API_VERSIONS,
     DESCRIBE_CLUSTER,
     FETCH,

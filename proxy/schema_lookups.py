@@ -1,7 +1,7 @@
 """The schema ids a Produce request carries that the catalog lacks, read before its lookups:
 every partition's ids are looked up in one round, not one partition's per round.
 
-The records are read as the audit's id pass reads them (`policies.schemas.ids`), under the
+The records are read as the audit's id pass reads them (`kvproxy.policies.schemas.ids`), under the
 request's decoding allowance; a partition that does not parse or does not fit is skipped (its
 check answers it).
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policies.api import Verdict, parse_records
-from policies.chain import PolicyChain
-from policies.schemas.ids import add_schema_ids, schema_sides
-from protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
-from protocol.errors import DecodeError
-from protocol.messages import Request
+from kvproxy.policies.api import Verdict, parse_records
+from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.schemas.ids import add_schema_ids, schema_sides
+from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.messages import Request
 
 __all__ = ["request_schema_ids"]
 

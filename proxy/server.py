@@ -1,10 +1,15 @@
 """The relay's lifecycle: build its parts, start, serve, reload the rules, drain and stop.
 
-The parts, each in a module of its own: `proxy.listeners` (ports, connection limits, the node
-directory, upstream connects, readiness), `proxy.connection` and `proxy.upstream_connection`
-(one client connection and its broker side), `proxy.decisions` (the rules in force and where a
-Produce request is decided), `proxy.rejections` (log, metrics, journal and dead letters of what
-was refused). A connection is handed a `proxy.relay_state.ConnectionState`, never the server.
+The parts, each in a module of its own: `kvproxy.proxy.listeners` (ports, connection limits, the
+node
+directory, upstream connects, readiness), `kvproxy.proxy.connection` and
+`kvproxy.proxy.upstream_connection`
+(one client connection and its broker side), `kvproxy.proxy.decisions` (the rules in force and
+where a
+Produce request is decided), `kvproxy.proxy.rejections` (log, metrics, journal and dead letters of
+what
+was refused). A connection is handed a `kvproxy.proxy.relay_state.ConnectionState`, never the
+server.
 """
 
 from __future__ import annotations
@@ -15,25 +20,25 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies.config import TopicRouting
-from protocol.budget import MemoryBudget
-from protocol.errors import ProtocolError
-from protocol.framing import BufferPool
-from proxy.admin_connections import AdminConnections
-from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for
-from proxy.connection import ClientConnection
-from proxy.decisions import ProduceDecisions
-from proxy.errors import ProxyError
-from proxy.listeners import Listeners
-from proxy.memory import return_large_buffers_to_the_os
-from proxy.metrics import ProxyMetrics, start_http_endpoint
-from proxy.receive_memory import ReceiveMemory, ReceiveWaiters
-from proxy.rejections import RejectionSink, make_journal
-from proxy.relay_state import ConnectionState, ResponseTap, TaskCount
-from proxy.tls_context import client_side_ssl, upstream_side_ssl
-from proxy.topic_configs import TopicConfigCache
-from proxy.upstream_client import describe_failure, topics_exist
-from registry.catalog import RegistryCatalog
+from kvproxy.policies.config import TopicRouting
+from kvproxy.protocol.budget import MemoryBudget
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.framing import BufferPool
+from kvproxy.proxy.admin_connections import AdminConnections
+from kvproxy.proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for
+from kvproxy.proxy.connection import ClientConnection
+from kvproxy.proxy.decisions import ProduceDecisions
+from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.listeners import Listeners
+from kvproxy.proxy.memory import return_large_buffers_to_the_os
+from kvproxy.proxy.metrics import ProxyMetrics, start_http_endpoint
+from kvproxy.proxy.receive_memory import ReceiveMemory, ReceiveWaiters
+from kvproxy.proxy.rejections import RejectionSink, make_journal
+from kvproxy.proxy.relay_state import ConnectionState, ResponseTap, TaskCount
+from kvproxy.proxy.tls_context import client_side_ssl, upstream_side_ssl
+from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.upstream_client import describe_failure, topics_exist
+from kvproxy.registry.catalog import RegistryCatalog
 
 log = logging.getLogger("kvproxy")
 

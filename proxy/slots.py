@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import collections
 
-from protocol.errors import ProtocolError, UnsupportedVersion
-from protocol.framing import Frame
-from protocol.messages import PRODUCE, decode_response
-from proxy.produce import ProduceDecision
+from kvproxy.protocol.errors import ProtocolError, UnsupportedVersion
+from kvproxy.protocol.framing import Frame
+from kvproxy.protocol.messages import PRODUCE, decode_response
+from kvproxy.proxy.produce import ProduceDecision
 
 
 class Slot:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ssl
 
-from proxy.config import ProxyConfig
+from kvproxy.proxy.config import ProxyConfig
 
 
 def client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:

@@ -1,6 +1,6 @@
 """Topic settings (compaction, timestamps, sizes) learned from the cluster with DescribeConfigs.
 
-The broker's checks depend on a topic's settings (`policies.topic_settings`): whether it is
+The broker's checks depend on a topic's settings (`kvproxy.policies.topic_settings`): whether it is
 compacted, its timestamp type and bounds, its largest batch and segment. Operators should not
 have to repeat in kvproxy what the cluster already says. Answers are cached for `ttl`; a topic
 the cluster cannot describe (no such topic, or the request failed) is cached as unknown for
@@ -8,17 +8,20 @@ the cluster cannot describe (no such topic, or the request failed) is cached as 
 topics), and an unknown setting is left to the check's own default (an unknown compaction
 passes `compacted_key`, as a broker would accept it into a new, delete-policy topic).
 
-Clients choose the names, so asking is bounded too (`proxy.lookup_budget`): each connection may
+Clients choose the names, so asking is bounded too (`kvproxy.proxy.lookup_budget`): each connection
+may
 have `max_topics_per_request` new names described at once, then `lookups_per_client_per_second`
 a second; names asked together go in one request of up to `max_topics_per_request` names, at
 most `lookup_requests_per_second` requests a second on one kept connection
-(`proxy.admin_connections`), and at most `max_pending_topics` names wait. A name beyond these
+(`kvproxy.proxy.admin_connections`), and at most `max_pending_topics` names wait. A name beyond
+these
 bounds is decided as after a failed DescribeConfigs: its settings unknown, the request
 forwarded, and the broker answers it (Kafka: a Produce to no such topic gets
 UNKNOWN_TOPIC_OR_PARTITION, and a compacted topic refuses records without a key).
 
 The cache is bounded: at most `MAX_TOPICS` described names (the least recently used dropped
-first), and a name that cannot be a topic (`protocol.topics`) is never asked about or kept: it
+first), and a name that cannot be a topic (`kvproxy.protocol.topics`) is never asked about or kept:
+it
 counts as not compacted, and the broker refuses it anyway.
 """
 
@@ -32,14 +35,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from policies.topic_settings import from_cluster
-from protocol.errors import ProtocolError
-from protocol.topics import is_legal_topic_name
-from proxy.admin_connections import AdminConnections
-from proxy.config import TopicConfigsConfig
-from proxy.lookup_budget import ClientLookupBudget, RequestPacer
-from proxy.upstream_client import describe_topic_configs
+from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
+from kvproxy.policies.topic_settings import from_cluster
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.topics import is_legal_topic_name
+from kvproxy.proxy.admin_connections import AdminConnections
+from kvproxy.proxy.config import TopicConfigsConfig
+from kvproxy.proxy.lookup_budget import ClientLookupBudget, RequestPacer
+from kvproxy.proxy.upstream_client import describe_topic_configs
 
 log = logging.getLogger("kvproxy")
 
@@ -81,7 +84,8 @@ class TopicConfigCache:
         )
         self._pacer = RequestPacer(self._settings.lookup_requests_per_second)
         self.label_pacer = RequestPacer(self._settings.lookup_requests_per_second)
-        """Paces the Metadata requests asking which names exist (`proxy.topic_labels`): names
+        """Paces the Metadata requests asking which names exist (`kvproxy.proxy.topic_labels`):
+        names
         counted meanwhile wait for the next one."""
         self._queued: dict[str, asyncio.Future[None]] = {}
         self._asking: dict[str, asyncio.Future[None]] = {}

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-from protocol.topics import is_legal_topic_name
+from kvproxy.protocol.topics import is_legal_topic_name
 
 log = logging.getLogger("kvproxy")
 

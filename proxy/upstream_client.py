@@ -6,14 +6,20 @@ import asyncio
 import ssl
 from typing import Any
 
-from policies.topic_settings import ClusterSetting
-from protocol import admin
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.messages import DESCRIBE_CONFIGS, FETCH, LIST_OFFSETS, METADATA, decode_response
-from proxy.admin_connections import AdminConnections
-from proxy.fds import describe as describe_fd_shortage
-from proxy.fds import out_of_fds
+from kvproxy.policies.topic_settings import ClusterSetting
+from kvproxy.protocol import admin
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.framing import FrameDecoder
+from kvproxy.protocol.messages import (
+    DESCRIBE_CONFIGS,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    decode_response,
+)
+from kvproxy.proxy.admin_connections import AdminConnections
+from kvproxy.proxy.fds import describe as describe_fd_shortage
+from kvproxy.proxy.fds import out_of_fds
 
 
 def describe_failure(exc: BaseException, timeout_s: float) -> str:
@@ -84,7 +90,7 @@ async def answers_api_versions(
     serves nothing else before authentication."""
     from kio.schema.api_versions.v0.request import ApiVersionsRequest  # noqa: PLC0415
 
-    from protocol.messages import API_VERSIONS  # noqa: PLC0415
+    from kvproxy.protocol.messages import API_VERSIONS  # noqa: PLC0415
 
     try:
         answer = await _ask(
@@ -270,7 +276,7 @@ async def produce_batch(
     from kio.schema.types import TopicName  # noqa: PLC0415
     from kio.static.primitive import Records, i16, i32, i32Timedelta  # noqa: PLC0415
 
-    from protocol.messages import PRODUCE  # noqa: PLC0415
+    from kvproxy.protocol.messages import PRODUCE  # noqa: PLC0415
 
     body = ProduceRequest(
         transactional_id=None,
@@ -323,7 +329,7 @@ async def read_partition_since(
     `since_ms` up to the high watermark: (first offset, the records as fetched, whether the
     high watermark was reached within `max_bytes`). The first offset is -1 when no record is
     that recent. Raises `UpstreamError` on an error code."""
-    from protocol.records import iter_batches  # noqa: PLC0415
+    from kvproxy.protocol.records import iter_batches  # noqa: PLC0415
 
     asked = admin.list_offsets_request(
         _LIST_OFFSETS_VERSION, topic, {partition: since_ms}, timeout_s=timeout

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, cast
 
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from proxy.reasons import PauseReason
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.framing import FrameDecoder
+from kvproxy.proxy.reasons import PauseReason
 
 if TYPE_CHECKING:
-    from proxy.connection import ClientConnection
+    from kvproxy.proxy.connection import ClientConnection
 
 
 class UpstreamConnection(asyncio.BufferedProtocol):

@@ -33,9 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from proxy.config import ProxyConfig
-from proxy.metrics import start_http_endpoint
-from proxy.signals import queue_sighup
+from kvproxy.proxy.config import ProxyConfig
+from kvproxy.proxy.metrics import start_http_endpoint
+from kvproxy.proxy.signals import queue_sighup
 
 log = logging.getLogger("kvproxy")
 

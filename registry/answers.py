@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import orjson
 
-from policies.schemas.model import SchemaReference, SchemaType
+from kvproxy.policies.schemas.model import SchemaReference, SchemaType
 
 __all__ = [
     "AnswerError",

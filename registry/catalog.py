@@ -19,8 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from policies.schemas.formats import SchemaCompileError, compile_schema
-from policies.schemas.model import (
+from kvproxy.policies.schemas.formats import SchemaCompileError, compile_schema
+from kvproxy.policies.schemas.model import (
     CompiledSchema,
     ReferencedSchema,
     RegisteredSchema,
@@ -32,7 +32,7 @@ from policies.schemas.model import (
     SchemaType,
     UnknownSchema,
 )
-from registry.answers import (
+from kvproxy.registry.answers import (
     SCHEMA_NOT_FOUND,
     AnswerError,
     RegistryError,
@@ -44,9 +44,9 @@ from registry.answers import (
     subject_version_path,
     versions_path,
 )
-from registry.client import Answer, RegistryClient, RequestObserver, Unreachable
-from registry.lookup_slots import LookupSlots
-from settings.schema_registry import SchemaRegistryConfig
+from kvproxy.registry.client import Answer, RegistryClient, RequestObserver, Unreachable
+from kvproxy.registry.lookup_slots import LookupSlots
+from kvproxy.settings.schema_registry import SchemaRegistryConfig
 
 __all__ = ["CatalogObserver", "RegistryCatalog", "StaticCatalog", "resolve"]
 

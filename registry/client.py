@@ -19,8 +19,8 @@ import h11  # noqa: F401
 import httpcore  # noqa: F401
 import httpx
 
-from registry.answers import RegistryError, read_error
-from settings.schema_registry import SchemaRegistryConfig
+from kvproxy.registry.answers import RegistryError, read_error
+from kvproxy.settings.schema_registry import SchemaRegistryConfig
 
 __all__ = ["Answer", "RegistryClient", "Unreachable", "transport_failure"]
 

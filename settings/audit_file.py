@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies.builtin.base import ConfigProblem
-from policies.config import PolicyConfigError, TopicRouting
-from settings.errors import read_profile
-from settings.loading import read_document, report
-from settings.rules import RuleSections
-from settings.schema_registry import (
+from kvproxy.policies.builtin.base import ConfigProblem
+from kvproxy.policies.config import PolicyConfigError, TopicRouting
+from kvproxy.settings.errors import read_profile
+from kvproxy.settings.loading import read_document, report
+from kvproxy.settings.rules import RuleSections
+from kvproxy.settings.schema_registry import (
     SchemaRegistryConfig,
     read_registry_section,
     registry_missing,

@@ -2,7 +2,7 @@
 
 The proxy answers clients with these codes and the audit reports them, so both turn a verdict
 into a code here. No pydantic: the audit's executors import this module (the section's model is
-`settings.sections.ErrorsConfig`).
+`kvproxy.settings.sections.ErrorsConfig`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.api import Verdict
-from policies.builtin.base import ConfigProblem, short_repr
-from protocol.error_codes import ErrorProfile, Rejection, rejection_code
+from kvproxy.policies.api import Verdict
+from kvproxy.policies.builtin.base import ConfigProblem, short_repr
+from kvproxy.protocol.error_codes import ErrorProfile, Rejection, rejection_code
 
 __all__ = ["PROFILES", "profile_code", "read_profile"]
 

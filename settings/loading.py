@@ -13,9 +13,9 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from policies.builtin.base import MAX_PROBLEMS_SHOWN
-from policies.config import ConfigProblem, KeyPath, kind_of, spelling_hint
-from settings.yaml_file import ConfigFileError, LocatedProblem, locate, read_yaml_with_lines
+from kvproxy.policies.builtin.base import MAX_PROBLEMS_SHOWN
+from kvproxy.policies.config import ConfigProblem, KeyPath, kind_of, spelling_hint
+from kvproxy.settings.yaml_file import ConfigFileError, LocatedProblem, locate, read_yaml_with_lines
 
 __all__ = [
     "ConfigError",

@@ -1,5 +1,6 @@
 """The policy sections (`defaults`, `topics`): kept as data when the file is read, and built into
-a `TopicRouting` by `policies.config.build_routing`, which reports their problems in its words.
+a `TopicRouting` by `kvproxy.policies.config.build_routing`, which reports their problems in its
+words.
 
 The proxy builds them to serve and the audit to check stored records with the same rules, so a
 backtest answers what the proxy would.
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.config import KeyPath, TopicRouting, build_routing
-from policies.producer_state import ProducerStateTracker
+from kvproxy.policies.config import KeyPath, TopicRouting, build_routing
+from kvproxy.policies.producer_state import ProducerStateTracker
 
 __all__ = ["RULE_SECTIONS", "RuleSections"]
 

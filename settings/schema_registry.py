@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from policies.api import Need
-from policies.config import ConfigProblem, TopicRouting
-from settings.loading import Section, validate
-from settings.secrets import Secret
+from kvproxy.policies.api import Need
+from kvproxy.policies.config import ConfigProblem, TopicRouting
+from kvproxy.settings.loading import Section, validate
+from kvproxy.settings.secrets import Secret
 
 __all__ = [
     "REGISTRY_MISSING",

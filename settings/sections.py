@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from settings.loading import Section
+from kvproxy.settings.loading import Section
 
 __all__ = ["ErrorsConfig"]
 

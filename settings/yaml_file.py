@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import yaml
 
-from policies.builtin.base import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, cut
+from kvproxy.policies.builtin.base import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, cut
 
 __all__ = [
     "MAX_DEPTH",

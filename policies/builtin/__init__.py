@@ -1,8 +1,8 @@
 """The built-in policies. The YAML finds them by name through the entry points of the
-`kvproxy.policies` group (pyproject.toml, `policies.plugins`), as it finds anyone else's."""
+`kvproxy.policies` group (pyproject.toml, `kvproxy.policies.plugins`), as it finds anyone else's."""
 
 from __future__ import annotations
 
-from policies.builtin.base import BuiltinPolicy, PolicyConfigError, PolicyContext
+from kvproxy.policies.builtin.base import BuiltinPolicy, PolicyConfigError, PolicyContext
 
 __all__ = ["BuiltinPolicy", "PolicyConfigError", "PolicyContext"]

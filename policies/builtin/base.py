@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from policies.api import Need, ProducedRecords, Verdict
+from kvproxy.policies.api import Need, ProducedRecords, Verdict
 
 if TYPE_CHECKING:
-    from policies.producer_state import ProducerStateTracker
+    from kvproxy.policies.producer_state import ProducerStateTracker
 
 __all__ = [
     "MAX_PROBLEMS_SHOWN",
@@ -239,7 +239,7 @@ class BuiltinPolicy(abc.ABC):
 
     @classmethod
     def create(cls, context: PolicyContext, options: Mapping[str, Any]) -> Self:
-        """The policy configured with `options`: what `policies.plugins` calls by name."""
+        """The policy configured with `options`: what `kvproxy.policies.plugins` calls by name."""
         policy = cls(context)
         policy.configure(options)
         return policy

@@ -11,7 +11,7 @@ the inner CRC, which the batch view does not expose).
 
 from __future__ import annotations
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     MISSING_KEY,
     Need,
@@ -21,10 +21,10 @@ from policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.base import BuiltinPolicy
-from protocol import error_codes
-from protocol.compression import Codec
-from protocol.records import Record, RecordBatch
+from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import Record, RecordBatch
 
 __all__ = [
     "BatchIntegrityPolicy",

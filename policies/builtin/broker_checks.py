@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     INVALID_RECORD_REJECTION,
     MISSING_KEY,
@@ -16,10 +16,10 @@ from policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.broker import BatchIntegrityPolicy, CompactedKeyPolicy
-from policies.builtin.timestamps import TimestampsPolicy
-from protocol import error_codes
-from protocol.budget import ResourceLimit
+from kvproxy.policies.builtin.broker import BatchIntegrityPolicy, CompactedKeyPolicy
+from kvproxy.policies.builtin.timestamps import TimestampsPolicy
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.budget import ResourceLimit
 
 __all__ = ["BROKER_CHECKS", "BrokerChecks", "PolicyFailed", "merge_record_errors"]
 

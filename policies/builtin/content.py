@@ -2,7 +2,7 @@
 
 Each checks every record and rejects the partition with INVALID_RECORD (87) and one
 `record_errors` entry per failing record, under LogValidator's batch message (see
-`policies.api.record_errors_verdict`), except `max_record_bytes`, which answers
+`kvproxy.policies.api.record_errors_verdict`), except `max_record_bytes`, which answers
 MESSAGE_TOO_LARGE (10).
 """
 
@@ -18,7 +18,7 @@ import fastavro
 import fastjsonschema
 import orjson
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     ProducedRecords,
     RecordError,
@@ -26,10 +26,10 @@ from policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.base import BuiltinPolicy, short_repr
-from policies.linear_regex import LinearRegexError, compile_json_schema, compile_linear
-from protocol import error_codes
-from protocol.records import Record
+from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.linear_regex import LinearRegexError, compile_json_schema, compile_linear
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.records import Record
 
 __all__ = [
     "AvroPolicy",
@@ -227,7 +227,7 @@ def _json_error(exc: ValueError) -> str:
 
 class JsonSchemaPolicy(RecordCheckPolicy):
     """The value is JSON valid against the schema file `value` (compiled once, fastjsonschema;
-    its `pattern`s run on RE2, `policies.linear_regex`).
+    its `pattern`s run on RE2, `kvproxy.policies.linear_regex`).
 
     The message names the failing path as fastjsonschema does (`data.items[0].price must be ...`).
     """

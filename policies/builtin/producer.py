@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.api import ACCEPT, Need, ProducedRecords, Verdict
-from policies.builtin.base import BuiltinPolicy
-from policies.producer_state import ProducerStateTracker, next_sequence
-from protocol import error_codes
+from kvproxy.policies.api import ACCEPT, Need, ProducedRecords, Verdict
+from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.policies.producer_state import ProducerStateTracker, next_sequence
+from kvproxy.protocol import error_codes
 
 __all__ = ["ProducerStatePolicy"]
 

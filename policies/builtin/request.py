@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from policies.api import ACCEPT, ProducedRecords, Verdict
-from policies.builtin.base import BuiltinPolicy, short_repr
-from protocol import error_codes
-from protocol.compression import Codec
+from kvproxy.policies.api import ACCEPT, ProducedRecords, Verdict
+from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.compression import Codec
 
 __all__ = ["AcksPolicy", "CompressionPolicy"]
 

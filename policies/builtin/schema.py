@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     Need,
     ProducedRecords,
@@ -24,8 +24,8 @@ from policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.base import BuiltinPolicy, short_repr
-from policies.schemas.model import (
+from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.schemas.model import (
     CompiledSchema,
     LookupNeeded,
     RegistryUnavailable,
@@ -33,8 +33,8 @@ from policies.schemas.model import (
     SchemaCatalog,
     UnknownSchema,
 )
-from policies.schemas.wire import WireFormatError, read_schema_id
-from protocol import error_codes
+from kvproxy.policies.schemas.wire import WireFormatError, read_schema_id
+from kvproxy.protocol import error_codes
 
 __all__ = ["SchemaPolicy"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.api import (
+from kvproxy.policies.api import (
     ACCEPT,
     Need,
     ProducedRecords,
@@ -11,15 +11,15 @@ from policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from policies.builtin.base import BuiltinPolicy, short_repr
-from policies.builtin.broker import (
+from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.builtin.broker import (
     _CREATE_TIME,
     _LOG_APPEND_TIME,
     LONG_MAX,
     _iter_with_offsets,
     java_record,
 )
-from protocol import error_codes
+from kvproxy.protocol import error_codes
 
 __all__ = ["TimestampsPolicy"]
 

@@ -36,9 +36,9 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from policies.linear_regex import compile_json_schema
-from policies.schemas.model import CompiledSchema, RegisteredSchema, SchemaType
-from policies.schemas.wire import read_message_indexes
+from kvproxy.policies.linear_regex import compile_json_schema
+from kvproxy.policies.schemas.model import CompiledSchema, RegisteredSchema, SchemaType
+from kvproxy.policies.schemas.wire import read_message_indexes
 
 __all__ = [
     "PROTOBUF_TEXT_NOT_SUPPORTED",
@@ -236,7 +236,7 @@ class JsonSchema:
     """A JSON document valid against a JSON Schema (orjson, then fastjsonschema compiled once).
 
     The schema's regular expressions (`pattern`, `patternProperties`) are the registry's, so they
-    run on RE2 (`policies.linear_regex`): one RE2 cannot compile makes the schema unusable.
+    run on RE2 (`kvproxy.policies.linear_regex`): one RE2 cannot compile makes the schema unusable.
 
     A resolved reference is found under its `name` (the `$ref` as written) and under that name
     resolved against the schema's `$id`, which is how a relative `$ref` reaches it."""

@@ -1,16 +1,16 @@
 """The schema ids records carry, for the sides (values, keys) a topic's rule reads: what is
-looked up before the checks run. One reading for the audit's id pass (`pipeline.schema_ids`)
-and the proxy's lookups before a request is decided (`proxy.schema_lookups`)."""
+looked up before the checks run. One reading for the audit's id pass (`kvproxy.pipeline.schema_ids`)
+and the proxy's lookups before a request is decided (`kvproxy.proxy.schema_lookups`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from policies.api import Need, needs_of
-from policies.builtin.schema import SchemaPolicy
-from policies.chain import PolicyChain
-from policies.schemas.wire import SCHEMA_ID_HEADER, read_schema_id
-from protocol.records import Record
+from kvproxy.policies.api import Need, needs_of
+from kvproxy.policies.builtin.schema import SchemaPolicy
+from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.schemas.wire import SCHEMA_ID_HEADER, read_schema_id
+from kvproxy.protocol.records import Record
 
 __all__ = ["Sides", "add_schema_ids", "schema_sides"]
 

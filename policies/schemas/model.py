@@ -71,7 +71,8 @@ class RegisteredSchema:
 
 
 class CompiledSchema(Protocol):
-    """A registered schema made ready to check payloads (`policies.schemas.formats.compile`)."""
+    """A registered schema made ready to check payloads
+    (`kvproxy.policies.schemas.formats.compile`)."""
 
     def record_name(self, data: bytes, start: int) -> str:
         """The fully qualified name of the record type the payload claims (Avro: the top-level

@@ -5,13 +5,13 @@ the buffer with `struct`, nothing is decompressed or parsed until `records()` is
 parsing for magic 2 is aiokafka's C-accelerated reader, fed the (decompressed) batch; the legacy
 formats are small enough to parse here, which also gives us what aiokafka hides (inner attributes,
 inner CRCs, Kafka 0.8's lz4 framing). Library types and exceptions never leave this package: every
-failure is a `protocol.errors.DecodeError`.
+failure is a `kvproxy.protocol.errors.DecodeError`.
 """
 
-from protocol.records.batch import RecordBatch
-from protocol.records.readers import iter_batches, read_batch, read_batches
-from protocol.records.record import Header, Record, RecordInput, RecordScan
-from protocol.records.writer import build_batch
+from kvproxy.protocol.records.batch import RecordBatch
+from kvproxy.protocol.records.readers import iter_batches, read_batch, read_batches
+from kvproxy.protocol.records.record import Header, Record, RecordInput, RecordScan
+from kvproxy.protocol.records.writer import build_batch
 
 __all__ = [
     "Header",

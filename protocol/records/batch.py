@@ -10,10 +10,10 @@ from typing import Any
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch
 
-from protocol.budget import Allowance
-from protocol.compression import CODEC_MASK, Codec, codec_from_id, decompress
-from protocol.errors import CorruptRecords, InvalidRecords
-from protocol.records.layout import (
+from kvproxy.protocol.budget import Allowance
+from kvproxy.protocol.compression import CODEC_MASK, Codec, codec_from_id, decompress
+from kvproxy.protocol.errors import CorruptRecords, InvalidRecords
+from kvproxy.protocol.records.layout import (
     CONTROL_BIT,
     LOG_OVERHEAD,
     MAGIC_POS,
@@ -27,10 +27,10 @@ from protocol.records.layout import (
     V2_HEADER,
     V2_HEADER_SIZE,
 )
-from protocol.records.legacy import Message, legacy_record, parse_message
-from protocol.records.record import Record, RecordScan
-from protocol.records.skim import SKIM_FROM_BYTES_PER_RECORD, skim_v2
-from protocol.records.structure import PREMATURE_EOF, RECORDS_REMAINING, v2_structure_error
+from kvproxy.protocol.records.legacy import Message, legacy_record, parse_message
+from kvproxy.protocol.records.record import Record, RecordScan
+from kvproxy.protocol.records.skim import SKIM_FROM_BYTES_PER_RECORD, skim_v2
+from kvproxy.protocol.records.structure import PREMATURE_EOF, RECORDS_REMAINING, v2_structure_error
 
 _tuple_new = tuple.__new__
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.errors import CorruptRecords
-from protocol.records.layout import (
+from kvproxy.protocol.errors import CorruptRecords
+from kvproxy.protocol.records.layout import (
     INT32,
     LOG_OVERHEAD,
     MAGIC_POS,
@@ -13,7 +13,7 @@ from protocol.records.layout import (
     V0_HEADER,
     V1_HEADER,
 )
-from protocol.records.record import Record
+from kvproxy.protocol.records.record import Record
 
 
 class Message(NamedTuple):

@@ -7,9 +7,14 @@ from collections.abc import Collection
 
 import crc32c
 
-from protocol.records.layout import CONTROL_BIT, TRANSACTIONAL_BIT, V2_ATTRIBUTES_POS, V2_CRC_POS
-from protocol.records.readers import read_batches
-from protocol.records.writer import build_batch
+from kvproxy.protocol.records.layout import (
+    CONTROL_BIT,
+    TRANSACTIONAL_BIT,
+    V2_ATTRIBUTES_POS,
+    V2_CRC_POS,
+)
+from kvproxy.protocol.records.readers import read_batches
+from kvproxy.protocol.records.writer import build_batch
 
 _PRODUCER_FIELDS = struct.Struct(">qhi")
 _PRODUCER_ID_POS = 43

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from protocol.budget import Allowance
-from protocol.errors import BatchFraming, BufferUnderflow, CorruptRecords
-from protocol.records.batch import RecordBatch
-from protocol.records.layout import LOG_OVERHEAD, MAGIC_POS, MIN_LENGTH, MIN_LENGTH_BY_MAGIC, PREFIX
+from kvproxy.protocol.budget import Allowance
+from kvproxy.protocol.errors import BatchFraming, BufferUnderflow, CorruptRecords
+from kvproxy.protocol.records.batch import RecordBatch
+from kvproxy.protocol.records.layout import (
+    LOG_OVERHEAD,
+    MAGIC_POS,
+    MIN_LENGTH,
+    MIN_LENGTH_BY_MAGIC,
+    PREFIX,
+)
 
 
 def read_batch(

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import crc32c
 
-from protocol.errors import BufferUnderflow, CorruptRecords, DecodeError
-from protocol.records.layout import (
+from kvproxy.protocol.errors import BufferUnderflow, CorruptRecords, DecodeError
+from kvproxy.protocol.records.layout import (
     LOG_OVERHEAD,
     MIN_LENGTH,
     MIN_LENGTH_BY_MAGIC,

@@ -12,8 +12,8 @@ None and the caller reads the batch with the C reader, whose error is the one an
 
 from __future__ import annotations
 
-from protocol.records.layout import V2_HEADER_SIZE
-from protocol.records.record import RecordScan
+from kvproxy.protocol.records.layout import V2_HEADER_SIZE
+from kvproxy.protocol.records.record import RecordScan
 
 __all__ = ["SKIM_FROM_BYTES_PER_RECORD", "skim_v2"]
 

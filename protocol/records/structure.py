@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.records.layout import V2_HEADER_SIZE
+from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 
 PREMATURE_EOF = "Incorrect declared batch size, premature EOF reached"
 RECORDS_REMAINING = "Incorrect declared batch size, records still remaining in file"

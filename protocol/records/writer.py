@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from protocol.compression import CODEC_MASK, Codec, compress
-from protocol.errors import EncodeError
-from protocol.records.layout import (
+from kvproxy.protocol.compression import CODEC_MASK, Codec, compress
+from kvproxy.protocol.errors import EncodeError
+from kvproxy.protocol.records.layout import (
     CONTROL_BIT,
     INT32,
     LOG_OVERHEAD,
@@ -23,7 +23,7 @@ from protocol.records.layout import (
     V2_CRC_POS,
     V2_HEADER_SIZE,
 )
-from protocol.records.record import RecordInput
+from kvproxy.protocol.records.record import RecordInput
 
 
 def build_batch(

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.job import AuditRequest, run_audit
+from kvproxy.pipeline.job import AuditRequest, run_audit
 
 
 def write_config(folder: Path, text: str) -> str:

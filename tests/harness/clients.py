@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.proxy import RunningProxy
 
 

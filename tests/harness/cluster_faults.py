@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     DESCRIBE_CLUSTER,
     FETCH,
     FIND_COORDINATOR,

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.differential_cases import Case, adjust
 from tests.harness.fuzz import produce_request
 from tests.harness.raw_client import (

@@ -26,10 +26,10 @@ from typing import Any
 import crc32c
 import pytest
 
-from protocol.compression import Codec, compress, decompress
-from protocol.errors import ProtocolError
-from protocol.messages import PRODUCE, decode_request
-from protocol.records import build_batch
+from kvproxy.protocol.compression import Codec, compress, decompress
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.messages import PRODUCE, decode_request
+from kvproxy.protocol.records import build_batch
 from tests.harness import fuzz
 from tests.harness.fuzz import encode_varint as _varint
 from tests.harness.kafka_parity import (

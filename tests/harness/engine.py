@@ -1,14 +1,15 @@
-"""Driving `proxy.produce.ProduceEngine` without sockets: a one-record batch, a decision on a
+"""Driving `kvproxy.proxy.produce.ProduceEngine` without sockets: a one-record batch, a decision on
+a
 whole Produce request, and the broker's answer to what was forwarded."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol.messages import PRODUCE, decode_request, encode_response, make_response
-from protocol.produce import partition_answer, produce_answer, produce_response_types
-from protocol.records import build_batch
-from proxy.produce import ProduceEngine
+from kvproxy.protocol.messages import PRODUCE, decode_request, encode_response, make_response
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.produce import ProduceEngine
 from tests.harness.fuzz import produce_request
 
 TOPIC = "orders"

@@ -43,9 +43,9 @@ from typing import Any, Final
 import cramjam
 import crc32c
 
-from protocol.compression import Codec, compress
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from kvproxy.protocol.compression import Codec, compress
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.messages import (
     API_VERSIONS,
     CODEC_KEYS,
     METADATA,
@@ -55,7 +55,7 @@ from protocol.messages import (
     make_request,
     supported_versions,
 )
-from protocol.records import build_batch, iter_batches
+from kvproxy.protocol.records import build_batch, iter_batches
 
 GOLDEN: Final = Path(__file__).resolve().parents[1] / "golden"
 TIMESTAMP_MS: Final = 1_790_000_000_000
@@ -106,7 +106,7 @@ def produce_request(
     from kio.static.primitive import i16, i32, i32Timedelta
 
     if version <= 2:
-        schema: Any = importlib.import_module("protocol.legacy_messages")
+        schema: Any = importlib.import_module("kvproxy.protocol.legacy_messages")
         request_type = getattr(schema, f"ProduceRequestV{version}")
     else:
         schema = importlib.import_module(f"kio.schema.produce.v{version}.request")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protocol.records import build_batch
-from proxy.quarantine import QuarantineEntry
+from kvproxy.journal import QuarantineEntry
+from kvproxy.protocol.records import build_batch
 
 BATCH = build_batch([(b"k1", b"bad value", [("h", b"v")], 1000), (None, b"\xff", None, 1001)])
 

@@ -2,7 +2,8 @@
 one Produce request through `ProduceEngine` as a client sees it.
 
 Kafka's tests corrupt batches with `ByteBuffer.put*` after building them; the helpers here do the
-same to bytes from `protocol.records.build_batch`, or write the batch by hand where the builder
+same to bytes from `kvproxy.protocol.records.build_batch`, or write the batch by hand where the
+builder
 cannot express the input (records with chosen offset deltas, an empty batch, inner messages of
 another magic).
 """
@@ -18,19 +19,19 @@ from typing import Any
 
 import crc32c
 
-from policies.api import Verdict
-from policies.config import build_routing
-from protocol.compression import Codec, compress
-from protocol.messages import (
+from kvproxy.policies.api import Verdict
+from kvproxy.policies.config import build_routing
+from kvproxy.protocol.compression import Codec, compress
+from kvproxy.protocol.messages import (
     PRODUCE,
     decode_request,
     decode_response,
     encode_response,
     make_response,
 )
-from protocol.produce import partition_answer, produce_answer, produce_response_types
-from protocol.records import build_batch
-from proxy.produce import ProduceEngine, ProduceSettings
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
 from tests.harness.fuzz import produce_request
 
 NOW = 1_700_000_000_000

@@ -8,13 +8,13 @@ from typing import Any
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from policies.schemas.model import (
+from kvproxy.policies.schemas.model import (
     ReferencedSchema,
     RegisteredSchema,
     SchemaReference,
     SchemaType,
 )
-from policies.schemas.wire import read_schema_id
+from kvproxy.policies.schemas.wire import read_schema_id
 
 TOPIC = "orders"
 VALUE = SerializationContext(TOPIC, MessageField.VALUE)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from protocol.messages import API_VERSIONS, decode_response
+from kvproxy.protocol.messages import API_VERSIONS, decode_response
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.requests import api_versions_request
 

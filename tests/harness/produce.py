@@ -7,8 +7,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from protocol.messages import FETCH, PRODUCE, decode_response
-from protocol.records import RecordBatch, build_batch, iter_batches
+from kvproxy.protocol.messages import FETCH, PRODUCE, decode_response
+from kvproxy.protocol.records import RecordBatch, build_batch, iter_batches
 from tests.harness import Broker
 from tests.harness.fuzz import produce_request
 from tests.harness.raw_client import RawKafkaClient

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies import ProducedRecords, parse_records
+from kvproxy.policies import ProducedRecords, parse_records
 
 NOW = 1_700_000_000_000
 

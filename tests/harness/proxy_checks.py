@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.messages import API_VERSIONS, decode_response
+from kvproxy.protocol.messages import API_VERSIONS, decode_response
 from tests.harness.proxy import RunningProxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import api_versions_request, correlation_id_of

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from proxy.quarantine import QuarantineEntry
+from kvproxy.journal import QuarantineEntry
 from tests.harness.metrics import scrape, value
 from tests.harness.processes import kvproxy
 from tests.harness.proxy import RunningProxy

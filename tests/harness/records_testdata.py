@@ -7,7 +7,7 @@ from typing import Any
 
 from kafka.record import MemoryRecords
 
-from protocol.compression import Codec
+from kvproxy.protocol.compression import Codec
 
 TESTDATA = Path(__file__).resolve().parents[1] / "data"
 KAFKA_LOGS = TESTDATA / "kafka-logs"

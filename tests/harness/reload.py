@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
 from tests.harness.processes import HOST, REPO, wait_for_answer
 from tests.harness.produce import JSON_ONLY, batch, partitions_of, produce_frame

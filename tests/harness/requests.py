@@ -8,7 +8,7 @@ import struct
 import uuid
 from typing import Any
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     API_VERSIONS,
     FETCH,
     METADATA,
@@ -17,7 +17,7 @@ from protocol.messages import (
     encode_request,
     make_request,
 )
-from protocol.records import build_batch, iter_batches
+from kvproxy.protocol.records import build_batch, iter_batches
 from tests.harness.raw_client import RawKafkaClient
 
 CLIENT_ID = "kvproxy-ordering"

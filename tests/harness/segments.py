@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kafka.record import MemoryRecords
 
-from protocol.records import read_batch
+from kvproxy.protocol.records import read_batch
 
 TESTDATA_LOGS = Path(__file__).resolve().parents[1] / "data" / "kafka-logs"
 

@@ -39,7 +39,7 @@ correlation_id)``. A request with an api key or version outside the table, or on
 decode, makes the node close the connection (and is not recorded).
 
 Implementation: one accept thread per node, one thread per connection, blocking sockets; the
-project's codec (``protocol.messages``, kio schemas) builds the answers.
+project's codec (``kvproxy.protocol.messages``, kio schemas) builds the answers.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any, Final
 
-from protocol.framing import FrameDecoder, frame
-from protocol.messages import (
+from kvproxy.protocol.framing import FrameDecoder, frame
+from kvproxy.protocol.messages import (
     API_VERSIONS,
     DESCRIBE_CLUSTER,
     FETCH,
@@ -421,7 +421,7 @@ class StubCluster:
     # -- answers ---------------------------------------------------------------------------
     @staticmethod
     def _response_type(api_key: int, api_version: int) -> type:
-        from protocol.messages import codec_for
+        from kvproxy.protocol.messages import codec_for
 
         return codec_for(api_key, api_version).response_type
 

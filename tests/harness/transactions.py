@@ -7,7 +7,7 @@ import struct
 import time
 from typing import Any
 
-from protocol.records import RecordBatch
+from kvproxy.protocol.records import RecordBatch
 from tests.harness.produce import CLIENT_ID, stored_batches
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.upstream import Upstream

@@ -7,9 +7,9 @@ import struct
 
 import crc32c
 
-from protocol.compression import Codec
-from protocol.records import build_batch
-from protocol.records.layout import V2_ATTRIBUTES_POS, V2_CRC_POS, V2_HEADER_SIZE
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
+from kvproxy.protocol.records.layout import V2_ATTRIBUTES_POS, V2_CRC_POS, V2_HEADER_SIZE
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 

@@ -17,7 +17,7 @@ import crc32c
 import pytest
 from confluent_kafka import KafkaError, Producer
 
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 from tests.harness.produce import produce, record_errors, stored
 from tests.harness.proxy import run_proxy
 from tests.harness.upstream import Upstream

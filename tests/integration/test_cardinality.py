@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies import config as policies_config
-from proxy import logs, rejections, topic_configs, topic_labels
+from kvproxy.policies import config as policies_config
+from kvproxy.proxy import logs, rejections, topic_configs, topic_labels
 from tests.harness import Broker
 from tests.harness.fuzz import produce_request
 from tests.harness.metrics import get

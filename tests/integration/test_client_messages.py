@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import PRODUCE
-from proxy.logs import TEXT_FORMAT, JsonFormatter
+from kvproxy.protocol.messages import PRODUCE
+from kvproxy.proxy.logs import TEXT_FORMAT, JsonFormatter
 from tests.harness.clients import LINGER_MS
 from tests.harness.flipping_relay import MARK, PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.kcat import run_kcat

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import decode_response
-from protocol.records import RecordBatch
+from kvproxy.protocol.messages import decode_response
+from kvproxy.protocol.records import RecordBatch
 from tests.harness.metrics import scrape, value
 from tests.harness.produce import stored_batches
 from tests.harness.proxy import RunningProxy, run_proxy
@@ -254,8 +254,8 @@ def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_onc
     import cramjam
     from confluent_kafka import Producer
 
-    from protocol.messages import PRODUCE
-    from proxy.quarantine import JournalReader
+    from kvproxy.journal import JournalReader
+    from kvproxy.protocol.messages import PRODUCE
 
     topic = make_topic(1)
     upstream.create_topic(1, name=topic + ".dlq")

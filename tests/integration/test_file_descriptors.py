@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from protocol.messages import API_VERSIONS, decode_response
+from kvproxy.protocol.messages import API_VERSIONS, decode_response
 from tests.harness import Broker
 from tests.harness.fuzz import api_versions_request
 from tests.harness.processes import REPO, wait_for_answer

@@ -21,10 +21,16 @@ import pytest
 import yaml
 
 from kvproxy.cli import main
-from protocol.messages import METADATA, PRODUCE, decode_response, encode_request, make_request
-from protocol.records import build_batch
-from proxy.config import ProxyConfig
-from proxy.errors import ProxyError
+from kvproxy.protocol.messages import (
+    METADATA,
+    PRODUCE,
+    decode_response,
+    encode_request,
+    make_request,
+)
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.config import ProxyConfig
+from kvproxy.proxy.errors import ProxyError
 from tests.harness import Broker, RawKafkaClient, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through, sasl_plain_producer
 from tests.harness.fuzz import produce_request

@@ -53,11 +53,11 @@ from typing import Final
 
 import uvloop
 
-from protocol.compression import MAX_DECOMPRESSED_BYTES, Codec, compress
-from protocol.errors import ProtocolError
-from protocol.messages import API_VERSIONS, PRODUCE, decode_response
-from protocol.records import build_batch
-from proxy.slots import MAX_SILENT_SLOTS
+from kvproxy.protocol.compression import MAX_DECOMPRESSED_BYTES, Codec, compress
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.messages import API_VERSIONS, PRODUCE, decode_response
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.slots import MAX_SILENT_SLOTS
 from tests.harness import fuzz
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
@@ -79,7 +79,7 @@ SETTLE_TRIES: Final = 3
 """Measurements after the replay, one second apart, before a growth counts as a leak."""
 REPLAY_RSS_TOLERANCE: Final = 64 * 1024 * 1024
 """The proxy's buffer pool may keep up to 64 MiB of large-frame buffers for reuse
-(`protocol.framing.BufferPool`); the allocators keep freed arenas."""
+(`kvproxy.protocol.framing.BufferPool`); the allocators keep freed arenas."""
 
 _SIZE = struct.Struct(">i")
 
@@ -322,7 +322,8 @@ def _peer(conn: socket.socket) -> tuple[str, int] | None:
 
 def _stub_quiet(cluster: StubCluster, proxy: RunningProxy, timeout: float = 10.0) -> list[str]:
     """Wait until the stub holds no connection but the proxy's kept one for its own requests
-    (`proxy.admin_connections`), so every frame it will receive is recorded; the stacks of its
+    (`kvproxy.proxy.admin_connections`), so every frame it will receive is recorded; the stacks of
+    its
     connection threads still running after `timeout` (a stub stuck on a frame).
 
     Then forget the stub's finished connection threads: it keeps every thread it started, which

@@ -16,8 +16,8 @@ from typing import Any
 import cramjam
 import pytest
 
-from protocol.compression import Codec
-from protocol.records import build_batch
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 from tests.harness import Broker
 from tests.harness.metrics import closed, scrape, value
 from tests.harness.produce import produce, record_errors, stored
@@ -146,7 +146,7 @@ class Gate:
         pass
 
     def validate(self, topic, partition, produced):
-        from policies.api import ACCEPT
+        from kvproxy.policies.api import ACCEPT
         produced.record_tuple()
         threads.append(threading.current_thread().name)
         started.set()
@@ -224,7 +224,7 @@ def test_later_requests_on_the_connection_are_answered_in_order_after_an_off_loo
 ) -> None:
     """A request decided off the loop holds the connection's later requests: answers leave in
     request order."""
-    from protocol.messages import PRODUCE, decode_response
+    from kvproxy.protocol.messages import PRODUCE, decode_response
     from tests.harness.produce import produce_frame
     from tests.harness.raw_client import RawKafkaClient
 
@@ -369,7 +369,7 @@ def test_bad_timestamps_are_answered_without_decoding_every_record(
     INVALID_TIMESTAMP with the first 1,000 record errors, as the broker words them."""
     import time
 
-    from protocol.messages import PRODUCE, decode_response
+    from kvproxy.protocol.messages import PRODUCE, decode_response
     from tests.harness.produce import partitions_of, produce_frame
     from tests.harness.raw_client import RawKafkaClient
 
@@ -399,7 +399,7 @@ def test_a_legacy_wrapper_past_the_budget_is_answered_and_the_connection_kept(
     """A magic 1 gzip wrapper (Produce v2) expanding to 12 MiB under an 8 MiB budget: its inner
     messages cannot be counted, its check cannot run: MESSAGE_TOO_LARGE, on a connection that
     then serves the next request (counting it for the metrics decodes nothing)."""
-    from protocol.messages import PRODUCE, decode_response
+    from kvproxy.protocol.messages import PRODUCE, decode_response
     from tests.harness.produce import partitions_of, produce_frame
     from tests.harness.raw_client import RawKafkaClient
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-import proxy.quarantine.journal as journal_module
-from protocol.journal import iter_entries
-from proxy.quarantine import JournalReader
-from proxy.quarantine.reader import list_segments
+import kvproxy.journal.writer as journal_module
+from kvproxy.journal import JournalReader
+from kvproxy.journal.reader import list_segments
+from kvproxy.protocol.journal import iter_entries
 from tests.harness import Broker, create_topic
 from tests.harness.flipping_relay import FLIPPED, MARK, PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.metrics import scrape, value
@@ -160,7 +160,7 @@ def test_dead_letters_pending_stay_within_their_bytes(
     and said once."""
     import asyncio
 
-    import proxy.dead_letter_sender as sender_module
+    import kvproxy.proxy.dead_letter_sender as sender_module
 
     gate = threading.Event()
     sent: list[str] = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.metrics import scrape, value
 from tests.harness.produce import batch, partitions_of, produce_frame, stored
 from tests.harness.proxy import RunningProxy, run_proxy

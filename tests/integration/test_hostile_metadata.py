@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import METADATA, decode_response
+from kvproxy.protocol.messages import METADATA, decode_response
 from tests.harness import Broker
 from tests.harness.processes import wait_until
 from tests.harness.produce import batch, produce, stored
@@ -26,7 +26,7 @@ def test_an_innocent_client_is_answered_while_a_large_metadata_answer_is_rewritt
 ) -> None:
     """The large answer's decoding is held on a gate: another client's Produce is answered
     meanwhile (before: rewritten on the loop, which the gate then held: nobody answered)."""
-    from protocol.messages import decode_response as real_decode
+    from kvproxy.protocol.messages import decode_response as real_decode
 
     reached, gate = threading.Event(), threading.Event()
 
@@ -36,7 +36,7 @@ def test_an_innocent_client_is_answered_while_a_large_metadata_answer_is_rewritt
             assert gate.wait(60)
         return real_decode(frame, api_key, api_version)
 
-    monkeypatch.setattr("proxy.rewrite.decode_response", gated)
+    monkeypatch.setattr("kvproxy.proxy.rewrite.decode_response", gated)
     names = [f"hostile-{i:06d}" for i in range(TOPICS)]
     with (
         run_proxy(tansu.bootstrap) as running,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import PRODUCE, decode_response
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
 from tests.harness.metrics import closed, scrape, value
 from tests.harness.partitions import many_partitions_request
@@ -121,14 +121,14 @@ def test_an_innocent_client_is_answered_while_the_hostile_request_is_being_refus
     loop is not held by the hostile request (before: decoded, checked and answered on the loop,
     the gate never reached)."""
     reached, gate = threading.Event(), threading.Event()
-    from protocol.produce_shape import refusal_answer as real_refusal
+    from kvproxy.protocol.produce_shape import refusal_answer as real_refusal
 
     def gated(*args: Any, **kwargs: Any) -> bytes:
         reached.set()
         assert gate.wait(60)
         return real_refusal(*args, **kwargs)
 
-    monkeypatch.setattr("proxy.partition_limit.refusal_answer", gated)
+    monkeypatch.setattr("kvproxy.proxy.partition_limit.refusal_answer", gated)
     payload = many_partitions_request(8, {topic: HOSTILE}, correlation_id=9)
     with run_proxy(tansu.bootstrap) as proxy:
         with RawKafkaClient(proxy.host, proxy.port) as hostile:

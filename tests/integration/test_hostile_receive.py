@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 from tests.harness import Broker
 from tests.harness.metrics import closed, scrape, value
 from tests.harness.produce import produce_frame, stored

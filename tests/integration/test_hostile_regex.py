@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from protocol import error_codes
-from protocol.messages import PRODUCE, decode_response
-from protocol.records import build_batch
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.records import build_batch
 from tests.harness import Broker
 from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.produce import produce, stored

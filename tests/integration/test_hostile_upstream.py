@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
+from kvproxy.protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
 from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.metrics import scrape, value

@@ -31,8 +31,8 @@ from kio.schema.produce.v13.request import PartitionProduceData, TopicProduceDat
 from kio.schema.produce.v13.request import ProduceRequest as ProduceRequestV13
 from kio.static.primitive import i16, i32, i32Timedelta
 
-from protocol.messages import PRODUCE, decode_response, encode_request, make_request
-from protocol.records import build_batch
+from kvproxy.protocol.messages import PRODUCE, decode_response, encode_request, make_request
+from kvproxy.protocol.records import build_batch
 from tests.harness.java_client import (
     TELEMETRY_REPORTER,
     brokers_load_the_reporter,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import FETCH, METADATA, PRODUCE, decode_response
+from kvproxy.protocol.messages import FETCH, METADATA, PRODUCE, decode_response
 from tests.harness.cluster_faults import (
     ACKS_PER_PHASE,
     NOT_LEADER_OR_FOLLOWER,

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kafka import KafkaProducer
 from kafka.errors import CorruptRecordError, InvalidRecordError, KafkaConnectionError
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import (

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from kvproxy.cli import main as kvproxy
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster
 from tests.harness.produce import produce
 from tests.harness.proxy import RunningProxy, run_proxy

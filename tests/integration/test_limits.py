@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import METADATA, decode_response
+from kvproxy.protocol.messages import METADATA, decode_response
 from tests.harness import Broker
 from tests.harness.metrics import closed
 from tests.harness.produce import batch, produce, stored
@@ -191,7 +191,7 @@ def test_slow_but_progressing_sender_is_not_dropped(tansu: Broker) -> None:
 # ---- records per Produce request ----
 
 EXPLODING = '''
-from policies.api import ACCEPT
+from kvproxy.policies.api import ACCEPT
 
 
 class Exploding:

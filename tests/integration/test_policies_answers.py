@@ -1,6 +1,8 @@
 """Produce answers of the validation engine, seen by a raw client, Tansu and Apache Kafka behind.
-Each request is built with the project codec (`protocol.messages`, kio's request classes) and
-`protocol.records.build_batch`, sent through kvproxy, and the decoded answer is checked field by
+Each request is built with the project codec (`kvproxy.protocol.messages`, kio's request classes)
+and
+`kvproxy.protocol.records.build_batch`, sent through kvproxy, and the decoded answer is checked
+field by
 field (error_code, error_message, record_errors). What reached the broker is read back with a Fetch
 sent straight to the broker, so "nothing stored" means the broker's log really is empty
 (helpers: `tests/harness/produce.py`).
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.produce import (
     ANOTHER_PARTITION,
     CORRUPT_MESSAGE,

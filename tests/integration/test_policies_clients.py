@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.clients import LINGER_MS, confluent_send, consume, produce_partitions
 from tests.harness.proxy import run_proxy
 from tests.harness.upstream import Upstream

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness import Broker
 from tests.harness.clients import LINGER_MS, consume, produce_partitions
 from tests.harness.produce import batch, produce, record_errors, stored
@@ -129,7 +129,7 @@ async def test_currency_policy_aiokafka(tansu: Broker, make_topic: Any) -> None:
 
 
 CRASHY = '''
-from policies import ACCEPT
+from kvproxy.policies import ACCEPT
 
 
 class Crashy:

@@ -65,7 +65,7 @@ def test_timestamp_out_of_bounds_per_version(
 
 
 def build_batch_with_timestamp(value: bytes, timestamp: int) -> bytes:
-    from protocol.records import build_batch
+    from kvproxy.protocol.records import build_batch
 
     return build_batch([(b"k", value, None, timestamp)])
 
@@ -177,7 +177,7 @@ def test_pipelined_requests_while_compaction_is_discovered_keep_their_order(
     """The first request makes the proxy ask DescribeConfigs; the ones behind it wait their turn."""
     import struct
 
-    from protocol.messages import PRODUCE, decode_response
+    from kvproxy.protocol.messages import PRODUCE, decode_response
     from tests.harness.produce import partitions_of
     from tests.harness.requests import metadata_request
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.messages import PRODUCE, decode_response
-from protocol.records import build_batch
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.records import build_batch
 from tests.harness.metrics import scrape, value
 from tests.harness.processes import wait_until
 from tests.harness.produce import (

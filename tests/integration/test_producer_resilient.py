@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from policies import ACCEPT, Verdict
-from producer import (
+from kvproxy.policies import ACCEPT, Verdict
+from kvproxy.producer import (
     CommitFailedError,
     FailureType,
     IdempotenceUnavailableError,
     ProduceFailedError,
 )
-from producer.compat import enable_transactions
-from producer.resilient import ResilientProducer
-from producer.transactions import Transaction, run_transaction
-from protocol.messages import PRODUCE, decode_response
+from kvproxy.producer.compat import enable_transactions
+from kvproxy.producer.resilient import ResilientProducer
+from kvproxy.producer.transactions import Transaction, run_transaction
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.upstream import Upstream
 

@@ -1,4 +1,5 @@
-"""producer.transactions.run_transaction (and producer.compat) through kvproxy in front of Tansu
+"""kvproxy.producer.transactions.run_transaction (and producer.compat) through kvproxy in front of
+Tansu
 and of Apache Kafka 4.4.
 
 On Kafka every transaction works as documented: aiokafka's own InitProducerId v0 starts a
@@ -36,15 +37,15 @@ from aiokafka.errors import OutOfOrderSequenceNumber, ProducerFenced, UnknownErr
 from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.structs import TopicPartition
 
-from producer.compat import (
+from kvproxy.producer.compat import (
     BrokerError,
     InitProducerIdRequest,
     enable_transactions,
     fatal_error,
 )
-from producer.errors import Classification, CommitFailedError, classify
-from producer.transactions import Transaction, TransactionOver, run_transaction
-from protocol.error_codes import INVALID_RECORD
+from kvproxy.producer.errors import Classification, CommitFailedError, classify
+from kvproxy.producer.transactions import Transaction, TransactionOver, run_transaction
+from kvproxy.protocol.error_codes import INVALID_RECORD
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.transactions import ABORT, COMMIT, log_of
 from tests.harness.upstream import Upstream

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     DESCRIBE_CLUSTER,
     FETCH,
     FIND_COORDINATOR,
@@ -192,7 +192,7 @@ def test_consumer_group_commits_and_resumes(proxy: RunningProxy, upstream: Upstr
 def test_metadata_every_version_names_only_proxy_listeners(
     proxy: RunningProxy, upstream: Upstream, version: int
 ) -> None:
-    from protocol.messages import codec_for, encode_request, make_request
+    from kvproxy.protocol.messages import codec_for, encode_request, make_request
     from tests.harness.raw_client import RawKafkaClient
 
     request_type = codec_for(METADATA, version).request_type

@@ -12,7 +12,7 @@ import pytest
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     DESCRIBE_CLUSTER,
     FIND_COORDINATOR,
     METADATA,
@@ -22,7 +22,7 @@ from protocol.messages import (
     encode_request,
     make_request,
 )
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.stub_upstream import StubCluster, run_stub_cluster

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from protocol.messages import METADATA, PRODUCE, decode_response
+from kvproxy.protocol.messages import METADATA, PRODUCE, decode_response
 from tests.harness import Broker, create_topic, run_tansu, unique_topic_name
 from tests.harness.clients import produce_and_consume
 from tests.harness.proxy import RunningProxy, proxy_config, run_proxy

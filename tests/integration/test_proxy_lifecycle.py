@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kvproxy.cli import main
-from protocol.messages import API_VERSIONS, FETCH, decode_response
+from kvproxy.protocol.messages import API_VERSIONS, FETCH, decode_response
 from tests.harness import Broker, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through
 from tests.harness.processes import HOST, REPO, kvproxy_serve, wait_for_answer
@@ -260,8 +260,8 @@ def test_a_closed_connection_pair_is_freed_without_the_cycle_collector(
     the frame buffers their last answers held go back to the pool instead of waiting for gc."""
     import gc
 
-    from proxy.connection import ClientConnection
-    from proxy.upstream_connection import UpstreamConnection
+    from kvproxy.proxy.connection import ClientConnection
+    from kvproxy.proxy.upstream_connection import UpstreamConnection
 
     def alive() -> int:
         return sum(

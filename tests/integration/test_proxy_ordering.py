@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     API_VERSIONS,
     FETCH,
     METADATA,
@@ -207,7 +207,7 @@ def test_describe_cluster_names_only_proxy_listeners(
 ) -> None:
     from kio.schema.describe_cluster.v0.request import DescribeClusterRequest
 
-    from protocol.messages import DESCRIBE_CLUSTER
+    from kvproxy.protocol.messages import DESCRIBE_CLUSTER
 
     body = DescribeClusterRequest(include_cluster_authorized_operations=False)
     request = encode_request(make_request(DESCRIBE_CLUSTER, 0, 501, CLIENT_ID, body))

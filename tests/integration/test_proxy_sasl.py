@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import API_VERSIONS, decode_response
+from kvproxy.protocol.messages import API_VERSIONS, decode_response
 from tests.harness.clients import sasl_plain_producer
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient

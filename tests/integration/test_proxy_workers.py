@@ -26,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
 from tests.harness import Broker
 from tests.harness.clients import consume_through
 from tests.harness.processes import REPO

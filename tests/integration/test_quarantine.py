@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-import proxy.quarantine.journal as journal_module
-from protocol.journal import encode_entry
-from protocol.messages import PRODUCE, decode_response
-from protocol.records import build_batch, iter_batches
-from proxy.quarantine import Journal, JournalReader, QuarantineEntry, segment_name
+import kvproxy.journal.writer as journal_module
+from kvproxy.journal import Journal, JournalReader, QuarantineEntry, segment_name
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.messages import PRODUCE, decode_response
+from kvproxy.protocol.records import build_batch, iter_batches
 from tests.harness import Broker, create_topic
 from tests.harness.metrics import get, scrape, value
 from tests.harness.processes import REPO, kvproxy, wait_for_answer, wait_until
@@ -598,7 +598,7 @@ def test_a_batch_past_the_decoding_budget_goes_to_the_dead_letter_topic_as_sent(
     """Refused because checking it would need more memory than allowed: its dead letter is not
     decoded either (that would cost the same memory), it carries the records as the client sent
     them, marked `kvproxy.unreadable`."""
-    from protocol.compression import Codec
+    from kvproxy.protocol.compression import Codec
 
     topic = make_topic()
     create_topic(tansu.bootstrap, topic + ".dlq")

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from protocol.journal import encode_entry
-from protocol.records import build_batch
-from proxy.quarantine import JournalReader, segment_name
+from kvproxy.journal import JournalReader, segment_name
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.records import build_batch
 from tests.harness.processes import kvproxy
 from tests.harness.produce import JSON_ONLY, stored, stored_batches
 from tests.harness.proxy import run_proxy
@@ -147,8 +147,8 @@ async def test_a_kip_467_producers_innocent_records_are_not_replayed(
 ) -> None:
     """`ResilientProducer` resends the records of a refused batch that were not refused itself;
     replay writes only the refused ones, so each record is stored once."""
-    from producer import ProduceFailedError
-    from producer.resilient import ResilientProducer
+    from kvproxy.producer import ProduceFailedError
+    from kvproxy.producer.resilient import ResilientProducer
 
     topic = make_topic(1)
     journal_dir = tmp_path / "journal"

@@ -42,7 +42,7 @@ from typing import Any, Self
 
 import pytest
 
-from protocol.messages import METADATA, encode_request, make_request
+from kvproxy.protocol.messages import METADATA, encode_request, make_request
 from tests.harness import Broker, create_topic, run_tansu, unique_topic_name
 from tests.harness.clients import produce_and_consume
 from tests.harness.proxy import RunningProxy, proxy_config, run_proxy

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from proxy.reload import ConfigReloader
+from kvproxy.proxy.reload import ConfigReloader
 from tests.harness import Broker
 from tests.harness.produce import INVALID_RECORD, stored
 from tests.harness.proxy import run_proxy

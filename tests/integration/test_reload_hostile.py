@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from proxy.reload import ConfigReloader
-from settings.yaml_file import MAX_FILE_BYTES
+from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.settings.yaml_file import MAX_FILE_BYTES
 from tests.harness import Broker
 from tests.harness.produce import INVALID_RECORD
 from tests.harness.proxy import run_proxy

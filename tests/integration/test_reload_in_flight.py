@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from protocol import error_codes
-from protocol.messages import PRODUCE
-from proxy.reload import ConfigReloader
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.messages import PRODUCE
+from kvproxy.proxy.reload import ConfigReloader
 from tests.harness import create_topic, unique_topic_name
 from tests.harness.capture import RecordingRelay, read_produce_request, recording_tansu
 from tests.harness.produce import JSON_ONLY, stored

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from protocol.messages import PRODUCE, decode_response
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness import RawKafkaClient, create_topic, unique_topic_name
 from tests.harness.clients import consume_through
 from tests.harness.processes import kvproxy_serve

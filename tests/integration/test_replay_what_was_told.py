@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import PRODUCE, decode_response
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
+from kvproxy.protocol.messages import PRODUCE, decode_response
 from tests.harness.produce import JSON_ONLY, stored
 from tests.harness.proxy import run_proxy
 from tests.harness.quarantine import journal_settings, relaxed_config, replay

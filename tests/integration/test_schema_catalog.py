@@ -18,12 +18,12 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-import registry.catalog as catalog_module
-import registry.client as registry_client
-from policies.api import ACCEPT, Verdict
-from policies.builtin import PolicyContext
-from policies.builtin.schema import SchemaPolicy
-from policies.schemas.model import (
+import kvproxy.registry.catalog as catalog_module
+import kvproxy.registry.client as registry_client
+from kvproxy.policies.api import ACCEPT, Verdict
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.builtin.schema import SchemaPolicy
+from kvproxy.policies.schemas.model import (
     LookupNeeded,
     ReferencedSchema,
     RegistryUnavailable,
@@ -32,12 +32,12 @@ from policies.schemas.model import (
     SchemaType,
     UnknownSchema,
 )
-from policies.schemas.wire import read_schema_id, write_message_indexes
-from protocol import error_codes
-from protocol.records.writer import build_batch
-from registry.catalog import LOOKUPS_AT_ONCE, RegistryCatalog
-from registry.client import RegistryClient
-from settings.schema_registry import SchemaRegistryConfig
+from kvproxy.policies.schemas.wire import read_schema_id, write_message_indexes
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.records.writer import build_batch
+from kvproxy.registry.catalog import LOOKUPS_AT_ONCE, RegistryCatalog
+from kvproxy.registry.client import RegistryClient
+from kvproxy.settings.schema_registry import SchemaRegistryConfig
 from tests.harness.avro_schemas import MONEY_AVRO, PAYMENT_AVRO
 from tests.harness.produced import produced
 from tests.harness.protobuf_messages import Order

@@ -23,7 +23,7 @@ from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSe
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
 from tests.harness.clients import consume
 from tests.harness.metrics import scrape, value
 from tests.harness.produce import batch, produce, record_errors, stored

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import decode_response
+from kvproxy.protocol.messages import decode_response
 from tests.harness import Broker, RawClientError, RawKafkaClient, api_versions_v0_request
 from tests.harness.capture import RecordingRelay
 from tests.harness.proxy import RunningProxy, free_port_range, run_proxy

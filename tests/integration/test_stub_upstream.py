@@ -22,7 +22,7 @@ def _call(
     cluster: StubCluster, node_id: int, api_key: int, version: int, *, cid: int, body: Any
 ) -> Any:
     """Send one request with the project codec to ``node_id`` and decode the answer."""
-    from protocol.messages import decode_response, encode_request, make_request
+    from kvproxy.protocol.messages import decode_response, encode_request, make_request
 
     host, port = cluster.nodes[node_id]
     payload = encode_request(make_request(api_key, version, cid, "stub-test", body))
@@ -59,7 +59,7 @@ def _produce_request(version: int, partition: int, n_records: int, acks: int = -
 
     from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-    from protocol.records import build_batch
+    from kvproxy.protocol.records import build_batch
 
     mod = importlib.import_module(f"kio.schema.produce.v{version}.request")
     batch = build_batch([(b"k%d" % i, b"v", None, None) for i in range(n_records)])
@@ -189,7 +189,7 @@ def test_produce_is_recorded_on_its_node_only(cluster: StubCluster, version: int
 
 
 def test_produce_acks0_is_recorded_without_answer(cluster: StubCluster) -> None:
-    from protocol.messages import encode_request, make_request
+    from kvproxy.protocol.messages import encode_request, make_request
 
     host, port = cluster.nodes[3]
     with RawKafkaClient(host, port) as c:

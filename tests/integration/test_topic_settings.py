@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from kvproxy.cli import main as kvproxy
-from policies.api import TopicConfig
-from policies.config import build_routing
-from protocol.journal import encode_entry
-from protocol.records import build_batch
-from proxy.config import TopicConfigsConfig
-from proxy.quarantine import segment_name
+from kvproxy.journal import segment_name
+from kvproxy.policies.api import TopicConfig
+from kvproxy.policies.config import build_routing
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.config import TopicConfigsConfig
 from tests.harness import Broker, free_port
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.quarantine import new_entry

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from pipeline.spark import start_session
+    from kvproxy.pipeline.spark import start_session
 
     session = start_session(
         "local[2]",

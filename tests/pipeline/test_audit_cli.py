@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.spark import SparkUnavailable, find_java
+from kvproxy.pipeline.spark import SparkUnavailable, find_java
 from tests.harness.segments import TESTDATA_LOGS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,9 +14,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from pipeline.job import AuditRequest, run_audit
-from protocol.records import iter_batches
-from proxy.quarantine import JournalReader
+from kvproxy.journal import JournalReader
+from kvproxy.pipeline.job import AuditRequest, run_audit
+from kvproxy.protocol.records import iter_batches
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
 

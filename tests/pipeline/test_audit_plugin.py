@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 from tests.harness.audit import audit, write_config
 from tests.harness.policy_plugin import POLICY, install_example_plugin
 from tests.harness.segments import assign_offsets, write_segment

@@ -15,10 +15,10 @@ from typing import Any
 import fastavro
 import pytest
 
-from pipeline.check import check_unit
-from pipeline.job import AuditError, load_settings
-from pipeline.segments import SegmentRange
-from protocol.records import build_batch
+from kvproxy.pipeline.check import check_unit
+from kvproxy.pipeline.job import AuditError, load_settings
+from kvproxy.pipeline.segments import SegmentRange
+from kvproxy.protocol.records import build_batch
 from tests.harness.audit import audit, write_config
 from tests.harness.schema_registry import TestRegistry
 from tests.harness.segments import assign_offsets, write_segment

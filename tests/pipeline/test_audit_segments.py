@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.records import build_batch
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 from tests.harness.audit import audit, write_config
 from tests.harness.segments import (
     TESTDATA_LOGS,
@@ -220,7 +220,7 @@ def test_generated_compressed_batches_are_read_by_an_independent_reader(codec: C
 
 def test_the_sample_report_in_examples_matches_a_fresh_audit(spark: Any, tmp_path: Path) -> None:
     """examples/audit/ is what its command (in its kvproxy.yaml) produces today."""
-    from pipeline.cli import parse_now
+    from kvproxy.pipeline.cli import parse_now
 
     example = Path(__file__).resolve().parents[2] / "examples" / "audit"
     summary, _ = audit(
@@ -240,7 +240,7 @@ def test_the_sample_report_in_examples_matches_a_fresh_audit(spark: Any, tmp_pat
 def test_ship_packages_puts_the_project_on_the_executors(spark: Any) -> None:
     import zipfile
 
-    from pipeline.spark import ship_packages
+    from kvproxy.pipeline.spark import ship_packages
 
     archive = ship_packages(spark)
     names = set(zipfile.ZipFile(archive).namelist())

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-import pipeline.job
-from pipeline.cli import parse_now
+from kvproxy.pipeline import job as audit_job
+from kvproxy.pipeline.cli import parse_now
 from tests.harness.audit import audit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_the_driver_and_spark_summaries_agree(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local, local_rows, local_report = _run(spark, tmp_path / "local")
-    monkeypatch.setattr(pipeline.job, "LOCAL_SUMMARY_ROWS", 0)
+    monkeypatch.setattr(audit_job, "LOCAL_SUMMARY_ROWS", 0)
     spark_summary, spark_rows, spark_report = _run(spark, tmp_path / "spark")
 
     assert local["violations"] > 0

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from pipeline import kafka_client, live
-from pipeline.kafka_client import describe_compaction
-from pipeline.live import (
+from kvproxy.pipeline import kafka_client, live
+from kvproxy.pipeline.kafka_client import describe_compaction
+from kvproxy.pipeline.live import (
     LiveRange,
     LiveSourceError,
     Timestamp,
@@ -28,7 +28,7 @@ from pipeline.live import (
     parse_offset_spec,
     plan_live_ranges,
 )
-from protocol.records import RecordBatch, read_batch
+from kvproxy.protocol.records import RecordBatch, read_batch
 from tests.harness import Broker, free_port
 
 T0 = 1_700_000_000_000  # ms; fixed so the time specs below are exact

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.check import bucket_size_ms, check_unit, key_preview
-from pipeline.cli import parse_now
-from pipeline.files import InputError
-from pipeline.segments import (
+from kvproxy.pipeline.check import bucket_size_ms, check_unit, key_preview
+from kvproxy.pipeline.cli import parse_now
+from kvproxy.pipeline.files import InputError
+from kvproxy.pipeline.segments import (
     CorruptRegion,
     JournalSegment,
     SegmentFile,
@@ -19,11 +19,11 @@ from pipeline.segments import (
     discover,
     plan_segment,
 )
-from pipeline.task_data import AuditSettings
-from policies.api import parse_records
-from policies.builtin.broker import BatchIntegrityPolicy, OffsetsPolicy
-from protocol.journal import encode_entry
-from protocol.records import build_batch
+from kvproxy.pipeline.task_data import AuditSettings
+from kvproxy.policies.api import parse_records
+from kvproxy.policies.builtin.broker import BatchIntegrityPolicy, OffsetsPolicy
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.records import build_batch
 from tests.harness.segments import TESTDATA_LOGS, assign_offsets, placements, write_segment
 
 NOW = int(time.time() * 1000)
@@ -309,7 +309,7 @@ def test_local_inputs_are_made_absolute_for_executors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An executor in another folder (any non-local master) resolves the same file."""
-    from pipeline.files import absolute
+    from kvproxy.pipeline.files import absolute
 
     monkeypatch.chdir(tmp_path)
     assert absolute("logs/t-0") == str(tmp_path / "logs" / "t-0")

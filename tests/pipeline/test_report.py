@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.report import render_report
+from kvproxy.pipeline.report import render_report
 
 HOUR_MS = 3_600_000
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC

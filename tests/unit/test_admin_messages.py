@@ -1,4 +1,5 @@
-"""protocol.admin: the requests the proxy and the audit make of a cluster, built and read sans-IO.
+"""kvproxy.protocol.admin: the requests the proxy and the audit make of a cluster, built and read
+sans-IO.
 
 The builders' frames decode with kio to what was asked, at every version a caller may pick; the
 proxy's fixed versions encode byte for byte as the requests it built by hand before; the parsers
@@ -16,9 +17,9 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from protocol import admin
-from protocol.errors import UnsupportedVersion
-from protocol.messages import (
+from kvproxy.protocol import admin
+from kvproxy.protocol.errors import UnsupportedVersion
+from kvproxy.protocol.messages import (
     DESCRIBE_CONFIGS,
     FETCH,
     LIST_OFFSETS,

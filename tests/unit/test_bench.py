@@ -28,9 +28,9 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
-from protocol.compression import Codec, compress, decompress
-from protocol.messages import encode_response, make_response
-from protocol.records import read_batch
+from kvproxy.protocol.compression import Codec, compress, decompress
+from kvproxy.protocol.messages import encode_response, make_response
+from kvproxy.protocol.records import read_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,13 +15,13 @@ from typing import Any
 import crc32c
 import pytest
 
-from policies import ProducedRecords, Verdict, build_routing, parse_records
-from policies.api import TopicConfig
-from policies.chain import PolicyChain
-from policies.producer_state import ProducerStateTracker
-from protocol import error_codes
-from protocol.compression import Codec
-from protocol.records import build_batch
+from kvproxy.policies import ProducedRecords, Verdict, build_routing, parse_records
+from kvproxy.policies.api import TopicConfig
+from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.producer_state import ProducerStateTracker
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 from tests.harness.produced import NOW, produced
 
 HOUR = 3_600_000
@@ -318,7 +318,7 @@ def test_a_batch_cut_short_is_no_batch_at_all_on_v3_plus() -> None:
 def test_size_refusals_keep_their_code_on_legacy_produce_versions(code: int) -> None:
     """A broker answers max.message.bytes and segment.bytes with their own codes on Produce
     v0-v2 too: the legacy code (CORRUPT_MESSAGE, retried) would have the client resend forever."""
-    from proxy.produce import ProduceEngine, ProduceSettings
+    from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
 
     engine = ProduceEngine(build_routing(None, None, Path(".")), ProduceSettings(), lambda _: None)
     verdict = Verdict(code, "too large", policy="batch_integrity")
@@ -332,7 +332,7 @@ def test_a_grouped_check_that_crashes_fails_closed_under_its_own_name(
 ) -> None:
     """A broker check that raises inside `BrokerChecks` is that policy's failure: INVALID_RECORD,
     counted and named as such, as any policy that crashes."""
-    from policies.builtin.broker import CompactedKeyPolicy
+    from kvproxy.policies.builtin.broker import CompactedKeyPolicy
 
     def broken(_batch: ProducedRecords) -> None:
         raise RuntimeError("boom")

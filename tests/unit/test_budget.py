@@ -9,18 +9,24 @@ from unittest import mock
 import cramjam
 import pytest
 
-from policies.api import RECORD_OBJECT_BYTES, ProducedRecords, parse_records
-from protocol import compression
-from protocol.budget import (
+from kvproxy.policies.api import RECORD_OBJECT_BYTES, ProducedRecords, parse_records
+from kvproxy.protocol import compression
+from kvproxy.protocol.budget import (
     Allowance,
     BudgetExhausted,
     InlineLimitReached,
     MemoryBudget,
     ResourceLimit,
 )
-from protocol.compression import MAX_DECOMPRESSED_BYTES, XERIAL_MAGIC, Codec, compress, decompress
-from protocol.errors import CorruptRecords, ProtocolError
-from protocol.records import build_batch, read_batches
+from kvproxy.protocol.compression import (
+    MAX_DECOMPRESSED_BYTES,
+    XERIAL_MAGIC,
+    Codec,
+    compress,
+    decompress,
+)
+from kvproxy.protocol.errors import CorruptRecords, ProtocolError
+from kvproxy.protocol.records import build_batch, read_batches
 
 MiB = 1024 * 1024
 CODECS = [Codec.GZIP, Codec.SNAPPY, Codec.LZ4, Codec.ZSTD]

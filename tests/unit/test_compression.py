@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.compression import (
+from kvproxy.protocol.compression import (
     MAX_DECOMPRESSED_BYTES,
     XERIAL_MAGIC,
     Codec,
@@ -19,7 +19,7 @@ from protocol.compression import (
     compress,
     decompress,
 )
-from protocol.errors import CorruptRecords, UnsupportedCompression
+from kvproxy.protocol.errors import CorruptRecords, UnsupportedCompression
 
 PAYLOADS = [b"", b"x", b"hello kafka " * 1000, os.urandom(3000), os.urandom(100) + b"\x00" * 70_000]
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvproxy.cli import main
-from policies.config import PolicyConfigError, build_routing
-from proxy.reload import ConfigReloader
+from kvproxy.policies.config import PolicyConfigError, build_routing
+from kvproxy.proxy.reload import ConfigReloader
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -304,7 +304,7 @@ def test_a_refused_reload_names_every_problem_on_one_line(
 def test_the_audit_reports_the_same_file_by_line_and_all_at_once(tmp_path: Path) -> None:
     """`kvproxy audit -c FILE` reads the policy sections of the proxy's file: its problems come
     with their lines too, all of them in one pass."""
-    from pipeline.job import AuditError, load_settings
+    from kvproxy.pipeline.job import AuditError, load_settings
 
     config = tmp_path / "kvproxy.yaml"
     config.write_text(
@@ -331,7 +331,7 @@ def test_nested_aliases_do_not_multiply_the_line_map(tmp_path: Path) -> None:
     """Aliases of aliases name each node many times (5 x 10^5 paths here, within the bound on
     expanded values): the lines are walked once per node, so such a file costs what its text
     costs."""
-    from settings.yaml_file import read_yaml_with_lines
+    from kvproxy.settings.yaml_file import read_yaml_with_lines
 
     levels = ["a0: &a0 [1, 2, 3, 4, 5]"]
     for n in range(1, 6):

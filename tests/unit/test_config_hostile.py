@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from policies.builtin.base import MAX_PROBLEM_CHARS, MAX_VALUE_CHARS, short_repr
-from proxy.config import load_config_and_rules
-from proxy.reload import ConfigReloader
-from settings.loading import ConfigError
-from settings.yaml_file import MAX_FILE_BYTES, read_yaml_with_lines
+from kvproxy.policies.builtin.base import MAX_PROBLEM_CHARS, MAX_VALUE_CHARS, short_repr
+from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.settings.loading import ConfigError
+from kvproxy.settings.yaml_file import MAX_FILE_BYTES, read_yaml_with_lines
 from tests.harness.yaml_bombs import bomb_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,7 +258,7 @@ def test_a_refused_reload_logs_a_bounded_line(
 
 
 def test_the_audit_refuses_the_bomb_the_same_way(tmp_path: Path) -> None:
-    from pipeline.job import AuditError, load_settings
+    from kvproxy.pipeline.job import AuditError, load_settings
 
     path = tmp_path / "kvproxy.yaml"
     path.write_text(bomb(9, "errors: {profile: TOP}"))
@@ -269,7 +269,7 @@ def test_the_audit_refuses_the_bomb_the_same_way(tmp_path: Path) -> None:
 
 
 def test_the_audit_quotes_a_large_profile_cut(tmp_path: Path) -> None:
-    from pipeline.job import AuditError, load_settings
+    from kvproxy.pipeline.job import AuditError, load_settings
 
     path = tmp_path / "kvproxy.yaml"
     path.write_text(bomb(LARGE, "errors: {profile: TOP}"))

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ProxyConfig, load_config, parse_config
-from proxy.reload import sections_needing_restart
-from proxy.tls_context import client_side_ssl, upstream_side_ssl
-from settings.loading import ConfigError
+from kvproxy.proxy.config import ProxyConfig, load_config, parse_config
+from kvproxy.proxy.reload import sections_needing_restart
+from kvproxy.proxy.tls_context import client_side_ssl, upstream_side_ssl
+from kvproxy.settings.loading import ConfigError
 from tests.harness.tls import TlsFiles, make_tls_files
 
 SECRET = "s3cr3t-Passw0rd-7f41"

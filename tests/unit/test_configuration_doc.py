@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from proxy.config import ProxyConfig
+from kvproxy.proxy.config import ProxyConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

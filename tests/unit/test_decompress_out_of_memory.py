@@ -13,15 +13,15 @@ from typing import Any
 import cramjam
 import pytest
 
-from policies.api import ProducedRecords, parse_records
-from policies.builtin import PolicyContext
-from policies.chain import PolicyChain
-from policies.plugins import find_factory
-from protocol import error_codes
-from protocol.budget import Allowance, BudgetExhausted, OutOfMemory
-from protocol.compression import Codec, compress, decompress
-from protocol.errors import CorruptRecords
-from protocol.records import build_batch
+from kvproxy.policies.api import ProducedRecords, parse_records
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.plugins import find_factory
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.budget import Allowance, BudgetExhausted, OutOfMemory
+from kvproxy.protocol.compression import Codec, compress, decompress
+from kvproxy.protocol.errors import CorruptRecords
+from kvproxy.protocol.records import build_batch
 
 REPO = Path(__file__).resolve().parents[2]
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -47,8 +47,8 @@ def test_zstd_out_of_memory_under_a_real_memory_limit_is_out_of_memory_not_corru
     script = textwrap.dedent(
         f"""
         import resource, re
-        from protocol.compression import Codec, decompress
-        from protocol.budget import OutOfMemory
+        from kvproxy.protocol.compression import Codec, decompress
+        from kvproxy.protocol.budget import OutOfMemory
         frame = {zstd_frame_with_window(27, b"hello")!r}
         status = open("/proc/self/status").read()
         size = int(re.search(r"VmSize:\\s+(\\d+) kB", status).group(1)) * 1024

@@ -11,8 +11,8 @@ import cramjam
 import lz4.frame  # type: ignore[import-untyped]
 import pytest
 
-from protocol.budget import Allowance, BudgetExhausted, MemoryBudget
-from protocol.compression import Codec, _lz4_set_header_checksum, compress, decompress
+from kvproxy.protocol.budget import Allowance, BudgetExhausted, MemoryBudget
+from kvproxy.protocol.compression import Codec, _lz4_set_header_checksum, compress, decompress
 from tests.harness.zstd_frames import zstd_window_frame
 
 MiB = 1024 * 1024
@@ -96,7 +96,7 @@ def test_a_gzip_trailer_past_the_allowance_is_refused_without_decoding(
 ) -> None:
     """On the event loop (an inline allowance) a gzip bomb is not even partly decoded: its
     trailer says it holds more than the loop may decode, so it moves off the loop at once."""
-    from protocol.budget import InlineLimitReached
+    from kvproxy.protocol.budget import InlineLimitReached
 
     payload = compress(Codec.GZIP, bytes(16 * MiB))
     calls: list[int] = []

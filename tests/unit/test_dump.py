@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.records import build_batch, iter_batches
-from proxy import dump
+from kvproxy.commands import dump
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch, iter_batches
 from tests.harness.records_testdata import KAFKA_LOGS, SEGMENTS, segment_paths
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SEGMENT_MIB = 300

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import error_codes
-from protocol.error_codes import (
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.error_codes import (
     ERRORS,
     ERRORS_BY_NAME,
     ErrorProfile,
@@ -15,7 +15,7 @@ from protocol.error_codes import (
     profile_error_name,
     rejection_code,
 )
-from protocol.errors import (
+from kvproxy.protocol.errors import (
     BufferUnderflow,
     CorruptRecords,
     DecodeError,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import DecodeError, FrameTooLarge, NegativeSize
-from protocol.framing import (
+from kvproxy.protocol.errors import DecodeError, FrameTooLarge, NegativeSize
+from kvproxy.protocol.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     INITIAL_LARGE_BUFFER,
     LARGE_FRAME,
@@ -267,7 +267,7 @@ def test_a_size_prefix_alone_commits_no_more_than_the_initial_buffer() -> None:
 
 
 def test_a_large_frame_reserves_its_size_and_gives_it_back_when_complete() -> None:
-    from protocol.budget import MemoryBudget
+    from kvproxy.protocol.budget import MemoryBudget
 
     budget = MemoryBudget(1024 * 1024)
     decoder = FrameDecoder(budget=budget)
@@ -280,7 +280,7 @@ def test_a_large_frame_reserves_its_size_and_gives_it_back_when_complete() -> No
 
 
 def test_a_frame_that_does_not_fit_the_budget_waits_with_its_bytes_kept() -> None:
-    from protocol.budget import MemoryBudget
+    from kvproxy.protocol.budget import MemoryBudget
 
     budget = MemoryBudget(1024 * 1024)
     first, second = FrameDecoder(budget=budget), FrameDecoder(budget=budget)
@@ -299,7 +299,7 @@ def test_a_frame_that_does_not_fit_the_budget_waits_with_its_bytes_kept() -> Non
 
 
 def test_release_gives_back_a_partial_frames_reservation() -> None:
-    from protocol.budget import MemoryBudget
+    from kvproxy.protocol.budget import MemoryBudget
 
     budget = MemoryBudget(1024 * 1024)
     decoder = FrameDecoder(budget=budget)

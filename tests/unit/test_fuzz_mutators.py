@@ -13,9 +13,9 @@ from collections import Counter
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.messages import PRODUCE, decode_request
-from protocol.records import read_batches
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.messages import PRODUCE, decode_request
+from kvproxy.protocol.records import read_batches
 from tests.harness import fuzz
 
 MAX_FRAME = 100 * 1024 * 1024

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from protocol import messages
-from protocol import records as records_mod
+from kvproxy.protocol import messages
+from kvproxy.protocol import records as records_mod
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 FILES = sorted(GOLDEN.glob("*-produce-v*.bin"))

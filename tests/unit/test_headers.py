@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import BufferUnderflow, DecodeError, UnsupportedVersion
-from protocol.headers import (
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, UnsupportedVersion
+from kvproxy.protocol.headers import (
     RequestHeader,
     ResponseHeader,
     is_flexible,

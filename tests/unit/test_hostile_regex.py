@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-from policies import PolicyConfigError, ProducedRecords, parse_records
-from policies.builtin import PolicyContext
-from policies.config import MAX_TOPIC_RULES, build_routing
-from policies.plugins import find_factory
-from policies.schemas.formats import SchemaCompileError, compile_schema
-from policies.schemas.model import RegisteredSchema, SchemaType
-from policies.topic_patterns import FirstMatch, compile_pattern, glob_regex
-from protocol import error_codes
-from protocol.records import build_batch
-from proxy.config import load_config_and_rules
-from settings.loading import ConfigError
+from kvproxy.policies import PolicyConfigError, ProducedRecords, parse_records
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.config import MAX_TOPIC_RULES, build_routing
+from kvproxy.policies.plugins import find_factory
+from kvproxy.policies.schemas.formats import SchemaCompileError, compile_schema
+from kvproxy.policies.schemas.model import RegisteredSchema, SchemaType
+from kvproxy.policies.topic_patterns import FirstMatch, compile_pattern, glob_regex
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.settings.loading import ConfigError
 
 EXPONENTIAL = "^(a+)+$"
 HOSTILE_TEXT = "a" * 60 + "!"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import BufferUnderflow, DecodeError, EncodeError
-from protocol.journal import (
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, EncodeError
+from kvproxy.protocol.journal import (
     ENTRY_OVERHEAD,
     MAGIC,
     CorruptEntry,
@@ -21,7 +21,7 @@ from protocol.journal import (
     read_entry,
     write_entry,
 )
-from protocol.records import build_batch
+from kvproxy.protocol.records import build_batch
 
 JSON_SCALARS = (
     st.none()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.quarantine import Journal
-from proxy.quarantine import journal as journal_module
-from proxy.quarantine.repeats import RecentRefusals, Refusal, refusal_key
+from kvproxy.journal import Journal
+from kvproxy.journal import writer as journal_module
+from kvproxy.journal.repeats import RecentRefusals, Refusal, refusal_key
 from tests.harness.quarantine import new_entry
 
 KiB = 1024

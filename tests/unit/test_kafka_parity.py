@@ -36,9 +36,9 @@ import re
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.records import build_batch, read_batches
-from proxy.produce import ProduceEngine
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch, read_batches
+from kvproxy.proxy.produce import ProduceEngine
 from tests.harness.kafka_parity import (
     BASE_SEQUENCE,
     CODECS,

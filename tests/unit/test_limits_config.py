@@ -1,4 +1,5 @@
-"""proxy.config `limits`: the connection, timeout and record limits' defaults and validation."""
+"""kvproxy.proxy.config `limits`: the connection, timeout and record limits' defaults and
+validation."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from proxy.cli import describe
-from proxy.config import parse_config
-from settings.loading import ConfigError
+from kvproxy.commands.cli import describe
+from kvproxy.proxy.config import parse_config
+from kvproxy.settings.loading import ConfigError
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from registry.lookup_slots import LookupSlots
+from kvproxy.registry.lookup_slots import LookupSlots
 
 
 async def _settle() -> None:

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import Records
 
-from protocol import messages
-from protocol.errors import BufferUnderflow, DecodeError, EncodeError, UnsupportedVersion
-from protocol.messages import (
+from kvproxy.protocol import messages
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, EncodeError, UnsupportedVersion
+from kvproxy.protocol.messages import (
     CODEC_KEYS,
     codec_for,
     decode_request,
@@ -130,7 +130,7 @@ def test_every_prefix_underflows(api_key: int, version: int, data: st.DataObject
 
 def test_produce_v2_request_bytes_match_the_protocol_guide() -> None:
     """Produce v0-v2 are hand-declared: pin their layout byte for byte."""
-    from protocol.legacy_messages import (
+    from kvproxy.protocol.legacy_messages import (
         PartitionProduceData,
         ProduceRequestV2,
         TopicProduceData,

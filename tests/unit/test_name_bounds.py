@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from policies import producer_state
-from policies.config import build_routing
-from policies.producer_state import ProducerStateTracker
-from protocol.journal import encode_entry
-from protocol.topics import is_legal_topic_name
-from proxy import topic_configs
-from proxy.quarantine import QuarantineEntry
-from proxy.topic_configs import TopicConfigCache
+from kvproxy.journal import QuarantineEntry
+from kvproxy.policies import producer_state
+from kvproxy.policies.config import build_routing
+from kvproxy.policies.producer_state import ProducerStateTracker
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.topics import is_legal_topic_name
+from kvproxy.proxy import topic_configs
+from kvproxy.proxy.topic_configs import TopicConfigCache
 from tests.harness.quarantine import new_entry
 
 INVENTED = [f"invented-{n}" for n in range(25_000)]

@@ -16,17 +16,17 @@ from kio.schema.metadata.v1.response import MetadataResponse, MetadataResponseBr
 from kio.schema.types import BrokerId
 from kio.static.primitive import i32, i32Timedelta
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     FIND_COORDINATOR,
     METADATA,
     decode_response,
     encode_response,
     make_response,
 )
-from proxy.config import ListenConfig, NodePortError, parse_config
-from proxy.errors import ProxyError
-from proxy.rewrite import rewrite_response
-from proxy.server import ProxyServer
+from kvproxy.proxy.config import ListenConfig, NodePortError, parse_config
+from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.rewrite import rewrite_response
+from kvproxy.proxy.server import ProxyServer
 
 DEFAULT = ListenConfig()
 

@@ -1,12 +1,12 @@
-"""protocol.records.own_producer: a refused batch written again as a plain producer's."""
+"""kvproxy.protocol.records.own_producer: a refused batch written again as a plain producer's."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.records import build_batch, read_batches
-from protocol.records.own_producer import as_own_producer
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch, read_batches
+from kvproxy.protocol.records.own_producer import as_own_producer
 
 ROWS = [
     (b"k0", b"v0", [("h", b"1")], 1_700_000_000_000),

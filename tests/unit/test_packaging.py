@@ -1,11 +1,13 @@
 """What the package says about itself: `kvproxy --version`, the license in pyproject.toml (an
-SPDX expression, which setuptools >= 77 wants instead of a table), and mypy's per-module sections
-(each must name a module mypy sees, or mypy warns "unused section(s)")."""
+SPDX expression, which setuptools >= 77 wants instead of a table), mypy's per-module sections
+(each must name a module mypy sees, or mypy warns "unused section(s)"), and a wheel that installs
+the one top-level package `kvproxy` and nothing else."""
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -44,18 +46,37 @@ def test_license_is_an_spdx_expression() -> None:
     assert not any(c.startswith("License ::") for c in PYPROJECT["project"].get("classifiers", []))
 
 
+PACKAGE_DIRS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
+"""Each installed package (`kvproxy.proxy`) and the folder of the repository it is made of."""
+
+
+def _source_modules() -> dict[str, Path]:
+    """Every module of the distribution by its installed name (`kvproxy.proxy.server`)."""
+    found: dict[str, Path] = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for directory, subdirectories, files in os.walk(ROOT / folder):
+            subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]
+            if package == "kvproxy":
+                subdirectories.clear()  # the links to the other folders: listed on their own
+            relative = Path(directory).relative_to(ROOT / folder).parts
+            for name in files:
+                if name.endswith(".py"):
+                    parts = [package, *relative, name.removesuffix(".py")]
+                    found[".".join(parts).removesuffix(".__init__")] = Path(directory) / name
+    return found
+
+
 def _modules_mypy_sees() -> set[str]:
     """The checked packages' modules and every module they import."""
+    assert PYPROJECT["tool"]["mypy"]["packages"] == ["kvproxy"]
     seen: set[str] = set()
-    for package in PYPROJECT["tool"]["mypy"]["packages"]:
-        for path in (ROOT / package).rglob("*.py"):
-            relative = path.relative_to(ROOT).with_suffix("")
-            seen.add(".".join(relative.parts).removesuffix(".__init__"))
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    seen.update(alias.name for alias in node.names)
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    seen.add(node.module)
+    for module, path in _source_modules().items():
+        seen.add(module)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                seen.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                seen.add(node.module)
     return seen
 
 
@@ -79,45 +100,102 @@ def test_every_mypy_override_names_a_module_mypy_checks_or_imports() -> None:
     assert unused == [], f"mypy reports these as unused sections: {unused}"
 
 
-def test_the_wheel_holds_every_package_and_subpackage(tmp_path: Path) -> None:
-    """What `pip install .` (the Dockerfile's) installs: every folder of the source packages with
-    Python code in it, subpackages such as `protocol/records` and `policies/builtin` too, and
-    the built-in policies' entry points."""
-    packages = PYPROJECT["tool"]["importlinter"]["root_packages"]
+def test_every_folder_of_the_repository_is_linked_into_the_namespace() -> None:
+    """kvproxy/<layer> links to the folder at the top, so that the editable install, mypy and
+    import-linter see the names the wheel installs."""
+    for package, folder in PACKAGE_DIRS.items():
+        if package != "kvproxy":
+            link = ROOT / "kvproxy" / package.removeprefix("kvproxy.")
+            assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+
+
+def test_the_wheel_installs_only_the_kvproxy_package(tmp_path: Path) -> None:
+    """What `pip install .` (the Dockerfile's) installs: one top-level package, `kvproxy`, with
+    every module of every folder under it (subpackages such as `kvproxy.protocol.records` and
+    `kvproxy.policies.builtin` too) and the built-in policies' entry points. Installed alone, it
+    imports from where it was installed, with no folder of the repository on the path."""
     source = tmp_path / "src"  # what the Dockerfile copies; the build leaves the checkout alone
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for package in packages:
+    for folder in PACKAGE_DIRS.values():
         shutil.copytree(
-            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / folder,
+            source / folder,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
         )
+    wheels = tmp_path / "wheels"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(source)],
+         "-w", str(wheels), str(source)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    (wheel,) = tmp_path.glob("*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    packed = {name for name in names if name.endswith(".py")}
-    sources = {
-        path.relative_to(ROOT).as_posix()
-        for package in packages
-        for path in (ROOT / package).rglob("*.py")
+    (wheel,) = wheels.glob("*.whl")
+    archive = zipfile.ZipFile(wheel)
+    names = archive.namelist()
+    top_level = {
+        name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")
     }
-    assert sources - packed == set()
+    assert top_level == {"kvproxy"}
+    (listed,) = [name for name in names if name.endswith(".dist-info/top_level.txt")]
+    assert archive.read(listed).decode().split() == ["kvproxy"]
+    packed = {name.removesuffix(".py").replace("/", ".") for name in names if name.endswith(".py")}
+    packed = {name.removesuffix(".__init__") for name in packed}
+    assert packed == set(_source_modules())
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
-    text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "[kvproxy.policies]" in text and "batch_integrity = " in text
+    text = archive.read(entry_points).decode()
+    assert "[kvproxy.policies]" in text
+    assert "crc = kvproxy.policies.builtin.broker:CrcPolicy" in text
+
+    installed = tmp_path / "site"
+    archive.extractall(installed)
+    bare = ["protocol", "policies", "settings", "registry", "journal", "proxy", "pipeline",
+            "producer", "commands"]  # fmt: skip
+    probe = (
+        "import sys, kvproxy.proxy.server, kvproxy.policies.builtin, kvproxy.commands.cli;"
+        "print(kvproxy.proxy.server.__file__);"
+        f"print(*sorted({{m.split('.')[0] for m in sys.modules}} & set({bare!r})))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    where, stray = ran.stdout.split("\n")[:2]
+    assert Path(where).is_relative_to(installed)
+    assert stray == ""  # nothing imported under a bare layer name
 
 
 def test_the_proxy_module_run_by_itself_says_which_command_to_run() -> None:
-    """`python -m proxy.cli` once served; the command is `kvproxy` now, and the old way must not
+    """`python -m kvproxy.commands.cli` once served; the command is `kvproxy` now, and the old way
+    must not
     exit 0 having done nothing."""
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "-c", "kvproxy.yaml"],
+        [sys.executable, "-m", "kvproxy.commands.cli", "serve", "-c", "kvproxy.yaml"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 1, done
     assert "run `kvproxy ...` or `python -m kvproxy.cli ...`" in done.stderr
+
+
+def test_no_file_imports_a_layer_by_its_bare_name() -> None:
+    """With the repository's root on the path (pytest, `python -m`), `import proxy` would load a
+    second copy of a module beside `kvproxy.proxy`: every file names the namespace."""
+    bare = {package.removeprefix("kvproxy.") for package in PACKAGE_DIRS} - {"kvproxy"}
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        if ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                else []
+            )
+            offenders += [f"{path}:{node.lineno}" for n in names if n.split(".")[0] in bare]
+    assert offenders == []

@@ -1,4 +1,5 @@
-"""`policies.plugins`: every policy found by name through the entry-point group, created with
+"""`kvproxy.policies.plugins`: every policy found by name through the entry-point group, created
+with
 `create(context, options)`, its declared `needs` resolved and its `observe` fed by the proxy."""
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from policies import plugins
-from policies.api import ACCEPT, Need, PolicyViolation, ProducedRecords, Verdict
-from policies.builtin import PolicyContext
-from policies.config import PolicyConfigError, build_routing
-from policies.topic_settings import FIELD_NAMES
-from protocol.error_codes import ErrorProfile
-from proxy.produce import ProduceEngine, ProduceSettings
+from kvproxy.policies import plugins
+from kvproxy.policies.api import ACCEPT, Need, PolicyViolation, ProducedRecords, Verdict
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.config import PolicyConfigError, build_routing
+from kvproxy.policies.topic_settings import FIELD_NAMES
+from kvproxy.protocol.error_codes import ErrorProfile
+from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
 from tests.harness.engine import TOPIC, batch, broker_answer, decide
 
 BUILTINS = {
@@ -124,8 +125,8 @@ def problem(*policies: Any) -> str:
 def test_every_builtin_is_an_entry_point_of_kvproxy() -> None:
     assert set(plugins.policy_names()) >= BUILTINS
     targets = plugins.entry_point_targets()
-    assert targets["crc"] == "policies.builtin.broker:CrcPolicy"
-    assert all(targets[name].startswith("policies.builtin.") for name in BUILTINS)
+    assert targets["crc"] == "kvproxy.policies.builtin.broker:CrcPolicy"
+    assert all(targets[name].startswith("kvproxy.policies.builtin.") for name in BUILTINS)
     assert plugins.find_factory("crc").name == "crc"
     assert plugins.find_factory("no_such_policy") is None
 
@@ -134,7 +135,7 @@ def test_the_targets_shipped_to_executors_include_what_was_installed_since_the_l
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(plugins, "_found", {})  # a scan from before anything was installed
-    assert plugins.entry_point_targets()["crc"] == "policies.builtin.broker:CrcPolicy"
+    assert plugins.entry_point_targets()["crc"] == "kvproxy.policies.builtin.broker:CrcPolicy"
 
 
 def test_missing_metadata_of_kvproxy_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from policies import (
+from kvproxy.policies import (
     ACCEPT,
     Mode,
     PolicyChain,
@@ -23,9 +23,9 @@ from policies import (
     parse_records,
     record_errors_verdict,
 )
-from policies.chain import CRASH_LOG_INTERVAL_S
-from protocol.compression import Codec
-from protocol.records import build_batch
+from kvproxy.policies.chain import CRASH_LOG_INTERVAL_S
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 
 NOW = 1_700_000_000_000
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -10,11 +10,11 @@ from typing import Any
 import crc32c
 import pytest
 
-from policies import PolicyConfigError, Verdict, build_routing
-from policies.builtin import PolicyContext
-from policies.plugins import find_factory
-from protocol.compression import Codec, compress
-from protocol.records import build_batch
+from kvproxy.policies import PolicyConfigError, Verdict, build_routing
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.plugins import find_factory
+from kvproxy.protocol.compression import Codec, compress
+from kvproxy.protocol.records import build_batch
 from tests.harness.produced import NOW, produced
 
 LONG_MAX = 2**63 - 1

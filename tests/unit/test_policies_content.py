@@ -10,17 +10,17 @@ from typing import Any
 import fastavro
 import pytest
 
-from policies import (
+from kvproxy.policies import (
     PolicyConfigError,
     ProducedRecords,
     ProducerStateTracker,
     Verdict,
     parse_records,
 )
-from policies.builtin import PolicyContext
-from policies.plugins import find_factory
-from protocol.compression import Codec
-from protocol.records import build_batch
+from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.plugins import find_factory
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 
 NOW = 1_700_000_000_000
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -312,7 +312,7 @@ def test_producer_state_wraps_and_is_bounded() -> None:
 
 
 def test_producer_state_shared_through_routing() -> None:
-    from policies import build_routing
+    from kvproxy.policies import build_routing
 
     routing = build_routing(
         None,

@@ -1,4 +1,5 @@
-"""`proxy.produce.ProduceEngine` on whole Produce requests, without sockets: what goes upstream,
+"""`kvproxy.proxy.produce.ProduceEngine` on whole Produce requests, without sockets: what goes
+upstream,
 the answer merged from the local refusals and the broker's answer (in request order, with the code
 and details each Produce version gets), the modes, `reject: request`, acks=0, the error profiles,
 the record limit, the request-level refusal of transactional batches without a transactional id,
@@ -16,19 +17,19 @@ from typing import Any
 
 import pytest
 
-from policies.config import build_routing
-from protocol import error_codes
-from protocol.error_codes import ErrorProfile
-from protocol.messages import (
+from kvproxy.policies.config import build_routing
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.error_codes import ErrorProfile
+from kvproxy.protocol.messages import (
     PRODUCE,
     decode_request,
     decode_response,
     encode_response,
     make_response,
 )
-from protocol.produce import partition_answer, produce_answer, produce_response_types
-from protocol.records import build_batch
-from proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 from tests.harness.engine import TOPIC, batch, broker_answer, decide
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import (

@@ -1,14 +1,15 @@
-"""The Produce request scan and whole-request refusal answer (`protocol.produce_shape`): what it
+"""The Produce request scan and whole-request refusal answer (`kvproxy.protocol.produce_shape`):
+what it
 reads and writes must be what the codec reads and writes, on every Produce version."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import error_codes
-from protocol.messages import PRODUCE, decode_response, encode_response, make_response
-from protocol.produce import partition_answer, produce_answer, produce_response_types
-from protocol.produce_shape import refusal_answer, scan_produce
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.messages import PRODUCE, decode_response, encode_response, make_response
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.protocol.produce_shape import refusal_answer, scan_produce
 from tests.harness.partitions import many_partitions_request
 
 VERSIONS = range(13)
@@ -69,7 +70,7 @@ def test_refusal_answer_is_what_the_codec_writes(version: int) -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_harness_request_is_what_the_codec_reads(version: int) -> None:
-    from protocol.messages import decode_request
+    from kvproxy.protocol.messages import decode_request
 
     payload = many_partitions_request(version, {"alpha": 2, "beta": 1}, records=None)
     body = decode_request(payload).body

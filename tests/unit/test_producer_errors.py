@@ -1,4 +1,5 @@
-"""producer.errors: one answer per error code, for ints and for the clients' exceptions alike."""
+"""kvproxy.producer.errors: one answer per error code, for ints and for the clients' exceptions
+alike."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import aiokafka.errors
 import kafka.errors
 import pytest
 
-from producer import errors as producer_errors
-from producer.errors import (
+from kvproxy.producer import errors as producer_errors
+from kvproxy.producer.errors import (
     Classification,
     CommitFailedError,
     FailureType,
@@ -19,7 +20,7 @@ from producer.errors import (
     error_code,
     failure_type,
 )
-from protocol.error_codes import ERRORS, ERRORS_BY_NAME, ErrorProfile
+from kvproxy.protocol.error_codes import ERRORS, ERRORS_BY_NAME, ErrorProfile
 
 FATAL_NAMES = (
     "CLUSTER_AUTHORIZATION_FAILED",

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from kvproxy import cli
-from protocol.journal import encode_entry
-from protocol.records import build_batch
-from proxy.quarantine import QuarantineEntry, segment_name
-from proxy.quarantine_cli import REPLAYED_FILE
+from kvproxy.commands.quarantine import REPLAYED_FILE
+from kvproxy.journal import QuarantineEntry, segment_name
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.records import build_batch
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "quarantine.md"
 EXAMPLE_COMMAND = "$ kvproxy quarantine list --dir quarantine"

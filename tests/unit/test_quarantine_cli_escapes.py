@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvproxy import cli
-from protocol.journal import encode_entry
-from protocol.records import build_batch
-from proxy.quarantine import QuarantineEntry, segment_name
+from kvproxy.journal import QuarantineEntry, segment_name
+from kvproxy.protocol.journal import encode_entry
+from kvproxy.protocol.records import build_batch
 
 HOSTILE_CLIENT = "app\x1b[31m\nFORGED 1 entries"
 HOSTILE_TOPIC = "orders\x1b]0;title\x07\rX"

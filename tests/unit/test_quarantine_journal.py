@@ -1,4 +1,4 @@
-"""proxy/quarantine/: the journal on disk (segments, roll, retention, recovery, write errors)."""
+"""journal/: the journal on disk (segments, roll, retention, recovery, write errors)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.journal import encode_entry
-from proxy.quarantine import Journal, JournalReader, QuarantineEntry, segment_name
-from proxy.quarantine import journal as journal_module
+from kvproxy.journal import Journal, JournalReader, QuarantineEntry, segment_name
+from kvproxy.journal import writer as journal_module
+from kvproxy.protocol.journal import encode_entry
 from tests.harness.journal_entries import BATCH, entry
 from tests.harness.quarantine import new_entry, replay_mark
 
@@ -312,7 +312,7 @@ CHILD = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from proxy.quarantine import journal as journal_module
+    from kvproxy.journal import writer as journal_module
     from tests.harness.journal_entries import entry
 
     directory, mode = Path(sys.argv[1]), sys.argv[2]
@@ -449,7 +449,7 @@ def test_real_file_size_limit(tmp_path: Path) -> None:
         """
         import resource, signal, sys
         from pathlib import Path
-        from proxy.quarantine import Journal
+        from kvproxy.journal import Journal
         from tests.harness.journal_entries import entry
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -566,7 +566,7 @@ def test_one_writer_per_directory(journal_factory: Callable[..., Journal], tmp_p
     first = journal_factory()
     first.open()
     script = (
-        "import sys\nfrom proxy.quarantine import Journal\n"
+        "import sys\nfrom kvproxy.journal import Journal\n"
         "try:\n    Journal(sys.argv[1]).open()\nexcept BlockingIOError as exc:\n"
         "    print(exc.strerror)\n"
     )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from protocol.records import build_batch, read_batches
-from proxy.quarantine import QuarantineEntry
-from proxy.quarantine_replay import ReplayRecords, next_step, replay_records, without_stored
+from kvproxy.commands.replay import ReplayRecords, next_step, replay_records, without_stored
+from kvproxy.journal import QuarantineEntry
+from kvproxy.protocol.records import build_batch, read_batches
 from tests.harness.quarantine import new_entry
 
 ROWS = [(b"k", f"v{i}".encode(), [("h", b"x")], 1_700_000_000_000 + i) for i in range(4)]

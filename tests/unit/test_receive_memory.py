@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import struct
 
-from protocol.budget import MemoryBudget
-from protocol.framing import FrameDecoder
-from proxy.reasons import PauseReason
-from proxy.receive_memory import FrameClock
+from kvproxy.protocol.budget import MemoryBudget
+from kvproxy.protocol.framing import FrameDecoder
+from kvproxy.proxy.reasons import PauseReason
+from kvproxy.proxy.receive_memory import FrameClock
 
 MiB = 1024 * 1024
 

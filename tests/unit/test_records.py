@@ -9,16 +9,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.compression import Codec, compress
-from protocol.errors import BufferUnderflow, CorruptRecords, EncodeError, UnsupportedCompression
-from protocol.records import (
+from kvproxy.protocol.compression import Codec, compress
+from kvproxy.protocol.errors import (
+    BufferUnderflow,
+    CorruptRecords,
+    EncodeError,
+    UnsupportedCompression,
+)
+from kvproxy.protocol.records import (
     Record,
     RecordBatch,
     build_batch,
     iter_batches,
     read_batch,
 )
-from protocol.records.writer import _encode_message
+from kvproxy.protocol.records.writer import _encode_message
 from tests.harness.records_testdata import (
     MAGIC_CODECS,
     SEGMENTS,

@@ -8,9 +8,9 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.compression import Codec
-from protocol.errors import DecodeError
-from protocol.records import build_batch, iter_batches, read_batch
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.records import build_batch, iter_batches, read_batch
 from tests.harness.records_testdata import MAGIC_CODECS, segment_bytes
 
 

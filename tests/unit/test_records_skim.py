@@ -9,13 +9,13 @@ import tracemalloc
 
 import pytest
 
-from protocol.compression import Codec
-from protocol.errors import DecodeError
-from protocol.records import build_batch
-from protocol.records.layout import V2_HEADER_SIZE
-from protocol.records.readers import read_batch
-from protocol.records.record import RecordScan
-from protocol.records.skim import skim_v2
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.records import build_batch
+from kvproxy.protocol.records.layout import V2_HEADER_SIZE
+from kvproxy.protocol.records.readers import read_batch
+from kvproxy.protocol.records.record import RecordScan
+from kvproxy.protocol.records.skim import skim_v2
 
 MiB = 1024 * 1024
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for, parse_config
-from proxy.reload import sections_needing_restart
-from proxy.server import ProxyServer
-from proxy.topic_configs import UNKNOWN_TTL_S
+from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
+from kvproxy.proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for, parse_config
+from kvproxy.proxy.reload import sections_needing_restart
+from kvproxy.proxy.server import ProxyServer
+from kvproxy.proxy.topic_configs import UNKNOWN_TTL_S
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
 HOUR_MS = 3_600_000

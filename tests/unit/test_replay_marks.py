@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.records import build_batch, read_batches
-from proxy.quarantine_replay import replay_records, told_refused
-from proxy.replay_marks import mark_line, read_marks, replayed_in_full
+from kvproxy.commands.replay import replay_records, told_refused
+from kvproxy.journal.replay_marks import mark_line, read_marks, replayed_in_full
+from kvproxy.protocol.records import build_batch, read_batches
 from tests.harness.quarantine import new_entry
 
 ROWS = [(b"k", f"v{i}".encode(), None, 1_700_000_000_000 + i) for i in range(4)]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.report import render_report
+from kvproxy.pipeline.report import render_report
 from tests.harness.browser import run_in_page, screenshot
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""proxy.rewrite: the answers kvproxy changes so that clients only learn proxy addresses."""
+"""kvproxy.proxy.rewrite: the answers kvproxy changes so that clients only learn proxy addresses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from protocol.messages import (
+from kvproxy.protocol.messages import (
     API_VERSIONS,
     DESCRIBE_CLUSTER,
     FETCH,
@@ -21,7 +21,7 @@ from protocol.messages import (
     make_response,
     supported_versions,
 )
-from proxy.rewrite import (
+from kvproxy.proxy.rewrite import (
     PRODUCE_MAX_VERSION,
     needs_rewrite,
     offered_range,

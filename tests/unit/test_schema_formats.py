@@ -16,18 +16,18 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from google.protobuf import descriptor_pb2
 
-from policies.schemas.formats import (
+from kvproxy.policies.schemas.formats import (
     PROTOBUF_TEXT_NOT_SUPPORTED,
     SchemaCompileError,
     compile_schema,
 )
-from policies.schemas.model import (
+from kvproxy.policies.schemas.model import (
     CompiledSchema,
     ReferencedSchema,
     RegisteredSchema,
     SchemaType,
 )
-from policies.schemas.wire import SCHEMA_ID_HEADER
+from kvproxy.policies.schemas.wire import SCHEMA_ID_HEADER
 from tests.harness.mock_registry import (
     SERIALIZER_CONF,
     VALUE,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies.api import ProducedRecords, Verdict
-from policies.chain import Mode, PolicyChain
-from policies.schemas.model import LookupNeeded, SchemaEntry
-from protocol.records.writer import build_batch
+from kvproxy.policies.api import ProducedRecords, Verdict
+from kvproxy.policies.chain import Mode, PolicyChain
+from kvproxy.policies.schemas.model import LookupNeeded, SchemaEntry
+from kvproxy.protocol.records.writer import build_batch
 from tests.harness.produced import produced
 
 INVALID_RECORD = 87

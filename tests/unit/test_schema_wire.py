@@ -9,7 +9,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.schemas.wire import (
+from kvproxy.policies.schemas.wire import (
     SCHEMA_ID_HEADER,
     WireFormatError,
     read_message_indexes,

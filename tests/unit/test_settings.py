@@ -1,5 +1,5 @@
 """settings: what the proxy and the audit both read, read and reported one way; and the one
-topic pattern matcher of `policies.topic_patterns`."""
+topic pattern matcher of `kvproxy.policies.topic_patterns`."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from pipeline.check import _Task
-from pipeline.task_data import AuditSettings
-from policies.api import INVALID_RECORD_REJECTION, MISSING_KEY, Verdict
-from policies.topic_patterns import PatternError, any_of, compile_pattern, is_regex
-from protocol import error_codes
-from protocol.error_codes import ErrorProfile
-from proxy.produce import ProduceEngine, ProduceSettings
-from settings.addresses import join_host_port, parse_host_port
-from settings.errors import profile_code, read_profile
-from settings.loading import ConfigError, Section, read_document, report, validate
-from settings.rules import RuleSections
+from kvproxy.pipeline.check import _Task
+from kvproxy.pipeline.task_data import AuditSettings
+from kvproxy.policies.api import INVALID_RECORD_REJECTION, MISSING_KEY, Verdict
+from kvproxy.policies.topic_patterns import PatternError, any_of, compile_pattern, is_regex
+from kvproxy.protocol import error_codes
+from kvproxy.protocol.error_codes import ErrorProfile
+from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
+from kvproxy.settings.addresses import join_host_port, parse_host_port
+from kvproxy.settings.errors import profile_code, read_profile
+from kvproxy.settings.loading import ConfigError, Section, read_document, report, validate
+from kvproxy.settings.rules import RuleSections
 
 # ---- host:port ----
 

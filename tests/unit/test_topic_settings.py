@@ -1,5 +1,5 @@
 """Topic settings: a DescribeConfigs answer and a YAML `config:` mapping read into a
-`TopicConfig` (`policies.topic_settings`), the routing's override, the cache, and what
+`TopicConfig` (`kvproxy.policies.topic_settings`), the routing's override, the cache, and what
 `ProduceEngine` hands the policies."""
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ from kio.schema.describe_configs.v1.response import (
 from kio.static.primitive import i8, i16, i32Timedelta
 
 from kvproxy.cli import main as kvproxy
-from policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from policies.config import PolicyConfigError, build_routing
-from policies.topic_settings import (
+from kvproxy.commands.topics import settings_in_force
+from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
+from kvproxy.policies.config import PolicyConfigError, build_routing
+from kvproxy.policies.topic_settings import (
     KAFKA_DEFAULTS,
     ClusterSetting,
     from_cluster,
 )
-from protocol.messages import decode_request
-from protocol.records import build_batch
-from proxy import topic_configs
-from proxy.config import load_config_and_rules
-from proxy.produce import ProduceEngine, ProduceSettings
-from proxy.topic_configs import TopicConfigCache
-from proxy.topics_cli import settings_in_force
-from proxy.upstream_client import described_topics
-from settings.loading import ConfigError
+from kvproxy.protocol.messages import decode_request
+from kvproxy.protocol.records import build_batch
+from kvproxy.proxy import topic_configs
+from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
+from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.upstream_client import described_topics
+from kvproxy.settings.loading import ConfigError
 from tests.harness.fuzz import produce_request
 
 LONG_MAX = 2**63 - 1

@@ -15,11 +15,11 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from pipeline.segments import JournalSegment, discover
-from proxy.logs import configure_logging
-from proxy.quarantine import WORKER_DIR_PREFIX, Journal, JournalReader
-from proxy.quarantine.reader import journal_directories
-from proxy.workers import merge_exposition
+from kvproxy.journal import WORKER_DIR_PREFIX, Journal, JournalReader
+from kvproxy.journal.reader import journal_directories
+from kvproxy.pipeline.segments import JournalSegment, discover
+from kvproxy.proxy.logs import configure_logging
+from kvproxy.proxy.workers import merge_exposition
 from tests.harness.journal_entries import entry
 
 # ---- one /metrics page for every worker ----

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.api import ACCEPT, Need, ProducedRecords, RecordError, Verdict
-from policies.builtin import PolicyConfigError, PolicyContext
-from protocol import error_codes
+from kvproxy.policies.api import ACCEPT, Need, ProducedRecords, RecordError, Verdict
+from kvproxy.policies.builtin import PolicyConfigError, PolicyContext
+from kvproxy.protocol import error_codes
 
 __all__ = ["ForbiddenWordPolicy"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Final, overload
 
-from protocol.topics import MAX_TOPIC_NAME_CHARS
+from kvproxy.protocol.topics import MAX_TOPIC_NAME_CHARS
 
 __all__ = [
     "MAX_CLIENT_ID_CHARS",

@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from policies import plugins
-from policies.config import TopicRouting
-from policies.topic_settings import FIELD_NAMES
-from protocol.errors import ProtocolError
-from proxy import demo, dump, quarantine_cli, topics_cli
-from proxy.config import ProxyConfig, load_config_and_rules
-from proxy.signals import queue_sighup
-from settings.audit_file import read_audit_file
-from settings.loading import ConfigError, read_document
+from kvproxy.commands import demo, dump
+from kvproxy.commands import quarantine as quarantine_cli
+from kvproxy.commands import topics as topics_cli
+from kvproxy.policies import plugins
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.topic_settings import FIELD_NAMES
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
+from kvproxy.proxy.signals import queue_sighup
+from kvproxy.settings.audit_file import read_audit_file
+from kvproxy.settings.loading import ConfigError, read_document
 
 
 def _add_serve(subparsers: Any) -> None:
@@ -72,11 +74,11 @@ def _add_check(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
-    from proxy.errors import ProxyError  # noqa: PLC0415
-    from proxy.logs import configure_logging  # noqa: PLC0415
-    from proxy.server import WorkerRole  # noqa: PLC0415
-    from proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
+    from kvproxy.proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
+    from kvproxy.proxy.errors import ProxyError  # noqa: PLC0415
+    from kvproxy.proxy.logs import configure_logging  # noqa: PLC0415
+    from kvproxy.proxy.server import WorkerRole  # noqa: PLC0415
+    from kvproxy.proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
 
     queue_sighup()  # before anything else: a SIGHUP while starting is not fatal
     configure_logging(args.log_format, worker=args.worker_index)
@@ -114,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _raise_open_file_limit(config: ProxyConfig, *, log_unchanged: bool) -> None:
     """The soft limit on open files up to the hard one, said once: each client connection holds
     two descriptors, and a soft limit of 1024 (many systems' default) runs out at about 500."""
-    from proxy.fds import raise_open_file_limit  # noqa: PLC0415
+    from kvproxy.proxy.fds import raise_open_file_limit  # noqa: PLC0415
 
     log = logging.getLogger("kvproxy")
     before, after, problem = raise_open_file_limit()
@@ -260,7 +262,7 @@ def _check_registry(config: ProxyConfig) -> int:
     """Each registry URL asked once (`GET /subjects`): 0 when every one answers, 1 otherwise."""
     import asyncio  # noqa: PLC0415
 
-    from registry.client import RegistryClient  # noqa: PLC0415
+    from kvproxy.registry.client import RegistryClient  # noqa: PLC0415
 
     if config.schema_registry is None:
         return 0
@@ -287,9 +289,9 @@ def _check_cluster(config: ProxyConfig) -> int:
     has none. 0: every node has a port; 1: the cluster did not answer; 2: a node has no port."""
     import asyncio  # noqa: PLC0415
 
-    from proxy.embedded import run_embedded_broker  # noqa: PLC0415
-    from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
-    from proxy.upstream_client import describe_failure, fetch_broker_addresses  # noqa: PLC0415
+    from kvproxy.proxy.embedded import run_embedded_broker  # noqa: PLC0415
+    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
+    from kvproxy.proxy.upstream_client import describe_failure, fetch_broker_addresses  # noqa: PLC0415
 
     timeout = config.upstream.connect_timeout_ms / 1000
     context = upstream_side_ssl(config)
@@ -341,5 +343,6 @@ if (
     __name__ == "__main__"
 ):  # the command is `kvproxy` (kvproxy/cli.py), which puts the parts together
     sys.exit(
-        "proxy.cli only contributes subcommands: run `kvproxy ...` or `python -m kvproxy.cli ...`"
+        "kvproxy.commands.cli only contributes subcommands:"
+        " run `kvproxy ...` or `python -m kvproxy.cli ...`"
     )

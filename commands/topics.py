@@ -1,6 +1,7 @@
 """`kvproxy topics -c FILE [TOPIC...]`: the topic settings the checks use, and their sources.
 
-Each setting a broker applies on produce (`policies.topic_settings`) is taken from the topic's
+Each setting a broker applies on produce (`kvproxy.policies.topic_settings`) is taken from the
+topic's
 YAML entry (`config:`, `compacted:`), else from the cluster (DescribeConfigs: the topic's own
 value, or the broker's default), else Kafka's default. The command asks the cluster as `serve`
 would (or a temporary embedded broker, as `check --connect` does) and prints, per topic, every
@@ -17,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.config import TopicRouting, TopicRule
-from policies.topic_settings import (
+from kvproxy.policies.config import TopicRouting, TopicRule
+from kvproxy.policies.topic_settings import (
     FIELD_NAMES,
     KAFKA_DEFAULTS,
     ClusterSetting,
@@ -27,8 +28,8 @@ from policies.topic_settings import (
     options_over_settings,
     settings_read_by,
 )
-from protocol.errors import ProtocolError
-from proxy.config import ProxyConfig, load_config_and_rules
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
 
 YAML = "yaml"
 KAFKA_DEFAULT = "Kafka default"
@@ -132,7 +133,7 @@ def ask_cluster(config: ProxyConfig, topics: list[str]) -> ClusterAnswer:
     """Which of `topics` exist (all the cluster's topics when none are named) and their
     settings, asked of the first bootstrap server that answers (or an embedded broker)."""
     if config.upstream.embedded:
-        from proxy.embedded import run_embedded_broker  # noqa: PLC0415
+        from kvproxy.proxy.embedded import run_embedded_broker  # noqa: PLC0415
 
         with run_embedded_broker() as broker:
             return _ask(config, ((broker.host, broker.port),), topics)
@@ -142,8 +143,8 @@ def ask_cluster(config: ProxyConfig, topics: list[str]) -> ClusterAnswer:
 def _ask(
     config: ProxyConfig, servers: Sequence[tuple[str, int]], topics: list[str]
 ) -> ClusterAnswer:
-    from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
-    from proxy.upstream_client import (  # noqa: PLC0415
+    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
+    from kvproxy.proxy.upstream_client import (  # noqa: PLC0415
         describe_failure,
         describe_topic_configs,
         list_topics,
@@ -193,7 +194,7 @@ def report_for(topic: str, routing: TopicRouting, answer: ClusterAnswer) -> Topi
 
 
 def settings_in_force(rule: TopicRule, cluster: ClusterTopic | None) -> tuple[SettingInForce, ...]:
-    """Every setting of `policies.topic_settings`, by precedence: the rule's YAML, the
+    """Every setting of `kvproxy.policies.topic_settings`, by precedence: the rule's YAML, the
     cluster's, Kafka's default."""
     rows = []
     policies = rule.chain.policies

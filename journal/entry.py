@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.bounds import (
+from kvproxy.journal.bounds import (
     MAX_CLIENT_ID_CHARS,
     MAX_MESSAGE_CHARS,
     MAX_RECORD_INDEXES,
@@ -43,7 +43,8 @@ class QuarantineEntry:
         """The JSON object stored in the entry (everything but the records).
 
         Its size is bounded whatever the client sent: topic, client id and message are clipped
-        (`proxy.bounds`) and at most `MAX_RECORD_INDEXES` record indexes are kept, the number of
+        (`kvproxy.journal.bounds`) and at most `MAX_RECORD_INDEXES` record indexes are kept, the
+        number of
         the others in `record_indexes_omitted`."""
         omitted = self.record_indexes_omitted + max(
             0, len(self.record_indexes) - MAX_RECORD_INDEXES

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.errors import BufferUnderflow, DecodeError
-from protocol.journal import iter_entries
-from proxy.quarantine.entry import QuarantineEntry
+from kvproxy.journal.entry import QuarantineEntry
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError
+from kvproxy.protocol.journal import iter_entries
 
 SEGMENT_SUFFIX = ".kvq"
 WORKER_DIR_PREFIX = "worker-"

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from protocol.compression import Codec
-from protocol.errors import DecodeError
-from protocol.records import Record, RecordBatch, read_batch
-from protocol.records.segment import (
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.records import Record, RecordBatch, read_batch
+from kvproxy.protocol.records.segment import (
     FRAME_HEAD,
     frame_end,
     partition_of,

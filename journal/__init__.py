@@ -2,7 +2,8 @@
 
 `Journal` is what the proxy holds: `append()` only puts the entry on a bounded queue (it never
 blocks the event loop and never raises); a writer thread encodes entries with
-`protocol.journal`, appends them to the active segment, rolls and expires segments, and fsyncs
+`kvproxy.protocol.journal`, appends them to the active segment, rolls and expires segments, and
+fsyncs
 every `flush_interval_ms` and on close. Write errors (disk full, permissions) are recorded in
 `degraded` and the counters, reported once per failure streak through `on_error`, and never
 reach the caller.
@@ -12,14 +13,14 @@ and without repairing anything, so `kvproxy quarantine list|show` can run while 
 The format and the guarantees are in docs/quarantine.md.
 """
 
-from proxy.quarantine.entry import QuarantineEntry
-from proxy.quarantine.journal import Journal, RecoveryReport
-from proxy.quarantine.reader import (
+from kvproxy.journal.entry import QuarantineEntry
+from kvproxy.journal.reader import (
     SEGMENT_SUFFIX,
     WORKER_DIR_PREFIX,
     JournalReader,
     segment_name,
 )
+from kvproxy.journal.writer import Journal, RecoveryReport
 
 __all__ = [
     "SEGMENT_SUFFIX",

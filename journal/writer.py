@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocol.errors import DecodeError, EncodeError
-from protocol.journal import encode_entry, iter_entries
-from proxy.quarantine.drops import Drops
-from proxy.quarantine.entry import QuarantineEntry
-from proxy.quarantine.reader import list_segments, segment_name
+from kvproxy.journal.drops import Drops
+from kvproxy.journal.entry import QuarantineEntry
+from kvproxy.journal.reader import list_segments, segment_name
+from kvproxy.protocol.errors import DecodeError, EncodeError
+from kvproxy.protocol.journal import encode_entry, iter_entries
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

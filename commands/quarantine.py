@@ -21,15 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from policies.topic_settings import from_cluster
-from protocol.error_codes import error_name
-from protocol.errors import ProtocolError
-from protocol.records import iter_batches
-from proxy.config import ProxyConfig, load_config
-from proxy.dump import preview
-from proxy.logs import escape_controls
-from proxy.quarantine import JournalReader, QuarantineEntry
-from proxy.quarantine_replay import (
+from kvproxy.commands.dump import preview
+from kvproxy.commands.replay import (
     entry_leader,
     produce_entry,
     recheck,
@@ -37,9 +30,16 @@ from proxy.quarantine_replay import (
     same_records,
     skip_stored,
 )
-from proxy.replay_marks import Replayed, mark_line, read_marks, replayed_in_full, union
-from proxy.upstream_client import describe_topic_configs
-from settings.loading import ConfigError
+from kvproxy.journal import JournalReader, QuarantineEntry
+from kvproxy.journal.replay_marks import Replayed, mark_line, read_marks, replayed_in_full, union
+from kvproxy.policies.topic_settings import from_cluster
+from kvproxy.protocol.error_codes import error_name
+from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.records import iter_batches
+from kvproxy.proxy.config import ProxyConfig, load_config
+from kvproxy.proxy.logs import escape_controls
+from kvproxy.proxy.upstream_client import describe_topic_configs
+from kvproxy.settings.loading import ConfigError
 
 REPLAYED_FILE = "replayed.ids"
 
@@ -255,9 +255,9 @@ def _replay(args: argparse.Namespace) -> int:
 async def _replay_async(
     args: argparse.Namespace, directory: Path, config: ProxyConfig, config_dir: Path
 ) -> int:
-    from proxy.config import build_routing_for  # noqa: PLC0415
-    from proxy.errors import ProxyError  # noqa: PLC0415
-    from proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
+    from kvproxy.proxy.config import build_routing_for  # noqa: PLC0415
+    from kvproxy.proxy.errors import ProxyError  # noqa: PLC0415
+    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
 
     try:
         routing = build_routing_for(config, config_dir)
@@ -403,7 +403,7 @@ async def _replay_async(
 def _running_embedded_broker(directory: Path, config_file: str) -> tuple[str, int]:
     """The broker of the `kvproxy serve` running this config: the embedded broker lives inside
     serve and keeps its data in memory, so replay writes there, or nowhere."""
-    from proxy.embedded import ADDRESS_FILE, advertised_broker  # noqa: PLC0415
+    from kvproxy.proxy.embedded import ADDRESS_FILE, advertised_broker  # noqa: PLC0415
 
     broker = advertised_broker(directory)
     if broker is None:

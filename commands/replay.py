@@ -8,15 +8,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from policies.api import TopicConfig, Verdict, parse_records
-from policies.chain import Mode
-from policies.config import TopicRouting
-from protocol.error_codes import error_name
-from protocol.errors import DecodeError, ProtocolError
-from protocol.records import iter_batches, read_batches
-from protocol.records.own_producer import as_own_producer
-from proxy.quarantine import QuarantineEntry
-from proxy.upstream_client import (
+from kvproxy.journal import QuarantineEntry
+from kvproxy.policies.api import TopicConfig, Verdict, parse_records
+from kvproxy.policies.chain import Mode
+from kvproxy.policies.config import TopicRouting
+from kvproxy.protocol.error_codes import error_name
+from kvproxy.protocol.errors import DecodeError, ProtocolError
+from kvproxy.protocol.records import iter_batches, read_batches
+from kvproxy.protocol.records.own_producer import as_own_producer
+from kvproxy.proxy.upstream_client import (
     UpstreamError,
     partition_leader,
     produce_batch,

@@ -23,14 +23,14 @@ from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, 
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-from protocol.error_codes import error_name
-from protocol.framing import FrameDecoder, frame
-from protocol.messages import PRODUCE, decode_response, encode_request, make_request
-from protocol.records import build_batch, read_batch
-from proxy.app import running_proxy
-from proxy.config import ProxyConfig, parse_config
-from proxy.logs import RejectionEvent
-from proxy.server import ProxyServer
+from kvproxy.protocol.error_codes import error_name
+from kvproxy.protocol.framing import FrameDecoder, frame
+from kvproxy.protocol.messages import PRODUCE, decode_response, encode_request, make_request
+from kvproxy.protocol.records import build_batch, read_batch
+from kvproxy.proxy.app import running_proxy
+from kvproxy.proxy.config import ProxyConfig, parse_config
+from kvproxy.proxy.logs import RejectionEvent
+from kvproxy.proxy.server import ProxyServer
 
 DEMO_TOPIC = "kvproxy-demo"
 COMPACTED_TOPIC = "customers"
