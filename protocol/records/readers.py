@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from kvproxy.protocol.budget import Allowance
 from kvproxy.protocol.errors import BatchFraming, BufferUnderflow, CorruptRecords
 from kvproxy.protocol.records.batch import RecordBatch
+from kvproxy.protocol.records.batch_v2 import V2Batch
 from kvproxy.protocol.records.layout import (
     LOG_OVERHEAD,
     MAGIC_POS,
@@ -14,6 +15,7 @@ from kvproxy.protocol.records.layout import (
     MIN_LENGTH_BY_MAGIC,
     PREFIX,
 )
+from kvproxy.protocol.records.legacy_batch import LegacyBatch
 
 
 def read_batch(
@@ -65,7 +67,9 @@ def _read_batch(
         raise BufferUnderflow(
             f"batch at byte {offset} needs {end - offset} bytes, {available} left"
         )
-    return RecordBatch(view[offset:end], allowance), end
+    if view[offset + MAGIC_POS] == 2:
+        return V2Batch(view[offset:end], allowance), end
+    return LegacyBatch(view[offset:end], allowance), end
 
 
 def read_batches(
