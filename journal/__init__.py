@@ -20,7 +20,8 @@ from kvproxy.journal.reader import (
     JournalReader,
     segment_name,
 )
-from kvproxy.journal.writer import Journal, RecoveryReport
+from kvproxy.journal.segments import RecoveryReport
+from kvproxy.journal.writer import Journal
 
 __all__ = [
     "SEGMENT_SUFFIX",

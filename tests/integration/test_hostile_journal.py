@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import kvproxy.journal.writer as journal_module
+import kvproxy.journal.segments as journal_segments
 from kvproxy.journal import JournalReader
 from kvproxy.journal.reader import list_segments
 from kvproxy.protocol.journal import iter_entries
@@ -103,14 +103,14 @@ def test_a_bad_crc_flood_keeps_the_journal_queue_within_its_bytes(
     """The writer is held (a gate) while 20 requests of 16 x 256 KiB bad-CRC partitions arrive:
     the queue never holds more than `queue_bytes`; the rest is counted, and said once."""
     gate = threading.Event()
-    real = journal_module._write_all
+    real = journal_segments._write_all
     high_water = [0]
 
     def held(fd: int, data: bytes) -> None:
         gate.wait(60)
         real(fd, data)
 
-    monkeypatch.setattr(journal_module, "_write_all", held)
+    monkeypatch.setattr(journal_segments, "_write_all", held)
     topic = make_topic(16)
     queue_bytes = 64 * 1024 * 1024  # quarantine.queue_bytes' default
     caplog.set_level(logging.ERROR, logger="kvproxy")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-import kvproxy.journal.writer as journal_module
+import kvproxy.journal.segments as journal_segments
 from kvproxy.journal import Journal, JournalReader, QuarantineEntry, segment_name
 from kvproxy.protocol.journal import encode_entry
 from kvproxy.protocol.messages import PRODUCE, decode_response
@@ -402,7 +402,7 @@ def test_failing_journal_writes_keep_client_answers_and_report_degraded(
 ) -> None:
     topic = make_topic(2)
     journal_dir = tmp_path / "journal"
-    real_write_all = journal_module._write_all
+    real_write_all = journal_segments._write_all
     disk_full = True
 
     def write_all(fd: int, data: bytes) -> None:
@@ -411,7 +411,7 @@ def test_failing_journal_writes_keep_client_answers_and_report_degraded(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write_all(fd, data)
 
-    monkeypatch.setattr(journal_module, "_write_all", write_all)
+    monkeypatch.setattr(journal_segments, "_write_all", write_all)
     with run_proxy(
         tansu.bootstrap,
         topics=[{"match": topic, **JSON_ONLY}],
@@ -550,7 +550,7 @@ def test_missing_dead_letter_topic_is_counted_failed_and_not_created(
         f"no dead-letter topic {topic}.dlq existed: the copy must fail and be counted "
         f'result="failed", and the topic must not be created; got (written, failed) = {counts} '
         f"and the topic {'now exists' if topic + '.dlq' in existing else 'does not exist'} "
-        "(the dead-letter leader lookup, proxy.upstream_client.partition_leader, sends "
+        "(the dead-letter leader lookup, client.async_requests.partition_leader, sends "
         "Metadata v1, which asks the broker to auto-create the topic)"
     )
 

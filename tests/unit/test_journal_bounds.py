@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvproxy.journal import Journal
+from kvproxy.journal import segments as journal_segments
 from kvproxy.journal import writer as journal_module
 from kvproxy.journal.repeats import RecentRefusals, Refusal, refusal_key
 from tests.harness.quarantine import new_entry
@@ -33,13 +34,13 @@ def held_journal(
 ) -> Iterator[tuple[Journal, list[str], Clock]]:
     """A journal whose writer is held at its first write until the test ends."""
     gate = threading.Event()
-    real = journal_module._write_all
+    real = journal_segments._write_all
 
     def held(fd: int, data: bytes) -> None:
         gate.wait(30)
         real(fd, data)
 
-    monkeypatch.setattr(journal_module, "_write_all", held)
+    monkeypatch.setattr(journal_segments, "_write_all", held)
     errors: list[str] = []
     clock = Clock()
     journal = Journal(

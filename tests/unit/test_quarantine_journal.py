@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvproxy.journal import Journal, JournalReader, QuarantineEntry, segment_name
-from kvproxy.journal import writer as journal_module
+from kvproxy.journal import segments as journal_segments
 from kvproxy.protocol.journal import encode_entry
 from tests.harness.journal_entries import BATCH, entry
 from tests.harness.quarantine import new_entry, replay_mark
@@ -312,14 +312,15 @@ CHILD = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from kvproxy.journal import writer as journal_module
+    from kvproxy.journal import segments as journal_segments
+    from kvproxy.journal.writer import Journal
     from tests.harness.journal_entries import entry
 
     directory, mode = Path(sys.argv[1]), sys.argv[2]
-    journal = journal_module.Journal(directory, flush_interval_ms=10)
+    journal = Journal(directory, flush_interval_ms=10)
     journal.open()
     if mode == "mid-write":
-        real = journal_module._write_all
+        real = journal_segments._write_all
         calls = 0
 
         def half_then_die(fd, data):
@@ -330,7 +331,7 @@ CHILD = textwrap.dedent(
                 os._exit(0)  # the process dies inside the 5th write
             real(fd, data)
 
-        journal_module._write_all = half_then_die
+        journal_segments._write_all = half_then_die
         for n in range(10):
             journal.append(entry(n))
         journal.flush()
@@ -399,13 +400,13 @@ def test_write_errors_degrade_and_recover(
     journal.open()
     journal.append(entry(0))
     assert journal.flush(timeout=10)
-    real = journal_module._write_all
+    real = journal_segments._write_all
 
     def disk_full(fd: int, data: bytes) -> None:
         real(fd, data[:10])  # a partial write first, as a filling disk does
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(journal_module, "_write_all", disk_full)
+    monkeypatch.setattr(journal_segments, "_write_all", disk_full)
     started = time.monotonic()
     for n in range(1, 6):
         journal.append(entry(n))  # never raises, never waits for the disk
@@ -414,7 +415,7 @@ def test_write_errors_degrade_and_recover(
     assert journal.degraded == "No space left on device"
     assert journal.failed_writes == 5
     assert errors == ["quarantine journal write failed: No space left on device"]  # once
-    monkeypatch.setattr(journal_module, "_write_all", real)
+    monkeypatch.setattr(journal_segments, "_write_all", real)
     journal.append(entry(6))
     assert journal.flush(timeout=10)
     assert journal.degraded is None
@@ -491,13 +492,13 @@ def test_full_queue_drops_without_blocking(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     release = threading.Event()
-    real = journal_module._write_all
+    real = journal_segments._write_all
 
     def slow(fd: int, data: bytes) -> None:
         release.wait(10)
         real(fd, data)
 
-    monkeypatch.setattr(journal_module, "_write_all", slow)
+    monkeypatch.setattr(journal_segments, "_write_all", slow)
     journal = journal_factory(queue_entries=3)
     journal.open()
     started = time.monotonic()
@@ -541,7 +542,7 @@ def test_flushes_on_the_interval_without_being_asked(
         real_fsync(fd)
         synced.set()
 
-    monkeypatch.setattr(journal_module.os, "fsync", fsync)
+    monkeypatch.setattr(journal_segments.os, "fsync", fsync)
     journal = journal_factory(flush_interval_ms=50)
     journal.open()
     journal.append(entry(0))
