@@ -1,7 +1,8 @@
 """Producer epochs and sequences per partition, learned only from the broker's successful answers.
 
-The proxy calls `record_success` for every partition the broker accepted (from the batch it
-forwarded: producer id, epoch, first and last sequence). The `producer_state` policy then refuses
+The `producer_state` policy observes the broker's answers and calls `record_batch_success` for
+every partition the broker accepted (from the batch the proxy forwarded: producer id, epoch,
+first and last sequence). It then refuses
 what the broker would refuse for the same producer (UnifiedLog / ProducerStateManager):
 an epoch older than the last one acknowledged -> INVALID_PRODUCER_EPOCH (47), a first sequence
 that does not follow the last acknowledged one -> OUT_OF_ORDER_SEQUENCE_NUMBER (45). A retry of
@@ -61,7 +62,7 @@ class ProducerStateTracker:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record_success(  # noqa: PLR0917 - the signature the proxy was promised
+    def record_success(  # noqa: PLR0917 - one argument per field it keeps
         self,
         topic: str,
         partition: int,
@@ -109,11 +110,3 @@ class ProducerStateTracker:
             if entry is not None:
                 self._entries.move_to_end(key)
             return entry
-
-    def forget(self, topic: str, partition: int, producer_id: int) -> None:
-        with self._lock:
-            self._entries.pop((topic, partition, producer_id), None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()

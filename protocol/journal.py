@@ -27,7 +27,6 @@ import crc32c
 from kvproxy.protocol.errors import BufferUnderflow, DecodeError, EncodeError
 
 __all__ = [
-    "ENTRY_OVERHEAD",
     "MAGIC",
     "MAX_LENGTH",
     "CorruptEntry",
@@ -41,7 +40,6 @@ MAGIC = b"KVQ1"
 _HEADER = struct.Struct(">4sII")  # magic, length, crc
 _META_LENGTH = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size  # 12
-ENTRY_OVERHEAD = HEADER_SIZE + _META_LENGTH.size  # 16: an entry with empty metadata and records
 MAX_LENGTH = 0x7FFFFFFF
 """The largest body accepted: a length above it is corruption, never a torn tail."""
 

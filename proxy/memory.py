@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-
-log = logging.getLogger("kvproxy")
 
 MMAP_THRESHOLD = 256 * 1024
 """Allocations above this are mmapped (frame buffers above 64 KiB reuse pooled buffers)."""

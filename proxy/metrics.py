@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
@@ -22,8 +21,6 @@ from prometheus_client.registry import Collector
 
 from kvproxy.proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
 from kvproxy.registry.catalog import CatalogObserver
-
-log = logging.getLogger("kvproxy")
 
 __all__ = ["OTHER_TOPICS", "UNKNOWN_TOPICS", "ProxyMetrics", "start_http_endpoint"]
 

@@ -4,13 +4,11 @@ As uvicorn's `ServerState`: a connection gets its limits, the metrics, the recei
 waiters, the produce decisions, the rejection sink, the node directory and the connection
 registry, and nothing else of the server. The directory and the registry are described here as
 protocols (the listeners implement them), so `kvproxy.proxy.connection` never imports the modules
-that
-create connections.
+that create connections.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -26,7 +24,6 @@ if TYPE_CHECKING:
     from kvproxy.proxy.connection import ClientConnection
     from kvproxy.proxy.upstream_connection import UpstreamConnection
 
-log = logging.getLogger("kvproxy")
 
 REFUSAL_LOG_INTERVAL_S = 10.0
 """Refused connections are logged at most once per interval, with a count of the rest."""

@@ -30,8 +30,6 @@ __all__ = [
 ]
 
 SCHEMA_NOT_FOUND = 40403
-SUBJECT_NOT_FOUND = 40401
-VERSION_NOT_FOUND = 40402
 
 
 class AnswerError(ValueError):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvproxy.protocol.errors import BufferUnderflow, DecodeError, EncodeError
 from kvproxy.protocol.journal import (
-    ENTRY_OVERHEAD,
+    HEADER_SIZE,
     MAGIC,
     CorruptEntry,
     encode_entry,
@@ -48,7 +48,7 @@ def test_layout_byte_by_byte() -> None:
     meta = b'{"a":1}'
     body = struct.pack(">I", len(meta)) + meta + b"xyz"
     assert data == MAGIC + struct.pack(">II", len(body), crc32c.crc32c(body)) + body
-    assert len(data) == ENTRY_OVERHEAD + len(meta) + 3
+    assert len(data) == HEADER_SIZE + 4 + len(meta) + 3  # 4: the metadata's length
 
 
 def test_round_trip_with_real_batch() -> None:
