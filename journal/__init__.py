@@ -3,10 +3,9 @@
 `Journal` is what the proxy holds: `append()` only puts the entry on a bounded queue (it never
 blocks the event loop and never raises); a writer thread encodes entries with
 `kvproxy.protocol.journal`, appends them to the active segment, rolls and expires segments, and
-fsyncs
-every `flush_interval_ms` and on close. Write errors (disk full, permissions) are recorded in
-`degraded` and the counters, reported once per failure streak through `on_error`, and never
-reach the caller.
+fsyncs every `flush_interval_ms` and on close. Write errors (disk full, permissions) are recorded in
+`degraded` and the counters, reported once per failure streak through `on_error`, and never reach
+the caller.
 
 `JournalReader` reads a journal directory without a writer thread
 and without repairing anything, so `kvproxy quarantine list|show` can run while a proxy writes.

@@ -44,8 +44,7 @@ class QuarantineEntry:
 
         Its size is bounded whatever the client sent: topic, client id and message are clipped
         (`kvproxy.journal.bounds`) and at most `MAX_RECORD_INDEXES` record indexes are kept, the
-        number of
-        the others in `record_indexes_omitted`."""
+        number of the others in `record_indexes_omitted`."""
         omitted = self.record_indexes_omitted + max(
             0, len(self.record_indexes) - MAX_RECORD_INDEXES
         )

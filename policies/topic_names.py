@@ -1,6 +1,5 @@
 """The rule of a Produce to a name that cannot be a Kafka topic (`kvproxy.protocol.topics`: more
-than 249
-characters, or characters other than letters, digits, `.`, `_`, `-`).
+than 249 characters, or characters other than letters, digits, `.`, `_`, `-`).
 
 Such a topic cannot exist, so the proxy answers as the broker does for a topic it does not
 have, UNKNOWN_TOPIC_OR_PARTITION (3), without matching the name against any rule: a client

@@ -9,9 +9,8 @@ Every error a producer meets is answered twice here:
   idempotence / transaction state failed (TRANSACTION_FAILED).
 
 Both read the project's error table (`kvproxy.protocol.error_codes`), so a code means the same
-thing here
-as in the proxy. They accept a bare error code, an aiokafka or kafka-python error, and the
-exceptions below.
+thing here as in the proxy. They accept a bare error code, an aiokafka or kafka-python error, and
+the exceptions below.
 
 >>> import aiokafka.errors
 >>> classify(87), failure_type(87)

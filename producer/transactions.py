@@ -38,8 +38,7 @@ made through the `Transaction` is awaited before the commit, and one failed send
 
 After an abort caused by a failed send, the producer's epoch is renewed
 (`kvproxy.producer.compat.renew_epoch`): aiokafka had numbered the refused batch, the broker never
-stored
-it, and without a new epoch every later batch on that partition would be refused as
+stored it, and without a new epoch every later batch on that partition would be refused as
 OUT_OF_ORDER_SEQUENCE_NUMBER.
 """
 

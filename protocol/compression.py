@@ -11,10 +11,9 @@ framing lives here so that `records` only sees plain bytes in and out:
 
 What a frame header declares (a zstd window, an lz4 block size, a content size) is charged
 before the frame is decoded (`kvproxy.protocol.declared_sizes`). A large output is a private
-anonymous
-mapping, not a `bytearray`: the interpreter zero-fills a `bytearray` while holding the GIL
-(tens of milliseconds for 60 MiB, every other thread waiting), where a fresh mapping costs
-nothing until the decoder writes it, with the GIL released.
+anonymous mapping, not a `bytearray`: the interpreter zero-fills a `bytearray` while holding the GIL
+(tens of milliseconds for 60 MiB, every other thread waiting), where a fresh mapping costs nothing
+until the decoder writes it, with the GIL released.
 
 Any failure while decompressing becomes `CorruptRecords`, except a failed allocation, which is
 the proxy's own failure (`OutOfMemory`); codec ids 5-7 are `UnsupportedCompression`.

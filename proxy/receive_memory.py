@@ -2,8 +2,7 @@
 and how long one frame may hold it.
 
 A large frame reserves its declared size when its size prefix arrives (`kvproxy.protocol.framing`)
-and
-keeps it until it is complete. A frame that cannot reserve waits, unread, oldest first. What
+and keeps it until it is complete. A frame that cannot reserve waits, unread, oldest first. What
 bounds the wait is the time a frame may take to arrive once it holds its reservation
 (`limits.frame_receive_timeout_ms`): measured from its reservation, not from its last byte, so a
 client sending a byte now and then holds the memory no longer than one that sends nothing.
