@@ -1,11 +1,11 @@
 """The requests kvproxy makes of a cluster on its own behalf, sans-IO: Metadata, DescribeConfigs,
 ListOffsets and Fetch, built for a given version and their answers read into plain values.
 
-The proxy sends them over asyncio (`kvproxy.proxy.upstream_client`) and the audit over blocking
-sockets
-(`kvproxy.pipeline.kafka_client`); both build and read them here, so they ask the same questions and
-understand the answers the same way. A builder takes every field any version has and keeps the
-ones the asked version defines, so one call serves a fixed version and a negotiated one alike.
+The proxy and the offline commands send them over asyncio (`kvproxy.client.async_requests`) and
+the audit over blocking sockets (`kvproxy.client.blocking`); both build and read them here, so
+they ask the same questions and understand the answers the same way. A builder takes every field any
+version has and keeps the ones the asked version defines, so one call serves a fixed version and a
+negotiated one alike.
 """
 
 from __future__ import annotations
