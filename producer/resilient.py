@@ -80,6 +80,26 @@ def _mode(idempotence: Idempotence | bool) -> Idempotence:
     return idempotence
 
 
+def _refused_with_batch(
+    exc: BatchRejected, sent: asyncio.Future[RecordMetadata], *, transactional: bool
+) -> ProduceFailedError | None:
+    """How a record of a refused batch fails for good: refused itself (its own record error),
+    or fallen with its transaction; None when it may be sent again."""
+    index = exc.positions.get(id(sent))
+    if index is not None and index in exc.record_errors:
+        return ProduceFailedError(exc, FailureType.MESSAGE_REJECTED, exc.record_errors[index])
+    if exc.record_errors and transactional:
+        # The transaction must abort (producer.transactions does it): resending the other
+        # records into it would only be undone.
+        return ProduceFailedError(
+            exc,
+            FailureType.TRANSACTION_FAILED,
+            "not written: another record of its batch was refused, so the transaction must be "
+            "aborted",
+        )
+    return None
+
+
 class ResilientProducer:
     """An AIOKafkaProducer (same constructor arguments) with per-record outcomes.
 
@@ -266,23 +286,9 @@ class ResilientProducer:
             outcome.set_result(done.result())
             return
         if isinstance(exc, BatchRejected):
-            index = exc.positions.get(id(done))
-            if index is not None and index in exc.record_errors:
-                outcome.set_exception(
-                    ProduceFailedError(exc, FailureType.MESSAGE_REJECTED, exc.record_errors[index])
-                )
-                return
-            if exc.record_errors and self.transactional:
-                # The transaction must abort (producer.transactions does it): resending the
-                # other records into it would only be undone.
-                outcome.set_exception(
-                    ProduceFailedError(
-                        exc,
-                        FailureType.TRANSACTION_FAILED,
-                        "not written: another record of its batch was refused, so the "
-                        "transaction must be aborted",
-                    )
-                )
+            failure = _refused_with_batch(exc, done, transactional=self.transactional)
+            if failure is not None:
+                outcome.set_exception(failure)
                 return
             if exc.record_errors and resends < self.max_resends:
                 # pinned to the partition it was first sent to, so its order holds there
