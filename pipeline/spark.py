@@ -13,8 +13,9 @@ from typing import Any
 
 __all__ = ["SparkUnavailable", "find_java", "ship_packages", "start_session"]
 
-PACKAGES = ("protocol", "policies", "settings", "registry", "pipeline")
-"""What executors import; shipped as one zip when they do not share the driver's install."""
+PACKAGES = ("protocol", "policies", "settings", "registry", "client", "pipeline")
+"""The folders executors import (as `kvproxy.<folder>`); shipped as one zip when they do not
+share the driver's install."""
 
 
 class SparkUnavailable(Exception):
@@ -70,13 +71,15 @@ def start_session(
 
 
 def ship_packages(session: Any) -> str:
-    """Zip the project's packages and add them to every executor's Python path."""
+    """Zip the project's packages under `kvproxy/`, as they are imported, and add them to every
+    executor's Python path."""
     folder = Path(tempfile.mkdtemp(prefix="kvproxy-audit-"))
     target = folder / "kvproxy_packages.zip"
-    root = Path(__file__).resolve().parent.parent
+    namespace = Path(__file__).resolve().parent.parent / "kvproxy"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.write(namespace / "__init__.py", "kvproxy/__init__.py")
         for package in PACKAGES:
-            for path in sorted((root / package).rglob("*.py")):
-                archive.write(path, path.relative_to(root).as_posix())
+            for path in sorted((namespace / package).rglob("*.py")):
+                archive.write(path, path.relative_to(namespace.parent).as_posix())
     session.sparkContext.addPyFile(str(target))
     return str(target)

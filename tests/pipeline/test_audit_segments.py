@@ -245,12 +245,17 @@ def test_ship_packages_puts_the_project_on_the_executors(spark: Any) -> None:
     archive = ship_packages(spark)
     names = set(zipfile.ZipFile(archive).namelist())
     assert {
-        "protocol/records/batch.py",
-        "policies/chain.py",
-        "settings/errors.py",
-        "pipeline/check.py",
-    } <= names
-    assert not any(name.startswith(("proxy/", "producer/", "tests/")) for name in names)
+        "kvproxy/__init__.py",
+        "kvproxy/protocol/records/batch.py",
+        "kvproxy/policies/chain.py",
+        "kvproxy/settings/errors.py",
+        "kvproxy/client/blocking.py",
+        "kvproxy/pipeline/check.py",
+    } <= names  # as executors import them: kvproxy.protocol, ...
+    assert all(name.startswith("kvproxy/") for name in names)
+    assert not any(
+        name.startswith(("kvproxy/proxy/", "kvproxy/producer/", "kvproxy/cli.py")) for name in names
+    )
     paths = (
         spark.sparkContext.parallelize([0], 1)
         .map(lambda _: [p for p in __import__("sys").path if p.endswith("kvproxy_packages.zip")])
