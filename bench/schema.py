@@ -57,8 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 from engine import WORDS, Timing, profile, time_rounds
 
-from kvproxy.policies.api import ProducedRecords, Verdict, parse_records
-from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.api import PolicyContext, ProducedRecords, Verdict, parse_records
 from kvproxy.policies.builtin.schema import SchemaPolicy
 from kvproxy.policies.schemas.model import RegisteredSchema, SchemaType
 from kvproxy.protocol.records import build_batch

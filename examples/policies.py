@@ -9,10 +9,12 @@ topics:
       - {custom: {class: "examples.policies:CurrencyPolicy", config: {allowed: [EUR, USD]}}}
 ```
 
-A custom policy is any class with `name`, `configure(config)`, `validate(topic, partition,
-batch)` and `close()`. It rejects by raising `PolicyViolation(message)` (answered
-POLICY_VIOLATION, 44, with the message) or by returning a `Verdict`; any other exception rejects
-the partition too (fail closed, INVALID_RECORD) and is logged and counted.
+A custom policy is built as every policy is (`kvproxy.policies.api.RecordsPolicy`): the class's
+`create(context, options)` returns it, given the entry's `config`; it has `name`,
+`validate(topic, partition, batch)` and `close()`. It rejects by raising
+`PolicyViolation(message)` (answered POLICY_VIOLATION, 44, with the message) or by returning a
+`Verdict`; any other exception rejects the partition too (fail closed, INVALID_RECORD) and is
+logged and counted.
 """
 
 from __future__ import annotations
@@ -21,25 +23,35 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kvproxy.policies import ACCEPT, PolicyViolation, ProducedRecords, Verdict
+from kvproxy.policies.api import (
+    ACCEPT,
+    PolicyConfigError,
+    PolicyContext,
+    PolicyViolation,
+    ProducedRecords,
+    Verdict,
+)
 
 
 class CurrencyPolicy:
     """Every record's value is a JSON object whose "currency" is one of `allowed`."""
 
     name = "currency"
+    OPTIONS: Mapping[str, Any] = {"allowed": None}
+    """The options it takes: kvproxy reports any other, with a spelling hint."""
 
-    def __init__(self) -> None:
-        self.allowed: tuple[str, ...] = ()
+    def __init__(self, allowed: tuple[str, ...]) -> None:
+        self.allowed = allowed
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        allowed = config.get("allowed")
+    @classmethod
+    def create(cls, context: PolicyContext, options: Mapping[str, Any]) -> CurrencyPolicy:
+        """What kvproxy calls for each YAML entry naming the class, at start and on reload."""
+        allowed = options.get("allowed")
         if not isinstance(allowed, list) or not all(isinstance(c, str) for c in allowed):
-            raise ValueError("allowed must be a list of currency codes, e.g. [EUR, USD]")
-        unknown = set(config) - {"allowed"}
-        if unknown:
-            raise ValueError(f"unknown option(s): {', '.join(sorted(unknown))}")
-        self.allowed = tuple(allowed)
+            raise PolicyConfigError(
+                f"policy {cls.name}: allowed must be a list of currency codes, e.g. [EUR, USD]"
+            )
+        return cls(tuple(allowed))
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for record in batch.records():
@@ -55,4 +67,4 @@ class CurrencyPolicy:
         return ACCEPT
 
     def close(self) -> None:
-        pass
+        """Nothing to release."""

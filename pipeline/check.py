@@ -33,13 +33,13 @@ from kvproxy.policies.api import (
     needs_of,
     parse_records,
 )
-from kvproxy.policies.builtin.broker import record_offset
 from kvproxy.policies.chain import Mode, PolicyChain
 from kvproxy.policies.schemas.model import LookupNeeded
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.journal import iter_entries
 from kvproxy.protocol.records import Record, RecordBatch, read_batch
+from kvproxy.protocol.records.offsets import record_offset
 from kvproxy.settings.errors import profile_code
 
 __all__ = ["LATEST_PRODUCE_VERSION", "batch_frames", "bucket_size_ms", "check_unit", "key_preview"]

@@ -51,7 +51,7 @@ from kvproxy.pipeline.summary import (
 from kvproxy.pipeline.task_data import VIOLATION_FIELDS, AuditSettings, PartitionStats, routing_for
 from kvproxy.policies import plugins
 from kvproxy.policies.api import Need
-from kvproxy.policies.config import PolicyConfigError
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.registry.catalog import StaticCatalog
 from kvproxy.settings.audit_file import read_audit_file
 from kvproxy.settings.loading import ConfigError

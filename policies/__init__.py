@@ -13,9 +13,9 @@ from kvproxy.policies.api import (
     parse_records,
     record_errors_verdict,
 )
-from kvproxy.policies.builtin import PolicyConfigError
 from kvproxy.policies.chain import Mode, PolicyChain
 from kvproxy.policies.config import TopicRouting, TopicRule, build_routing
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.policies.producer_state import ProducerStateTracker
 
 __all__ = [

@@ -1,9 +1,10 @@
 """The `RecordsPolicy` API: verdicts, the per-partition view a policy checks, and its parser.
 
 The Python shape of the `RecordsPolicy` interface proposed for Kafka in KAFKA-10732: a policy is
-configured once, then asked to `validate` what one partition of one Produce request carries, and
-answers with a `Verdict` value. A verdict is never an exception; a custom policy may raise
-`PolicyViolation` instead, which the chain turns into POLICY_VIOLATION (44).
+built once by `create(context, options)`, then asked to `validate` what one partition of one
+Produce request carries, and answers with a `Verdict` value. A verdict is never an exception; a
+policy may raise `PolicyViolation` instead, which the chain turns into POLICY_VIOLATION (44).
+Everything a policy of another distribution needs is importable from here.
 
 Verdicts carry Kafka's code and the broker's wording. Note for answer writers: the broker puts an
 `error_message` on the wire only for record-level rejections (the ones with `record_errors`,
@@ -17,8 +18,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import Allowance
 from kvproxy.protocol.errors import BatchFraming, BufferUnderflow, DecodeError
@@ -26,6 +29,7 @@ from kvproxy.protocol.records import Record, RecordBatch, read_batches
 from kvproxy.protocol.records.readers import first_batch_incomplete
 
 if TYPE_CHECKING:
+    from kvproxy.policies.producer_state import ProducerStateTracker
     from kvproxy.policies.schemas.model import SchemaCatalog
 
 __all__ = [
@@ -35,11 +39,15 @@ __all__ = [
     "MISSING_KEY",
     "UNKNOWN_TOPIC_CONFIG",
     "Need",
+    "PolicyConfigError",
+    "PolicyContext",
+    "PolicyFactory",
     "PolicyViolation",
     "ProducedRecords",
     "RecordError",
     "RecordErrorList",
     "RecordsPolicy",
+    "Stage",
     "TopicConfig",
     "Verdict",
     "needs_of",
@@ -294,17 +302,70 @@ class ProducedRecords:
             pos += count
 
 
+@dataclass(slots=True)
+class PolicyContext:
+    """What every policy's `create(context, options)` is handed besides its options."""
+
+    base_dir: Path = field(default_factory=Path.cwd)
+    """Folder that relative file options (schemas) are resolved against: the config file's."""
+    producer_state: ProducerStateTracker | None = None
+    """The routing's tracker, for a policy that declares `Need.PRODUCER_STATE` (else None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One check of a policy that runs inside its `group` (`kvproxy.policies.groups`): the
+    group's stages of all its policies run in `order`, whatever order the YAML lists them in."""
+
+    order: int
+    """Where the check runs among the group's stages, lowest first."""
+    method: str = "validate"
+    """The policy's method: `validate`, or one taking the `ProducedRecords` alone and returning
+    a `Verdict` (a record stage: a `RecordErrorList`, or None when there is nothing to say)."""
+    record_code: int | None = None
+    """Set for a record stage: the code of its errors, which are merged with the other record
+    stages' into one verdict (each record keeps its first error, as Kafka's LogValidator)."""
+    rejection: str | None = None
+    """A record stage's `Verdict.rejection` (`MISSING_KEY`, `INVALID_RECORD_REJECTION`)."""
+
+
 @runtime_checkable
 class RecordsPolicy(Protocol):
-    """The Python shape of KAFKA-10732's RecordsPolicy."""
+    """The Python shape of KAFKA-10732's RecordsPolicy, and the one way a policy is made.
+
+    Every policy is built by `create(context, options)` (`PolicyFactory`), whether the YAML names
+    it by an entry point of the group `kvproxy.policies` (kvproxy's built-ins and other
+    distributions' alike) or by `custom: {class: "module:Class", config: {...}}`: the object
+    named (a class with a classmethod, or a module with a function) returns the configured
+    policy, once per YAML entry, at start and on every reload. `options` is the entry's mapping
+    (`config` for `custom`; empty for a bare name), `context` a `PolicyContext`. A bad option
+    raises `PolicyConfigError`, reported with where the entry is; any other exception is
+    reported as "create failed". An `OPTIONS` mapping on the named object lists the options it
+    accepts: any other is reported, with a spelling hint, before `create` is called. A policy
+    without a `name` gets the YAML's (the class's name for `custom`).
+
+    What a policy may declare on itself, read by the framework when the configuration is
+    loaded (the framework knows no policy by name):
+    - `needs`: the `Need`s the proxy serves it; `observe(topic, partition, produced,
+      error_code)` for `Need.BROKER_ANSWER`, and optionally `wants_answer(produced)`.
+    - `topic_settings`: the `TopicConfig` fields it reads (implies `Need.TOPIC_CONFIG`), and
+      `setting_options`: option -> `TopicConfig` field, for options that, set in the YAML,
+      stand for that setting (which is then not asked of the cluster).
+    - `group` and `stages`: the policy runs inside the named group, first in the chain, its
+      checks at the places its `Stage`s give, rather than where the YAML lists it.
+    """
 
     name: str
-
-    def configure(self, config: Mapping[str, Any]) -> None: ...
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict: ...
 
     def close(self) -> None: ...
+
+
+class PolicyFactory(Protocol):
+    """What an entry point or a `custom: {class: ...}` names (see `RecordsPolicy`)."""
+
+    def create(self, context: PolicyContext, options: Mapping[str, Any]) -> RecordsPolicy: ...
 
 
 class Need(enum.Enum):
@@ -327,9 +388,10 @@ class Need(enum.Enum):
     `observe(topic, partition, produced, error_code)` once the broker has answered."""
     SCHEMAS = "schemas"
     """What the schema registry says about the schema ids the records carry
-    (`ProducedRecords.schemas`): a policy that finds an id missing raises
-    `kvproxy.policies.schemas.model.LookupNeeded`; the proxy fetches the ids and runs the chain
-    again."""
+    (`ProducedRecords.schemas`): the ids are gathered before the chain runs
+    (`kvproxy.policies.schemas.ids.schema_ids_wanted`: the policy's own
+    `schema_ids_wanted(topic, produced)` says which, else every id the keys and values carry)
+    and looked up, then the chain runs once."""
 
 
 def needs_of(policy: object) -> frozenset[Need]:

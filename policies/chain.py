@@ -17,8 +17,7 @@ from kvproxy.policies.api import (
     Verdict,
     needs_of,
 )
-from kvproxy.policies.builtin.base import BuiltinPolicy
-from kvproxy.policies.builtin.broker_checks import BROKER_CHECKS, BrokerChecks, PolicyFailed
+from kvproxy.policies.groups import PolicyFailed, chain_steps
 from kvproxy.policies.schemas.model import LookupNeeded
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import ResourceLimit
@@ -43,10 +42,10 @@ class Mode(enum.Enum):
 class PolicyChain:
     """Policies run in order; the first rejection is the chain's verdict.
 
-    The broker's own checks (`BROKER_CHECKS`, the built-ins of those names) run first, together
-    and in Kafka's order whatever order they are listed in (`BrokerChecks`: the CRC before the
-    batch's fields, record errors of several checks merged); the other policies follow in the
-    order listed.
+    Policies that declare a `group` run first, together, in the order of their declared
+    `stages` whatever order they are listed in (`kvproxy.policies.groups`: the broker's own
+    checks in Kafka's order, the CRC before the batch's fields, record errors of several checks
+    merged); the other policies follow in the order listed.
 
     The verdict is returned whatever the mode: the caller decides what `warn` means. An `off`
     chain holds no policies. `PolicyViolation` becomes POLICY_VIOLATION (44) with its message;
@@ -89,7 +88,7 @@ class PolicyChain:
             policy for policy in self.policies if Need.BROKER_ANSWER in needs_of(policy)
         )
         """The policies shown the broker's answer (`observe`); empty for most chains."""
-        self._steps = _steps(self.policies)
+        self._steps = chain_steps(self.policies)
         self.crash_counts: dict[str, int] = {}
         self.clock = clock
         self._last_logged: dict[tuple[str, str], float] = {}
@@ -179,25 +178,3 @@ class PolicyChain:
                 policy.close()
             except Exception:
                 log.exception("policy %s failed to close", policy.name)
-
-
-def _steps(policies: tuple[RecordsPolicy, ...]) -> tuple[RecordsPolicy, ...]:
-    """What `check` runs: the broker's checks grouped first (`BrokerChecks`), then the rest.
-
-    Only the built-in classes of those names are grouped (a custom policy that borrows a name
-    keeps its place), and only the first of a name (a second one runs where it is listed).
-    """
-    broker: dict[str, RecordsPolicy] = {}
-    rest: list[RecordsPolicy] = []
-    for policy in policies:
-        name = policy.name
-        builtin = isinstance(policy, BuiltinPolicy) and type(policy).__module__.startswith(
-            "kvproxy.policies.builtin."
-        )
-        if builtin and name in BROKER_CHECKS and name not in broker:
-            broker[name] = policy
-        else:
-            rest.append(policy)
-    if not broker:
-        return tuple(rest)
-    return (BrokerChecks(broker), *rest)

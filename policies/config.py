@@ -27,17 +27,22 @@ from pathlib import Path
 from typing import Any
 
 from kvproxy.policies import plugins, topic_settings
-from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, Need, RecordsPolicy, TopicConfig
-from kvproxy.policies.builtin import PolicyConfigError, PolicyContext
-from kvproxy.policies.builtin.base import (
+from kvproxy.policies.api import (
+    UNKNOWN_TOPIC_CONFIG,
+    Need,
+    PolicyContext,
+    RecordsPolicy,
+    TopicConfig,
+)
+from kvproxy.policies.chain import Mode, PolicyChain
+from kvproxy.policies.errors import (
     MAX_PROBLEMS_SHOWN,
     ConfigProblem,
     KeyPath,
-    format_path,
+    PolicyConfigError,
     kind_of,
     short_repr,
 )
-from kvproxy.policies.chain import Mode, PolicyChain
 from kvproxy.policies.producer_state import ProducerStateTracker
 from kvproxy.policies.topic_names import NoSuchTopicPolicy
 from kvproxy.policies.topic_patterns import FirstMatch, PatternError, compile_pattern
@@ -46,14 +51,9 @@ from kvproxy.protocol.topics import is_legal_topic_name
 __all__ = [
     "DEFAULT_DEFAULTS",
     "MAX_TOPIC_RULES",
-    "ConfigProblem",
-    "KeyPath",
-    "PolicyConfigError",
     "TopicRouting",
     "TopicRule",
     "build_routing",
-    "format_path",
-    "kind_of",
     "spelling_hint",
 ]
 

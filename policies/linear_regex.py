@@ -21,7 +21,7 @@ import fastjsonschema.draft07
 import fastjsonschema.draft2019
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-from kvproxy.policies.builtin.base import cut
+from kvproxy.policies.errors import cut
 
 __all__ = ["LinearPattern", "LinearRegexError", "compile_json_schema", "compile_linear"]
 

@@ -1,11 +1,9 @@
 """Policies by the name the YAML gives them: the built-ins and other distributions' alike.
 
 Every name is an entry point of the group `kvproxy.policies` (kvproxy's own in its
-pyproject.toml); the object it names has `create(context, options)`, which returns the configured
-policy. A policy declares what it needs from the proxy in `needs` (`kvproxy.policies.api.Need`): the
-proxy gets it before the chain runs, or, for the broker's answer, calls its `observe`.
-`custom: {class: module:Class}` still loads a class by its import path. See
-docs/adding-a-policy.md.
+pyproject.toml); `custom: {class: "module:Class", config: {...}}` names an object by its import
+path instead. Either way the object has `create(context, options)`, which returns the configured
+policy (the contract: `kvproxy.policies.api.RecordsPolicy`). See docs/adding-a-policy.md.
 """
 
 from __future__ import annotations
@@ -19,15 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvproxy.policies.api import Need, RecordsPolicy, needs_of
-from kvproxy.policies.builtin.base import (
-    KeyPath,
-    PolicyConfigError,
-    PolicyContext,
-    cut,
-    kind_of,
-    short_repr,
-)
+from kvproxy.policies.api import Need, PolicyContext, RecordsPolicy, Stage, needs_of
+from kvproxy.policies.errors import KeyPath, PolicyConfigError, cut, kind_of, short_repr
 
 __all__ = [
     "DISTRIBUTION",
@@ -164,39 +155,78 @@ def build_policy(
     except Exception as exc:
         problems.add(where, f"policy {name}: cannot load {entry.value}: {cut(repr(exc))}", (name,))
         return None
+    return _create(
+        where,
+        _Named(f"policy {name}", name, (name,), (name,)),
+        factory,
+        options=options or {},
+        context=context,
+        problems=problems,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Named:
+    """How a YAML entry's problems name it: `policy crc` or `custom module:Class`, the name its
+    policy gets if it sets none, and the keys of the entry its problems point at."""
+
+    label: str
+    name: str
+    options_at: KeyPath
+    """Where the options are (`crc`, or `custom.config`)."""
+    policy_at: KeyPath
+    """Where the policy is named (`crc`, or `custom.class`)."""
+
+
+def _create(
+    where: KeyPath,
+    named: _Named,
+    factory: Any,
+    *,
+    options: Mapping[str, Any],
+    context: PolicyContext,
+    problems: ProblemSink,
+) -> RecordsPolicy | None:
+    """`factory.create(context, options)`, the one way every policy is built; None when the
+    options or the policy have a problem (reported)."""
     accepted = getattr(factory, "OPTIONS", None)
     if isinstance(accepted, Mapping):
-        unknown = [key for key in options or {} if key not in accepted]
+        unknown = [key for key in options if key not in accepted]
         for key in unknown:
             hint = problems.hint(key, accepted)
             problems.add(
-                where, f"policy {name}: unknown option {short_repr(key)}{hint}", (name, key)
+                where,
+                f"{named.label}: unknown option {short_repr(key)}{hint}",
+                (*named.options_at, key),
             )
         if unknown:
             return None
+    if not callable(getattr(factory, "create", None)):
+        problems.add(where, f"{named.label}: has no create(context, options)", named.policy_at)
+        return None
     if context.producer_state is not None and Need.PRODUCER_STATE not in needs_of(factory):
         context = dataclasses.replace(context, producer_state=None)  # only to who declares it
     try:
-        policy = factory.create(context, options or {})
+        policy = factory.create(context, options)
     except PolicyConfigError as exc:
-        problems.add(where, str(exc), (name,))
+        problems.add(where, str(exc), named.options_at)
         return None
     except Exception as exc:
-        problems.add(where, f"policy {name}: create failed: {cut(repr(exc))}", (name,))
+        problems.add(where, f"{named.label}: create failed: {cut(repr(exc))}", named.options_at)
         return None
     if not getattr(policy, "name", None):
-        policy.name = name
-    problem = _shape_problem(policy, ("validate", "close"))
+        policy.name = named.name
+    problem = _shape_problem(policy)
     if problem:
         _close(policy)
-        problems.add(where, f"policy {name}: {problem}", (name,))
+        problems.add(where, f"{named.label}: {problem}", named.policy_at)
         return None
     return policy  # type: ignore[no-any-return]
 
 
-def _shape_problem(policy: Any, methods: Iterable[str]) -> str:
-    """What a policy lacks that the chain calls, or a `needs` that is not `Need`s; "" if none."""
-    for method in methods:
+def _shape_problem(policy: Any) -> str:
+    """What a policy lacks that the chain calls, or a declaration it cannot read; "" if none."""
+    for method in ("validate", "close"):
         if not callable(getattr(policy, method, None)):
             return f"has no {method}() method"
     declared = getattr(policy, "needs", None) or ()
@@ -204,6 +234,11 @@ def _shape_problem(policy: Any, methods: Iterable[str]) -> str:
         return f"needs must hold policies.api.Need members, not {short_repr(declared)}"
     if Need.BROKER_ANSWER in needs_of(policy) and not callable(getattr(policy, "observe", None)):
         return "needs BROKER_ANSWER but has no observe() method"
+    for stage in getattr(policy, "stages", None) or ():
+        if not isinstance(stage, Stage):
+            return f"stages must hold policies.api.Stage values, not {short_repr(stage)}"
+        if not callable(getattr(policy, stage.method, None)):
+            return f"stage {stage.order} runs {stage.method}(), which it has not"
     return ""
 
 
@@ -243,26 +278,16 @@ def _build_custom(
         return None
     if unknown:  # a misspelt `config` would be configured as empty: a misleading second problem
         return None
-    try:
-        policy = cls()
-        if not getattr(policy, "name", None):
-            policy.name = cls.__name__
-        policy.configure(config)
-    except Exception as exc:
-        problems.add(
-            where, f"custom {target}: configure failed: {cut(repr(exc))}", ("custom", "config")
-        )
-        return None
-    problem = _shape_problem(policy, ("configure", "validate", "close"))
-    if problem:
-        problems.add(where, f"custom {target}: {problem}", ("custom", "class"))
-        return None
-    return policy  # type: ignore[no-any-return]
+    name = getattr(cls, "__name__", target)
+    named = _Named(f"custom {target}", name, ("custom", "config"), ("custom", "class"))
+    return _create(where, named, cls, options=config, context=context, problems=problems)
 
 
 def load_custom_class(target: str, base_dir: Path) -> Any:
-    """Import `module:Class`; when the module is not importable as is, retry from `base_dir`
-    and its parent (so `examples.policies:X` works beside `examples/kvproxy.yaml`)."""
+    """Import `module:Class`. A module that is not importable as is is looked for beside the
+    configuration file: `base_dir`, then its parent, is put at the front of `sys.path` (and kept
+    there, so that the module's own imports of its neighbours work too), so that
+    `examples.policies:X` works beside `examples/kvproxy.yaml` (docs/policies.md)."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise PolicyConfigError(f"custom class {short_repr(target)} must be written 'module:Class'")

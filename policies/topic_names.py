@@ -10,8 +10,7 @@ the client's retries would each add a copy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from kvproxy.policies.api import ProducedRecords, Verdict
 from kvproxy.protocol import error_codes
@@ -27,9 +26,6 @@ class NoSuchTopicPolicy:
     topic it does not have (whatever the name: it sends no message)."""
 
     name = NO_SUCH_TOPIC
-
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Nothing to configure: the rule is fixed."""
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         shown = topic[:64] + ("..." if len(topic) > 64 else "")

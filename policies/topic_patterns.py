@@ -3,10 +3,9 @@
 Matching is case-sensitive, as topic names are.
 
 Globs and regular expressions run on RE2 (`kvproxy.policies.linear_regex`): the time to match a
-name is
-linear in its length whatever the pattern, and a /regex/ RE2 cannot compile (backreferences,
-lookaround) is a config error. `FirstMatch` answers which of many patterns matches first with a
-few combined expressions instead of trying each pattern in turn.
+name is linear in its length whatever the pattern, and a /regex/ RE2 cannot compile (backreferences,
+lookaround) is a config error. `FirstMatch` answers which of many patterns matches first with a few
+combined expressions instead of trying each pattern in turn.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from kvproxy.policies.builtin.base import short_repr
+from kvproxy.policies.errors import short_repr
 from kvproxy.policies.linear_regex import LinearPattern, LinearRegexError, compile_linear
 
 __all__ = ["FirstMatch", "PatternError", "any_of", "compile_pattern", "is_regex"]

@@ -23,9 +23,7 @@ __all__ = [
     "FIELD_NAMES",
     "KAFKA_DEFAULTS",
     "MAX_MESSAGE_BYTES",
-    "POLICY_OPTIONS",
     "SEGMENT_BYTES",
-    "SETTINGS_READ_BY",
     "SETTING_NAMES",
     "TIMESTAMP_AFTER_MAX_MS",
     "TIMESTAMP_BEFORE_MAX_MS",
@@ -86,27 +84,6 @@ KAFKA_DEFAULTS: Final = TopicConfig(
 default (LogConfig; after.max.ms was Long.MAX_VALUE before 4.0, KIP-1030). What a check uses
 when neither the YAML nor the cluster says."""
 
-SETTINGS_READ_BY: Final[Mapping[str, frozenset[str]]] = {
-    "batch_integrity": frozenset({"max_message_bytes", "segment_bytes"}),
-    "timestamps": frozenset(
-        {"timestamp_type", "timestamp_before_max_ms", "timestamp_after_max_ms"}
-    ),
-    "compacted_key": frozenset({"compacted"}),
-}
-"""Built-in policy name -> the `TopicConfig` fields it reads (each declares `Need.TOPIC_CONFIG`):
-a topic whose chain holds one of them is described by the cluster unless its YAML gives those
-values. Another policy names them in a `topic_settings` attribute."""
-
-POLICY_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
-    "timestamps": {
-        "type": "timestamp_type",
-        "before_max_ms": "timestamp_before_max_ms",
-        "after_max_ms": "timestamp_after_max_ms",
-    },
-}
-"""Built-in policy name -> its options that, set in the YAML, stand for a topic setting (the
-`TopicConfig` field): the policy then reads its option, not the topic's setting."""
-
 CONFIG_SOURCES: Final[Mapping[int, str]] = {
     1: "cluster",  # TOPIC_CONFIG: set on the topic
     2: "cluster default",  # DYNAMIC_BROKER_CONFIG
@@ -124,28 +101,24 @@ _EARLIER_DEFAULTS: Final[Mapping[str, frozenset[object]]] = {
 
 
 def settings_read_by(policy: object) -> frozenset[str]:
-    """The `TopicConfig` fields `policy` reads: its own `topic_settings`; for one that needs
-    `Need.TOPIC_CONFIG` without naming them, the table's but those its options set
-    (`options_over_settings`), or every field when the table does not know it."""
+    """The `TopicConfig` fields `policy` reads: those it names in `topic_settings` but the ones
+    its options stand for (`options_over_settings`); every field for one that needs
+    `Need.TOPIC_CONFIG` without naming them."""
     declared = getattr(policy, "topic_settings", None)
-    if declared is not None:
-        return frozenset(declared)
-    if Need.TOPIC_CONFIG not in needs_of(policy):
-        return frozenset()
-    read = SETTINGS_READ_BY.get(str(getattr(policy, "name", "")))
-    if read is None:
-        return frozenset(FIELD_NAMES)
-    return read - options_over_settings(policy).keys()
+    if declared is None:
+        return frozenset(FIELD_NAMES) if Need.TOPIC_CONFIG in needs_of(policy) else frozenset()
+    return frozenset(declared) - options_over_settings(policy).keys()
 
 
 def options_over_settings(policy: object) -> dict[str, tuple[str, object]]:
-    """`TopicConfig` field -> (option, value) for each option of a built-in `policy` that the
-    YAML sets and that stands for that topic setting (`POLICY_OPTIONS`)."""
+    """`TopicConfig` field -> (option, value) for each option of `policy` that the YAML sets
+    (its `explicit` options) and that stands for that topic setting (its `setting_options`:
+    option -> field): the policy then reads its option, not the topic's setting."""
     explicit = getattr(policy, "explicit", None)
     if not explicit:
         return {}
     options = getattr(policy, "options", {})
-    table = POLICY_OPTIONS.get(str(getattr(policy, "name", "")), {})
+    table = getattr(policy, "setting_options", None) or {}
     return {
         field_name: (option, options.get(option))
         for option, field_name in table.items()

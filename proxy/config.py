@@ -21,7 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from kvproxy.policies.config import PolicyConfigError, TopicRouting, build_routing
+from kvproxy.policies.config import TopicRouting, build_routing
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.policies.producer_state import ProducerStateTracker
 from kvproxy.policies.topic_patterns import PatternError, compile_pattern
 from kvproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Literal
 
 from kvproxy.policies.api import Need
-from kvproxy.policies.builtin.base import MAX_PROBLEMS_SHOWN, cut
 from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.errors import MAX_PROBLEMS_SHOWN, cut
 from kvproxy.policies.producer_state import ProducerStateTracker
 from kvproxy.proxy.config import RELOADABLE_SECTIONS, ProxyConfig, load_config_and_rules
 from kvproxy.proxy.server import ProxyServer

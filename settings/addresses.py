@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvproxy.policies.builtin.base import short_repr
+from kvproxy.policies.errors import short_repr
 
 __all__ = ["join_host_port", "parse_host_port"]
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvproxy.policies.builtin.base import ConfigProblem
-from kvproxy.policies.config import PolicyConfigError, TopicRouting
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.errors import ConfigProblem, PolicyConfigError
 from kvproxy.settings.errors import read_profile
 from kvproxy.settings.loading import read_document, report
 from kvproxy.settings.rules import RuleSections

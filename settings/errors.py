@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvproxy.policies.api import Verdict
-from kvproxy.policies.builtin.base import ConfigProblem, short_repr
+from kvproxy.policies.errors import ConfigProblem, short_repr
 from kvproxy.protocol.error_codes import ErrorProfile, Rejection, rejection_code
 
 __all__ = ["PROFILES", "profile_code", "read_profile"]

@@ -13,8 +13,8 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kvproxy.policies.builtin.base import MAX_PROBLEMS_SHOWN
-from kvproxy.policies.config import ConfigProblem, KeyPath, kind_of, spelling_hint
+from kvproxy.policies.config import spelling_hint
+from kvproxy.policies.errors import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, kind_of
 from kvproxy.settings.yaml_file import ConfigFileError, LocatedProblem, locate, read_yaml_with_lines
 
 __all__ = [

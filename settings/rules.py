@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvproxy.policies.config import KeyPath, TopicRouting, build_routing
+from kvproxy.policies.config import TopicRouting, build_routing
+from kvproxy.policies.errors import KeyPath
 from kvproxy.policies.producer_state import ProducerStateTracker
 
 __all__ = ["RULE_SECTIONS", "RuleSections"]

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvproxy.policies.api import Need
-from kvproxy.policies.config import ConfigProblem, TopicRouting
+from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.errors import ConfigProblem
 from kvproxy.settings.loading import Section, validate
 from kvproxy.settings.secrets import Secret
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import yaml
 
-from kvproxy.policies.builtin.base import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, cut
+from kvproxy.policies.errors import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, cut
 
 __all__ = [
     "MAX_DEPTH",

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from kvproxy.policies.builtin.base import BuiltinPolicy, PolicyConfigError, PolicyContext
+from kvproxy.policies.builtin.base import BuiltinPolicy
 
-__all__ = ["BuiltinPolicy", "PolicyConfigError", "PolicyContext"]
+__all__ = ["BuiltinPolicy"]

@@ -7,17 +7,24 @@ Sources (apache/kafka): `ProduceRequest.validateRecords` (per-version batch rule
 embeds a Java `toString()` of a record, `java_record` reproduces it (exactly for magic 2's
 `DefaultRecord`, and `PartialDefaultRecord` in a compressed batch; for legacy records without
 the inner CRC, which the batch view does not expose).
+
+The broker's own checks (`batch_integrity`, `crc`, `message_format`, `compacted_key`,
+`timestamps`, `producer_state`) run together in the chain's group `broker_checks`, each stage at
+its place in Kafka's order (`stages`: 10 the request, 20 the CRC, 30 the batch's fields, 40 the
+message format, 50 the record count, 60-80 the records, 90 segment.bytes, 100 the producer).
 """
 
 from __future__ import annotations
 
 from kvproxy.policies.api import (
     ACCEPT,
+    INVALID_RECORD_REJECTION,
     MISSING_KEY,
     Need,
     ProducedRecords,
     RecordError,
     RecordErrorList,
+    Stage,
     Verdict,
     record_errors_verdict,
 )
@@ -25,38 +32,26 @@ from kvproxy.policies.builtin.base import BuiltinPolicy
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.records import Record, RecordBatch
+from kvproxy.protocol.records.offsets import record_offset
 
 __all__ = [
+    "BROKER_CHECKS",
     "BatchIntegrityPolicy",
     "CompactedKeyPolicy",
     "CrcPolicy",
     "MessageFormatPolicy",
     "OffsetsPolicy",
     "java_record",
-    "record_offset",
 ]
+
+BROKER_CHECKS = "broker_checks"
+"""The chain's group of the broker's own checks (`kvproxy.policies.groups`)."""
 
 LONG_MAX = 9223372036854775807
 _CODEC_MASK = 0x07
 _CONTROL_BIT = 0x20
 _CREATE_TIME = "CreateTime"
 _LOG_APPEND_TIME = "LogAppendTime"
-
-
-def record_offset(batch: RecordBatch, record: Record, last_inner: int = 0) -> int:
-    """The record's offset as the broker's iterator reports it before assigning offsets.
-
-    Magic 2: base offset + delta. Plain magic 0/1 message: its offset field. Magic 0 wrapper:
-    the inner (absolute) offset. Magic 1 wrapper: wrapper offset - last inner + inner, as
-    `AbstractLegacyRecordBatch`'s deep iterator computes it (`last_inner` = last inner offset).
-    """
-    if batch.magic == 2:
-        return batch.base_offset + record.offset_delta
-    if batch.codec is Codec.NONE:
-        return batch.base_offset
-    if batch.magic == 0:
-        return record.offset_delta
-    return batch.base_offset - last_inner + record.offset_delta
 
 
 def java_record(batch: RecordBatch, record: Record, offset: int) -> str:
@@ -131,11 +126,21 @@ class BatchIntegrityPolicy(BuiltinPolicy):
     CRC), `check_batches` (LogValidator.validateBatch), `check_count` (the record iterators: the
     records present against the header's count), `record_errors` (magic and compression of
     legacy inner records) and `check_append` (segment.bytes). In a chain they run interleaved
-    with the other broker checks (`BrokerChecks`); alone, `validate` runs them in that order.
+    with the other broker checks (group `broker_checks`); alone, `validate` runs them in that
+    order.
     """
 
     name = "batch_integrity"
     needs = frozenset({Need.TOPIC_CONFIG})
+    topic_settings = frozenset({"max_message_bytes", "segment_bytes"})
+    group = BROKER_CHECKS
+    stages = (
+        Stage(10, "check_request"),
+        Stage(30, "check_batches"),
+        Stage(50, "check_count"),
+        Stage(60, "record_errors", error_codes.INVALID_RECORD, INVALID_RECORD_REJECTION),
+        Stage(90, "check_append"),
+    )
     OPTIONS = {"check_count": True}
 
     def setup(self) -> None:
@@ -318,6 +323,8 @@ class CrcPolicy(BuiltinPolicy):
     """CRC32C of magic 2 batches, CRC32 of magic 0/1 messages and of a wrapper's inner ones."""
 
     name = "crc"
+    group = BROKER_CHECKS
+    stages = (Stage(20),)
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for b in batch.batches:
@@ -389,6 +396,9 @@ class CompactedKeyPolicy(BuiltinPolicy):
 
     name = "compacted_key"
     needs = frozenset({Need.TOPIC_CONFIG})
+    topic_settings = frozenset({"compacted"})
+    group = BROKER_CHECKS
+    stages = (Stage(70, "record_errors", error_codes.INVALID_RECORD, MISSING_KEY),)
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         errors = self.record_errors(batch)
@@ -425,6 +435,8 @@ class MessageFormatPolicy(BuiltinPolicy):
     """
 
     name = "message_format"
+    group = BROKER_CHECKS
+    stages = (Stage(40),)
     OPTIONS = {"min_magic": 0, "topic_magic": 2}
 
     def setup(self) -> None:

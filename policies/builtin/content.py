@@ -26,7 +26,8 @@ from kvproxy.policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.policies.errors import short_repr
 from kvproxy.policies.linear_regex import LinearRegexError, compile_json_schema, compile_linear
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.records import Record

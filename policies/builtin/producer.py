@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvproxy.policies.api import ACCEPT, Need, ProducedRecords, Verdict
+from kvproxy.policies.api import ACCEPT, Need, ProducedRecords, Stage, Verdict
 from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.policies.builtin.broker import BROKER_CHECKS
 from kvproxy.policies.producer_state import ProducerStateTracker, next_sequence
 from kvproxy.protocol import error_codes
 
@@ -24,6 +25,8 @@ class ProducerStatePolicy(BuiltinPolicy):
     name = "producer_state"
     OPTIONS = {"max_producers": 100_000}
     needs = frozenset({Need.PRODUCER_STATE, Need.BROKER_ANSWER})
+    group = BROKER_CHECKS
+    stages = (Stage(100),)
 
     def setup(self) -> None:
         self.max_producers = self._int_option("max_producers", minimum=1)

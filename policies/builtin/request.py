@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvproxy.policies.api import ACCEPT, ProducedRecords, Verdict
-from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.policies.errors import short_repr
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.compression import Codec
 

@@ -24,7 +24,8 @@ from kvproxy.policies.api import (
     Verdict,
     record_errors_verdict,
 )
-from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.builtin.base import BuiltinPolicy
+from kvproxy.policies.errors import short_repr
 from kvproxy.policies.schemas.model import (
     CompiledSchema,
     LookupNeeded,

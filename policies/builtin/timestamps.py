@@ -8,17 +8,20 @@ from kvproxy.policies.api import (
     ProducedRecords,
     RecordError,
     RecordErrorList,
+    Stage,
     Verdict,
     record_errors_verdict,
 )
-from kvproxy.policies.builtin.base import BuiltinPolicy, short_repr
+from kvproxy.policies.builtin.base import BuiltinPolicy
 from kvproxy.policies.builtin.broker import (
     _CREATE_TIME,
     _LOG_APPEND_TIME,
+    BROKER_CHECKS,
     LONG_MAX,
     _iter_with_offsets,
     java_record,
 )
+from kvproxy.policies.errors import short_repr
 from kvproxy.protocol import error_codes
 
 __all__ = ["TimestampsPolicy"]
@@ -43,6 +46,17 @@ class TimestampsPolicy(BuiltinPolicy):
 
     name = "timestamps"
     needs = frozenset({Need.TOPIC_CONFIG})
+    topic_settings = frozenset(
+        {"timestamp_type", "timestamp_before_max_ms", "timestamp_after_max_ms"}
+    )
+    setting_options = {
+        "type": "timestamp_type",
+        "before_max_ms": "timestamp_before_max_ms",
+        "after_max_ms": "timestamp_after_max_ms",
+    }
+    """Options that, set in the YAML, stand for the topic's setting (which is then not read)."""
+    group = BROKER_CHECKS
+    stages = (Stage(80, "record_errors", error_codes.INVALID_TIMESTAMP),)
     OPTIONS = {"before_max_ms": LONG_MAX, "after_max_ms": 3_600_000, "type": _CREATE_TIME}
 
     def setup(self) -> None:

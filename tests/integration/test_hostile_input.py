@@ -142,8 +142,9 @@ class Gate:
 
     name = "gate"
 
-    def configure(self, config):
-        pass
+    @classmethod
+    def create(cls, context, options):
+        return cls()
 
     def validate(self, topic, partition, produced):
         from kvproxy.policies.api import ACCEPT

@@ -199,8 +199,9 @@ class Exploding:
 
     name = "exploding"
 
-    def configure(self, config):
-        pass
+    @classmethod
+    def create(cls, context, options):
+        return cls()
 
     def validate(self, topic, partition, batch):
         for record in batch.records():

@@ -55,7 +55,8 @@ def test_closed_connections_and_crashes_are_counted(
     (tmp_path / "crashing_policy.py").write_text(
         "class Crash:\n"
         "    name = 'crash'\n"
-        "    def configure(self, config): pass\n"
+        "    @classmethod\n"
+        "    def create(cls, context, options): return cls()\n"
         "    def validate(self, topic, partition, batch): raise ValueError('boom')\n"
         "    def close(self): pass\n"
     )

@@ -137,8 +137,9 @@ class Crashy:
 
     name = "crashy"
 
-    def configure(self, config):
-        pass
+    @classmethod
+    def create(cls, context, options):
+        return cls()
 
     def validate(self, topic, partition, batch):
         for record in batch.records():

@@ -38,12 +38,13 @@ class NotEnoughReplicasFirst:
 
     name = "not_enough_replicas_first"
 
-    def __init__(self) -> None:
-        self.times = 1
+    def __init__(self, times: int) -> None:
+        self.times = times
         self.seen: dict[str, int] = {}
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        self.times = int(config.get("times", 1))
+    @classmethod
+    def create(cls, context: Any, options: Mapping[str, Any]) -> NotEnoughReplicasFirst:
+        return cls(int(options.get("times", 1)))
 
     def validate(self, topic: str, partition: int, batch: Any) -> Verdict:
         self.seen[topic] = self.seen.get(topic, 0) + 1

@@ -20,8 +20,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 import kvproxy.registry.catalog as catalog_module
 import kvproxy.registry.client as registry_client
-from kvproxy.policies.api import ACCEPT, Verdict
-from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.api import ACCEPT, PolicyContext, Verdict
 from kvproxy.policies.builtin.schema import SchemaPolicy
 from kvproxy.policies.schemas.model import (
     LookupNeeded,

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvproxy.cli import main
-from kvproxy.policies.config import PolicyConfigError, build_routing
+from kvproxy.policies.config import build_routing
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.proxy.reload import ConfigReloader
 
 REPO = Path(__file__).resolve().parents[2]

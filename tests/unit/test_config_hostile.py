@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvproxy.policies.builtin.base import MAX_PROBLEM_CHARS, MAX_VALUE_CHARS, short_repr
+from kvproxy.policies.errors import MAX_PROBLEM_CHARS, MAX_VALUE_CHARS, short_repr
 from kvproxy.proxy.config import load_config_and_rules
 from kvproxy.proxy.reload import ConfigReloader
 from kvproxy.settings.loading import ConfigError

@@ -13,8 +13,7 @@ from typing import Any
 import cramjam
 import pytest
 
-from kvproxy.policies.api import ProducedRecords, parse_records
-from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.api import PolicyContext, ProducedRecords, parse_records
 from kvproxy.policies.chain import PolicyChain
 from kvproxy.policies.plugins import find_factory
 from kvproxy.protocol import error_codes

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kvproxy.policies import PolicyConfigError, ProducedRecords, parse_records
-from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.api import PolicyContext
 from kvproxy.policies.config import MAX_TOPIC_RULES, build_routing
 from kvproxy.policies.plugins import find_factory
 from kvproxy.policies.schemas.formats import SchemaCompileError, compile_schema

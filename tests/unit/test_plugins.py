@@ -11,9 +11,16 @@ from typing import Any
 import pytest
 
 from kvproxy.policies import plugins
-from kvproxy.policies.api import ACCEPT, Need, PolicyViolation, ProducedRecords, Verdict
-from kvproxy.policies.builtin import PolicyContext
-from kvproxy.policies.config import PolicyConfigError, build_routing
+from kvproxy.policies.api import (
+    ACCEPT,
+    Need,
+    PolicyContext,
+    PolicyViolation,
+    ProducedRecords,
+    Verdict,
+)
+from kvproxy.policies.config import build_routing
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.proxy.produce import ProduceEngine, ProduceSettings

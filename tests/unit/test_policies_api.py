@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import textwrap
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +142,6 @@ class Stub:
         self.action = action
         self.calls = 0
         self.closed = False
-
-    def configure(self, config: Mapping[str, Any]) -> None:
-        pass
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         self.calls += 1
@@ -332,7 +328,7 @@ def test_custom_policy_from_examples(tmp_path: Path) -> None:
 
 
 def test_custom_policy_bad_config_is_config_error() -> None:
-    with pytest.raises(PolicyConfigError, match="configure failed"):
+    with pytest.raises(PolicyConfigError, match="allowed must be a list of currency codes"):
         build_routing(
             None,
             [
@@ -359,8 +355,11 @@ def test_custom_policy_found_beside_the_config(tmp_path: Path) -> None:
             class Crashy:
                 name = "crashy"
                 closed = False
-                def configure(self, config):
+                def __init__(self, config):
                     self.config = dict(config)
+                @classmethod
+                def create(cls, context, options):
+                    return cls(options)
                 def validate(self, topic, partition, batch):
                     raise ValueError("bug in policy")
                 def close(self):

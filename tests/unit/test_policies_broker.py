@@ -11,7 +11,7 @@ import crc32c
 import pytest
 
 from kvproxy.policies import PolicyConfigError, Verdict, build_routing
-from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.api import PolicyContext
 from kvproxy.policies.plugins import find_factory
 from kvproxy.protocol.compression import Codec, compress
 from kvproxy.protocol.records import build_batch

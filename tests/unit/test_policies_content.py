@@ -17,7 +17,7 @@ from kvproxy.policies import (
     Verdict,
     parse_records,
 )
-from kvproxy.policies.builtin import PolicyContext
+from kvproxy.policies.api import PolicyContext
 from kvproxy.policies.plugins import find_factory
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.records import build_batch

@@ -20,7 +20,8 @@ from kio.static.primitive import i8, i16, i32Timedelta
 from kvproxy.cli import main as kvproxy
 from kvproxy.commands.topics import settings_in_force
 from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from kvproxy.policies.config import PolicyConfigError, build_routing
+from kvproxy.policies.config import build_routing
+from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.policies.topic_settings import (
     KAFKA_DEFAULTS,
     ClusterSetting,

@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvproxy.policies.api import ACCEPT, Need, ProducedRecords, RecordError, Verdict
-from kvproxy.policies.builtin import PolicyConfigError, PolicyContext
+from kvproxy.policies.api import (
+    ACCEPT,
+    Need,
+    PolicyConfigError,
+    PolicyContext,
+    ProducedRecords,
+    RecordError,
+    Verdict,
+)
 from kvproxy.protocol import error_codes
 
 __all__ = ["ForbiddenWordPolicy"]
