@@ -24,6 +24,7 @@ COPY proxy ./proxy
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY commands ./commands
+COPY client ./client
 # kvproxy/ holds the command line and a link to each folder above; all install as kvproxy.*
 COPY kvproxy ./kvproxy
 RUN /opt/kvproxy/bin/pip install .

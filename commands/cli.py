@@ -289,9 +289,10 @@ def _check_cluster(config: ProxyConfig) -> int:
     has none. 0: every node has a port; 1: the cluster did not answer; 2: a node has no port."""
     import asyncio  # noqa: PLC0415
 
+    from kvproxy.client.async_requests import fetch_broker_addresses  # noqa: PLC0415
     from kvproxy.proxy.embedded import run_embedded_broker  # noqa: PLC0415
     from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
-    from kvproxy.proxy.upstream_client import describe_failure, fetch_broker_addresses  # noqa: PLC0415
+    from kvproxy.proxy.upstream_failures import describe_failure  # noqa: PLC0415
 
     timeout = config.upstream.connect_timeout_ms / 1000
     context = upstream_side_ssl(config)

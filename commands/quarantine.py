@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvproxy.client.async_requests import describe_topic_configs
 from kvproxy.commands.dump import preview
 from kvproxy.commands.replay import (
     entry_leader,
@@ -38,7 +39,6 @@ from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import iter_batches
 from kvproxy.proxy.config import ProxyConfig, load_config
 from kvproxy.proxy.logs import escape_controls
-from kvproxy.proxy.upstream_client import describe_topic_configs
 from kvproxy.settings.loading import ConfigError
 
 REPLAYED_FILE = "replayed.ids"

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kvproxy.client.async_requests import partition_leader, produce_batch, read_partition_since
+from kvproxy.client.core import UpstreamError
 from kvproxy.journal import QuarantineEntry
 from kvproxy.policies.api import TopicConfig, Verdict, parse_records
 from kvproxy.policies.chain import Mode
@@ -16,12 +18,6 @@ from kvproxy.protocol.error_codes import error_name
 from kvproxy.protocol.errors import DecodeError, ProtocolError
 from kvproxy.protocol.records import iter_batches, read_batches
 from kvproxy.protocol.records.own_producer import as_own_producer
-from kvproxy.proxy.upstream_client import (
-    UpstreamError,
-    partition_leader,
-    produce_batch,
-    read_partition_since,
-)
 
 SKIP_STORED_BEFORE_MS = 60_000
 """--skip-stored reads from this long before the entry (the proxy's and the broker's clocks)."""

@@ -143,13 +143,13 @@ def ask_cluster(config: ProxyConfig, topics: list[str]) -> ClusterAnswer:
 def _ask(
     config: ProxyConfig, servers: Sequence[tuple[str, int]], topics: list[str]
 ) -> ClusterAnswer:
-    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
-    from kvproxy.proxy.upstream_client import (  # noqa: PLC0415
-        describe_failure,
+    from kvproxy.client.async_requests import (  # noqa: PLC0415
         describe_topic_configs,
         list_topics,
         topics_exist,
     )
+    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
+    from kvproxy.proxy.upstream_failures import describe_failure  # noqa: PLC0415
 
     timeout = config.upstream.connect_timeout_ms / 1000
     context = upstream_side_ssl(config)

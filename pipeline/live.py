@@ -1,11 +1,11 @@
 """Read a live topic's raw record batches for the audit job, over plain blocking sockets.
 
 Spark runs the planning on the driver and the reading in executor tasks, neither of which has an
-event loop, so this module reads through the blocking client of `kvproxy.pipeline.kafka_client`. The
-driver calls `plan_live_ranges` once (Metadata for partitions and leaders, ListOffsets for the
-window) and hands each task one picklable `LiveRange`; the task calls `fetch_batches`, which
-yields every complete batch of its chunk exactly once, as the broker stored it, so the same
-policies the proxy runs can check it.
+event loop, so this module reads through the blocking driver of kvproxy's client,
+`kvproxy.client.blocking`. The driver calls `plan_live_ranges` once (Metadata for partitions and
+leaders, ListOffsets for the window) and hands each task one picklable `LiveRange`; the task calls
+`fetch_batches`, which yields every complete batch of its chunk exactly once, as the broker stored
+it, so the same policies the proxy runs can check it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from kvproxy.pipeline import kafka_client
-from kvproxy.pipeline.kafka_client import (
+from kvproxy.client import blocking
+from kvproxy.client.blocking import (
     MAX_FRAME,
     Broker,
     FetchAnswer,
@@ -167,7 +167,7 @@ class _PartitionReader:
             try:
                 if self._broker is None:
                     self._broker = Broker(self._leader, self._timeout_s)
-                answers = kafka_client.fetch(
+                answers = blocking.fetch(
                     self._broker, live.topic, {live.partition: offset}, max_bytes=max_bytes
                 )
                 answer = answers[live.partition]
@@ -266,7 +266,7 @@ def _high_watermarks(broker: Broker, topic: str, partitions: Sequence[int]) -> d
     the listed offset with min_bytes 0 returns at once and carries (next to) no records.
     """
     listed = list_offsets(broker, topic, partitions, admin.LATEST)
-    answers = kafka_client.fetch(
+    answers = blocking.fetch(
         broker,
         topic,
         {p: max(o, 0) for p, o in listed.items()},
@@ -289,7 +289,7 @@ def _batch_at(broker: Broker, topic: str, partition: int, offset: int) -> Record
     broker has read the batch (Tansu may answer a shorter wait with no records yet).
     """
     for _ in range(_MAX_STALLS):
-        answer = kafka_client.fetch(broker, topic, {partition: offset}, max_bytes=1)[partition]
+        answer = blocking.fetch(broker, topic, {partition: offset}, max_bytes=1)[partition]
         if not isinstance(answer, FetchAnswer):
             raise LiveSourceError(
                 f"Fetch of {topic}-{partition} at offset {offset} from {broker.address} failed: "

@@ -5,18 +5,15 @@ A copy is best effort: a failure is logged and counted and never changes the cli
 
 from __future__ import annotations
 
-import logging
 import ssl
 from typing import Final
 
+from kvproxy.client.async_requests import partition_leader, produce_batch
 from kvproxy.policies.api import RECORD_OBJECT_BYTES
 from kvproxy.protocol.budget import Allowance
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import build_batch, read_batches
-from kvproxy.proxy.upstream_client import partition_leader, produce_batch
-
-log = logging.getLogger("kvproxy")
 
 HEADER_POLICY: Final = "kvproxy.policy"
 HEADER_CODE: Final = "kvproxy.code"

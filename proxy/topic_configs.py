@@ -9,20 +9,17 @@ topics), and an unknown setting is left to the check's own default (an unknown c
 passes `compacted_key`, as a broker would accept it into a new, delete-policy topic).
 
 Clients choose the names, so asking is bounded too (`kvproxy.proxy.lookup_budget`): each connection
-may
-have `max_topics_per_request` new names described at once, then `lookups_per_client_per_second`
-a second; names asked together go in one request of up to `max_topics_per_request` names, at
-most `lookup_requests_per_second` requests a second on one kept connection
-(`kvproxy.proxy.admin_connections`), and at most `max_pending_topics` names wait. A name beyond
-these
-bounds is decided as after a failed DescribeConfigs: its settings unknown, the request
+may have `max_topics_per_request` new names described at once, then `lookups_per_client_per_second`
+a second; names asked together go in one request of up to `max_topics_per_request` names, at most
+`lookup_requests_per_second` requests a second on one kept connection
+(`kvproxy.client.async_connections`), and at most `max_pending_topics` names wait. A name beyond
+these bounds is decided as after a failed DescribeConfigs: its settings unknown, the request
 forwarded, and the broker answers it (Kafka: a Produce to no such topic gets
 UNKNOWN_TOPIC_OR_PARTITION, and a compacted topic refuses records without a key).
 
 The cache is bounded: at most `MAX_TOPICS` described names (the least recently used dropped
 first), and a name that cannot be a topic (`kvproxy.protocol.topics`) is never asked about or kept:
-it
-counts as not compacted, and the broker refuses it anyway.
+it counts as not compacted, and the broker refuses it anyway.
 """
 
 from __future__ import annotations
@@ -35,19 +32,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from kvproxy.client.async_connections import AdminConnections
+from kvproxy.client.async_requests import describe_topic_configs
 from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
 from kvproxy.policies.topic_settings import from_cluster
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.topics import is_legal_topic_name
-from kvproxy.proxy.admin_connections import AdminConnections
 from kvproxy.proxy.config import TopicConfigsConfig
 from kvproxy.proxy.lookup_budget import ClientLookupBudget, RequestPacer
-from kvproxy.proxy.upstream_client import describe_topic_configs
 
 log = logging.getLogger("kvproxy")
 
-UNKNOWN_TTL_S: Final = 5.0
-"""`absent_ttl_ms`'s default, in seconds."""
 MAX_TOPICS: Final = 10_000
 """Topics whose answer is kept; with names of at most 249 characters, a few MB at most."""
 SKIP_LOG_INTERVAL_S: Final = 10.0
@@ -85,8 +80,7 @@ class TopicConfigCache:
         self._pacer = RequestPacer(self._settings.lookup_requests_per_second)
         self.label_pacer = RequestPacer(self._settings.lookup_requests_per_second)
         """Paces the Metadata requests asking which names exist (`kvproxy.proxy.topic_labels`):
-        names
-        counted meanwhile wait for the next one."""
+        names counted meanwhile wait for the next one."""
         self._queued: dict[str, asyncio.Future[None]] = {}
         self._asking: dict[str, asyncio.Future[None]] = {}
         self._task: asyncio.Task[None] | None = None

@@ -251,13 +251,13 @@ class _Run:
         peer = f"{sockname[0]}:{sockname[1]}" if sockname else "?"
 
         async def read() -> str:
-            for client in list(self.proxy.server.listeners._clients):
+            for client in list(self.proxy.server.listeners.connections._clients):
                 if client.peer == peer:
-                    upstream = client.upstream
+                    upstream, deciding = client.upstream, client.deciding
                     return (
-                        f"paused for {sorted(client._paused_for)}, {len(client._slots)} slots, "
-                        f"{len(client._awaiting_upstream)} awaiting upstream, held "
-                        f"{None if client._held is None else len(client._held)}, upstream "
+                        f"paused for {sorted(client._reading.held)}, {len(client._slots)} slots, "
+                        f"{'?' if upstream is None else len(upstream.awaiting)} awaiting upstream, "
+                        f"held {None if deciding is None else len(deciding.held)}, upstream "
                         f"{'none' if upstream is None else upstream.transport}"
                     )
             return f"no client connection from {peer}"
@@ -322,7 +322,7 @@ def _peer(conn: socket.socket) -> tuple[str, int] | None:
 
 def _stub_quiet(cluster: StubCluster, proxy: RunningProxy, timeout: float = 10.0) -> list[str]:
     """Wait until the stub holds no connection but the proxy's kept one for its own requests
-    (`kvproxy.proxy.admin_connections`), so every frame it will receive is recorded; the stacks of
+    (`kvproxy.client.async_connections`), so every frame it will receive is recorded; the stacks of
     its
     connection threads still running after `timeout` (a stub stuck on a frame).
 
@@ -737,7 +737,7 @@ def test_an_answer_is_not_taken_for_an_earlier_acks0_request_with_the_same_id() 
     that also carries id 7 (ids need not be unique on the wire; they also wrap around). The
     broker sends no answer to acks=0 requests, so the proxy remembers the acks=0 one as "silent"
     in case a broker answers it anyway (Tansu does). When the ApiVersions answer arrives, id 7
-    matches the remembered silent request (`ClientConnection.on_upstream_frame`), and the
+    matches the remembered silent request (`UpstreamConnection`), and the
     answer is dropped as that request's: the client never gets it (it waits for ever, or until
     a timeout of the proxy closes the connection). It must get its answer.
     """
@@ -781,7 +781,7 @@ def test_a_client_sending_only_acks0_requests_holds_bounded_memory() -> None:
         while len(cluster.requests(1, PRODUCE)) < sent:
             assert time.monotonic() < deadline, len(cluster.requests(1, PRODUCE))
             time.sleep(0.05)
-        (connection,) = proxy.server.listeners._clients
-        assert len(connection._awaiting_upstream) == MAX_SILENT_SLOTS
+        (connection,) = proxy.server.listeners.connections._clients
+        assert len(connection.upstream.awaiting) == MAX_SILENT_SLOTS
         answer = client.request(fuzz.api_versions_request(3, 7), timeout=5)
         assert _SIZE.unpack_from(answer)[0] == 7  # still served, in order

@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from kvproxy.pipeline import kafka_client, live
-from kvproxy.pipeline.kafka_client import describe_compaction
+from kvproxy.client import blocking
+from kvproxy.client.blocking import describe_compaction
+from kvproxy.pipeline import live
 from kvproxy.pipeline.live import (
     LiveRange,
     LiveSourceError,
@@ -305,16 +306,16 @@ def _failing_fetch(monkeypatch: pytest.MonkeyPatch, codes: list[int]) -> None:
     Tansu answers every partition fault (offset out of range, no such partition) with an empty
     partition and no error, so the codes are injected.
     """
-    real = kafka_client.fetch
+    real = blocking.fetch
 
     def fetch(
-        broker: kafka_client.Broker, topic: str, offsets: Mapping[int, int], **kw: int
-    ) -> dict[int, kafka_client.FetchAnswer | int]:
+        broker: blocking.Broker, topic: str, offsets: Mapping[int, int], **kw: int
+    ) -> dict[int, blocking.FetchAnswer | int]:
         if codes:
             return dict.fromkeys(offsets, codes.pop(0))
         return real(broker, topic, offsets, **kw)
 
-    monkeypatch.setattr(kafka_client, "fetch", fetch)
+    monkeypatch.setattr(blocking, "fetch", fetch)
 
 
 def test_partition_error_is_named(produced: Produced, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -343,30 +344,30 @@ def test_chunk_past_the_high_watermark_ends(produced: Produced) -> None:
 def _truncating_fetch(monkeypatch: pytest.MonkeyPatch, *, kip74: bool) -> list[int]:
     """Make every Fetch answer end where a broker's byte limit would cut it: at max_bytes, mid
     batch; with KIP-74 never before the end of the first batch. Returns the limits asked for."""
-    real = kafka_client.fetch
+    real = blocking.fetch
     asked: list[int] = []
 
     def fetch(
-        broker: kafka_client.Broker,
+        broker: blocking.Broker,
         topic: str,
         offsets: Mapping[int, int],
         *,
         max_bytes: int,
         **kw: int,
-    ) -> dict[int, kafka_client.FetchAnswer | int]:
+    ) -> dict[int, blocking.FetchAnswer | int]:
         answers = real(broker, topic, offsets, max_bytes=max_bytes, **kw)
         asked.append(max_bytes)
-        cut: dict[int, kafka_client.FetchAnswer | int] = {}
+        cut: dict[int, blocking.FetchAnswer | int] = {}
         for p, a in answers.items():
             cut[p] = a
-            if isinstance(a, kafka_client.FetchAnswer):
+            if isinstance(a, blocking.FetchAnswer):
                 keep = max_bytes
                 if kip74 and len(a.records) >= 12:
                     keep = max(keep, read_batch(a.records)[0].size)
-                cut[p] = kafka_client.FetchAnswer(a.records[:keep], a.high_watermark, a.log_start)
+                cut[p] = blocking.FetchAnswer(a.records[:keep], a.high_watermark, a.log_start)
         return cut
 
-    monkeypatch.setattr(kafka_client, "fetch", fetch)
+    monkeypatch.setattr(blocking, "fetch", fetch)
     return asked
 
 
@@ -394,19 +395,19 @@ def test_no_progress_raises_instead_of_looping(
     produced: Produced, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (whole, _) = plan_live_ranges([produced.bootstrap], produced.topic)
-    real = kafka_client.fetch
+    real = blocking.fetch
 
     def empty(
-        broker: kafka_client.Broker, topic: str, offsets: Mapping[int, int], **kw: int
-    ) -> dict[int, kafka_client.FetchAnswer | int]:
+        broker: blocking.Broker, topic: str, offsets: Mapping[int, int], **kw: int
+    ) -> dict[int, blocking.FetchAnswer | int]:
         answers = real(broker, topic, offsets, **kw)
         return {
-            p: kafka_client.FetchAnswer(b"", a.high_watermark, a.log_start)
+            p: blocking.FetchAnswer(b"", a.high_watermark, a.log_start)
             for p, a in answers.items()
-            if isinstance(a, kafka_client.FetchAnswer)
+            if isinstance(a, blocking.FetchAnswer)
         }
 
-    monkeypatch.setattr(kafka_client, "fetch", empty)
+    monkeypatch.setattr(blocking, "fetch", empty)
     with pytest.raises(LiveSourceError, match="no progress"):
         list(fetch_batches(whole))
 
@@ -428,7 +429,7 @@ def test_every_fetch_version(
     produced: Produced, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
     ranges = plan_live_ranges([produced.bootstrap], produced.topic, offsets_per_range=5)
-    monkeypatch.setattr(kafka_client, "_FETCH_VERSIONS", (version, version))
+    monkeypatch.setattr(blocking, "_FETCH_VERSIONS", (version, version))
     assert _values(list(_batches(ranges))) == _expected(range(15), range(4))
 
 
@@ -436,8 +437,8 @@ def test_every_fetch_version(
 def test_every_metadata_and_list_offsets_version(
     produced: Produced, monkeypatch: pytest.MonkeyPatch, metadata: int, list_offsets: int
 ) -> None:
-    monkeypatch.setattr(kafka_client, "_METADATA_VERSIONS", (metadata, metadata))
-    monkeypatch.setattr(kafka_client, "_LIST_OFFSETS_VERSIONS", (list_offsets, list_offsets))
+    monkeypatch.setattr(blocking, "_METADATA_VERSIONS", (metadata, metadata))
+    monkeypatch.setattr(blocking, "_LIST_OFFSETS_VERSIONS", (list_offsets, list_offsets))
     ranges = plan_live_ranges([produced.bootstrap], produced.topic, start=Timestamp(T0 + 4500))
     assert [(r.partition, r.low, r.high) for r in ranges] == [(0, 5, 15), (1, 2, 4)]
 
@@ -445,7 +446,7 @@ def test_every_metadata_and_list_offsets_version(
 def test_versions_outside_what_the_broker_serves_are_refused(
     produced: Produced, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kafka_client, "_LIST_OFFSETS_VERSIONS", (10, 11))  # Tansu serves 0-9
+    monkeypatch.setattr(blocking, "_LIST_OFFSETS_VERSIONS", (10, 11))  # Tansu serves 0-9
     with pytest.raises(LiveSourceError, match=r"serves ListOffsets v0-v9"):
         plan_live_ranges([produced.bootstrap], produced.topic)
 
@@ -457,7 +458,7 @@ def test_versions_outside_what_the_broker_serves_are_refused(
 def test_describe_compaction(
     tansu: Broker, make_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
-    monkeypatch.setattr(kafka_client, "_DESCRIBE_CONFIGS_VERSIONS", (version, version))
+    monkeypatch.setattr(blocking, "_DESCRIBE_CONFIGS_VERSIONS", (version, version))
     compacted = make_topic(config={"cleanup.policy": "compact"})
     both = make_topic(config={"cleanup.policy": "compact,delete"})
     plain = make_topic()

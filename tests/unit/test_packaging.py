@@ -152,7 +152,7 @@ def test_the_wheel_installs_only_the_kvproxy_package(tmp_path: Path) -> None:
     installed = tmp_path / "site"
     archive.extractall(installed)
     bare = ["protocol", "policies", "settings", "registry", "journal", "proxy", "pipeline",
-            "producer", "commands"]  # fmt: skip
+            "producer", "commands", "client"]  # fmt: skip
     probe = (
         "import sys, kvproxy.proxy.server, kvproxy.policies.builtin, kvproxy.commands.cli;"
         "print(kvproxy.proxy.server.__file__);"

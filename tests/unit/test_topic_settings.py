@@ -18,6 +18,7 @@ from kio.schema.describe_configs.v1.response import (
 from kio.static.primitive import i8, i16, i32Timedelta
 
 from kvproxy.cli import main as kvproxy
+from kvproxy.client.async_requests import described_topics
 from kvproxy.commands.topics import settings_in_force
 from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
 from kvproxy.policies.config import build_routing
@@ -30,14 +31,14 @@ from kvproxy.policies.topic_settings import (
 from kvproxy.protocol.messages import decode_request
 from kvproxy.protocol.records import build_batch
 from kvproxy.proxy import topic_configs
-from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.proxy.config import TopicConfigsConfig, load_config_and_rules
 from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
 from kvproxy.proxy.topic_configs import TopicConfigCache
-from kvproxy.proxy.upstream_client import described_topics
 from kvproxy.settings.loading import ConfigError
 from tests.harness.fuzz import produce_request
 
 LONG_MAX = 2**63 - 1
+ABSENT_TTL_S = TopicConfigsConfig().absent_ttl_ms / 1000
 TOPIC_CONFIG, STATIC_BROKER, DEFAULT_CONFIG = 1, 4, 5
 
 
@@ -346,11 +347,11 @@ async def test_what_the_cluster_answers_is_kept_for_the_ttl_and_a_failure_for_th
     assert cache.config("denied") is UNKNOWN_TOPIC_CONFIG and cache.known("denied")
     expiry = {topic: entry[1] - time.monotonic() for topic, entry in cache._entries.items()}
     unknown = {topic: until - time.monotonic() for topic, until in cache._unknown.items()}
-    assert unknown["denied"] <= topic_configs.UNKNOWN_TTL_S < expiry["small"] <= 60
+    assert unknown["denied"] <= ABSENT_TTL_S < expiry["small"] <= 60
     failing = TopicConfigCache(lambda: [("h", 1)], None, ttl_s=60, timeout_s=1)
     await failing.refresh(["t"])
     assert failing.known("t") and failing.config("t") is UNKNOWN_TOPIC_CONFIG
-    assert failing._unknown["t"] - time.monotonic() <= topic_configs.UNKNOWN_TTL_S
+    assert failing._unknown["t"] - time.monotonic() <= ABSENT_TTL_S
 
 
 # ---- what the policies are given ----

@@ -8,16 +8,16 @@ import struct
 
 import pytest
 
+from kvproxy.client.async_connections import AdminConnections
+from kvproxy.client.async_requests import fetch_broker_addresses
 from kvproxy.policies.api import TopicConfig
 from kvproxy.policies.topic_settings import ClusterSetting
 from kvproxy.protocol.framing import frame
 from kvproxy.protocol.messages import METADATA, encode_response, make_response, read_request
 from kvproxy.proxy import topic_configs
-from kvproxy.proxy.admin_connections import AdminConnections
 from kvproxy.proxy.config import TopicConfigsConfig
 from kvproxy.proxy.lookup_budget import ClientLookupBudget
 from kvproxy.proxy.topic_configs import TopicConfigCache
-from kvproxy.proxy.upstream_client import fetch_broker_addresses
 
 HOST = "127.0.0.1"
 

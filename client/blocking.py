@@ -1,5 +1,5 @@
-"""A small blocking Kafka client for the audit, over the sans-IO requests of
-`kvproxy.protocol.admin`.
+"""The blocking driver of kvproxy's client, for the audit: sockets around `kvproxy.client.core`,
+with the sans-IO requests of `kvproxy.protocol.admin`.
 
 Spark runs the planning on the driver and the reading in executor tasks, neither of which has an
 event loop, so the audit speaks the Kafka protocol with blocking sockets. Each API's version is
@@ -16,6 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvproxy.client.core import (
+    API_VERSIONS_VERSION,
+    Conversation,
+    CorrelationMismatch,
+    api_versions_request,
+    served_versions,
+    shared_version,
+)
 from kvproxy.policies.topic_settings import ClusterSetting, from_cluster
 from kvproxy.protocol import admin, error_codes
 from kvproxy.protocol.errors import ProtocolError
@@ -27,9 +35,6 @@ from kvproxy.protocol.messages import (
     FETCH,
     LIST_OFFSETS,
     METADATA,
-    codec_for,
-    decode_response,
-    supported_versions,
 )
 from kvproxy.settings.addresses import join_host_port, parse_host_port
 
@@ -101,15 +106,14 @@ class Broker:
     def __init__(self, address: str, timeout_s: float) -> None:
         self.address = address
         self._timeout_s = timeout_s
-        self._correlation_id = 0
+        self._conversation = Conversation(CLIENT_ID)
         try:
             self._sock = socket.create_connection(_split_address(address), timeout=timeout_s)
         except OSError as exc:
             raise LiveSourceError(f"cannot connect to {address}: {_reason(exc)}") from None
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # v0: every broker answers it, and it is all we need (key, min, max).
-            answer = self.call(API_VERSIONS, 0, codec_for(API_VERSIONS, 0).request_type())
+            answer = self.call(API_VERSIONS, API_VERSIONS_VERSION, api_versions_request())
             if int(answer.error_code) != 0:
                 raise LiveSourceError(
                     f"{address} refused ApiVersions: {error_codes.error_name(answer.error_code)}"
@@ -117,10 +121,7 @@ class Broker:
         except BaseException:
             self.close()
             raise
-        self._versions = {
-            int(api.api_key): (int(api.min_version), int(api.max_version))
-            for api in answer.api_keys
-        }
+        self._versions = served_versions(answer)
 
     @property
     def timeout_s(self) -> float:
@@ -137,44 +138,38 @@ class Broker:
 
     def version(self, api_key: int, wanted: tuple[int, int]) -> int:
         """The highest version of `api_key` that the broker, the codec and this reader share."""
+        version = shared_version(self._versions, api_key, wanted)
+        if version is not None:
+            return version
         name = API_NAMES[api_key]
         served = self._versions.get(api_key)
         if served is None:
             raise LiveSourceError(f"{self.address} does not serve {name}")
-        usable = [
-            v
-            for v in supported_versions(api_key)
-            if wanted[0] <= v <= wanted[1] and served[0] <= v <= served[1]
-        ]
-        if not usable:
-            raise LiveSourceError(
-                f"{self.address} serves {name} v{served[0]}-v{served[1]}; "
-                f"reading a live topic needs one of v{wanted[0]}-v{wanted[1]}"
-            )
-        return max(usable)
+        raise LiveSourceError(
+            f"{self.address} serves {name} v{served[0]}-v{served[1]}; "
+            f"reading a live topic needs one of v{wanted[0]}-v{wanted[1]}"
+        )
 
     def call(self, api_key: int, version: int, body: Any) -> Any:
         """Send one request and return the decoded answer's body."""
         name = f"{API_NAMES[api_key]} v{version}"
-        self._correlation_id += 1
-        request = admin.request_frame(api_key, version, self._correlation_id, CLIENT_ID, body)
+        request = self._conversation.request(api_key, version, body)
         try:
             self._sock.sendall(request)
             payload = self._read_frame()
         except OSError as exc:
             raise LiveSourceError(f"{self.address} did not answer {name}: {_reason(exc)}") from None
         try:
-            response = decode_response(payload, api_key, version)
+            return self._conversation.answer(payload)
+        except CorrelationMismatch as exc:
+            raise LiveSourceError(
+                f"{self.address} answered {name} with correlation id {exc.got}, "
+                f"expected {exc.expected}"
+            ) from None
         except ProtocolError as exc:
             raise LiveSourceError(
                 f"{self.address} sent a {name} answer that does not decode: {exc}"
             ) from None
-        if response.header.correlation_id != self._correlation_id:
-            raise LiveSourceError(
-                f"{self.address} answered {name} with correlation id "
-                f"{response.header.correlation_id}, expected {self._correlation_id}"
-            )
-        return response.body
 
     def _read_frame(self) -> bytes:
         (size,) = _INT32.unpack(self._read_exactly(_INT32.size))

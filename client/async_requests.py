@@ -1,45 +1,30 @@
-"""The proxy's own requests to the cluster: where brokers live, what topics are set to."""
+"""The requests of the proxy and the offline commands to the cluster, over the asyncio driver:
+where brokers live, which topics exist, what topics are set to, a partition's leader, producing
+and reading one partition's records.
+
+Each asks a fixed version every broker still serves, on a connection kept in `AdminConnections`
+when one is given, else on a connection of its own (`ask_once`).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import Any
 
+from kvproxy.client.async_connections import AdminConnections, ask_once
+from kvproxy.client.core import API_VERSIONS_VERSION, UpstreamError, api_versions_request
+from kvproxy.client.partition_read import PartitionRead
 from kvproxy.policies.topic_settings import ClusterSetting
 from kvproxy.protocol import admin
 from kvproxy.protocol.errors import ProtocolError
-from kvproxy.protocol.framing import FrameDecoder
 from kvproxy.protocol.messages import (
+    API_VERSIONS,
     DESCRIBE_CONFIGS,
     FETCH,
     LIST_OFFSETS,
     METADATA,
-    decode_response,
+    PRODUCE,
 )
-from kvproxy.proxy.admin_connections import AdminConnections
-from kvproxy.proxy.fds import describe as describe_fd_shortage
-from kvproxy.proxy.fds import out_of_fds
-
-
-def describe_failure(exc: BaseException, timeout_s: float) -> str:
-    """Why a request to the cluster failed, in words: never empty (a timeout's own text is)."""
-    if isinstance(exc, TimeoutError):
-        return (
-            f"no answer within upstream.connect_timeout_ms ({timeout_s * 1000:.0f} ms): the "
-            "address accepts nothing, or the peer does not answer Kafka requests"
-        )
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (nothing listens on that port)"
-    if out_of_fds(exc):  # the proxy's own shortage, not the broker's
-        return describe_fd_shortage(exc)
-    if isinstance(exc, ssl.SSLError):
-        return f"TLS failed: {exc.reason or exc}"
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, ProtocolError):
-        return f"the answer is not Kafka's: {text}"
-    return text
-
 
 _METADATA_VERSION = 1  # every broker since 0.10 answers it; enough for node ids and addresses
 
@@ -88,10 +73,6 @@ async def answers_api_versions(
 ) -> bool:
     """Whether the server answers ApiVersions v0 with no error: it speaks Kafka, even where it
     serves nothing else before authentication."""
-    from kio.schema.api_versions.v0.request import ApiVersionsRequest  # noqa: PLC0415
-
-    from kvproxy.protocol.messages import API_VERSIONS  # noqa: PLC0415
-
     try:
         answer = await _ask(
             host,
@@ -99,8 +80,8 @@ async def answers_api_versions(
             ssl_context,
             timeout,
             api_key=API_VERSIONS,
-            version=0,
-            body=ApiVersionsRequest(),
+            version=API_VERSIONS_VERSION,
+            body=api_versions_request(),
         )
     except (OSError, TimeoutError, ProtocolError):
         return False
@@ -197,32 +178,9 @@ async def _ask(
         return await connections.ask(
             host, port, timeout, api_key=api_key, version=version, body=body
         )
-    frame = admin.request_frame(api_key, version, 1, "kvproxy", body)
-    payload = await _round_trip(host, port, ssl_context, timeout, frame)
-    return decode_response(payload, api_key, version).body
-
-
-async def _round_trip(
-    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float, frame: bytes
-) -> bytes:
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(
-            host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
-        ),
-        timeout,
+    return await ask_once(
+        host, port, ssl_context, timeout, api_key=api_key, version=version, body=body
     )
-    try:
-        writer.write(frame)
-        await writer.drain()
-        decoder = FrameDecoder()
-        while (payload := decoder.next_frame()) is None:
-            chunk = await asyncio.wait_for(reader.read(65536), timeout)
-            if not chunk:
-                raise ConnectionError(f"{host}:{port} closed the connection")
-            decoder.receive_data(chunk)
-        return bytes(payload)
-    finally:
-        writer.close()
 
 
 async def partition_leader(
@@ -276,8 +234,6 @@ async def produce_batch(
     from kio.schema.types import TopicName  # noqa: PLC0415
     from kio.static.primitive import Records, i16, i32, i32Timedelta  # noqa: PLC0415
 
-    from kvproxy.protocol.messages import PRODUCE  # noqa: PLC0415
-
     body = ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
@@ -303,16 +259,7 @@ async def produce_batch(
     return int(answer.responses[0].partition_responses[0].error_code)
 
 
-class UpstreamError(Exception):
-    """The broker answered a request of the proxy's own with an error code."""
-
-    def __init__(self, what: str, code: int) -> None:
-        super().__init__(f"{what}: error {code}")
-        self.code = code
-
-
 _LIST_OFFSETS_VERSION = 1  # offsets by timestamp: every broker since 0.10.1
-_FETCH_VERSION = 4  # magic-2 records by topic name: every broker since 0.11
 
 
 async def read_partition_since(
@@ -329,8 +276,6 @@ async def read_partition_since(
     `since_ms` up to the high watermark: (first offset, the records as fetched, whether the
     high watermark was reached within `max_bytes`). The first offset is -1 when no record is
     that recent. Raises `UpstreamError` on an error code."""
-    from kvproxy.protocol.records import iter_batches  # noqa: PLC0415
-
     asked = admin.list_offsets_request(
         _LIST_OFFSETS_VERSION, topic, {partition: since_ms}, timeout_s=timeout
     )
@@ -351,44 +296,16 @@ async def read_partition_since(
         raise UpstreamError(f"ListOffsets {topic}-{partition}", code)
     if first < 0:
         return -1, b"", True
-    out = bytearray()
-    offset = first
-    high_watermark: int | None = None
-    while high_watermark is None or offset < high_watermark:
-        if len(out) >= max_bytes:
-            return first, bytes(out), False
-        body = admin.fetch_request(
-            _FETCH_VERSION,
-            topic,
-            {partition: offset},
-            max_bytes=max_bytes - len(out),
-            min_bytes=0,
-            # not 0: Tansu answers a Fetch that may not wait with no partition at all
-            max_wait_ms=100,
-        )
+    read = PartitionRead(topic, partition, first, max_bytes)
+    while (body := read.next_request()) is not None:
         answered = await _ask(
             leader[0],
             leader[1],
             ssl_context,
             timeout,
             api_key=FETCH,
-            version=_FETCH_VERSION,
+            version=read.version,
             body=body,
         )
-        fetched = admin.fetched_partitions(answered, topic).get(partition)
-        if fetched is None:
-            raise ConnectionError(f"Fetch {topic}-{partition}: the broker answered no partition")
-        if fetched.error_code != 0:
-            raise UpstreamError(f"Fetch {topic}-{partition}", fetched.error_code)
-        if high_watermark is None:
-            high_watermark = fetched.high_watermark
-        records = fetched.records
-        next_offset = offset
-        for batch in iter_batches(records, allow_partial_tail=True):
-            next_offset = max(next_offset, batch.base_offset + batch.last_offset_delta + 1)
-            out += batch.buffer
-        if next_offset == offset:
-            # nothing whole came back: the next batch is larger than what is left to read
-            return first, bytes(out), offset >= high_watermark
-        offset = next_offset
-    return first, bytes(out), True
+        read.receive(answered)
+    return first, read.records, read.complete
