@@ -1,9 +1,13 @@
-"""Produce requests through the policies: decide per partition, forward what passes, answer.
+"""Produce requests through the policies: decide per partition, and what goes upstream.
 
-Everything here is synchronous and free of I/O; `server.py` feeds it frames and sends what it
-returns. All-valid requests go upstream as their original bytes. With rejections, `reject:
-partition` forwards a re-encoded request holding only the valid partitions and merges the broker's
-answer with the local errors in request order; `reject: request` answers everything locally.
+Everything here is synchronous and free of I/O. A client connection hands each Produce request
+to `ProduceDecisions` (`kvproxy.proxy.decisions`), which gathers what the chains need and calls
+`ProduceEngine.decide` on the event loop or the decoding thread; the connection sends the
+decision's `forward` upstream and answers the client with `ProduceDecision.answer`
+(`kvproxy.proxy.produce_answer`) once the broker has answered. All-valid requests go upstream as
+their original bytes. With rejections, `reject: partition` forwards a re-encoded request holding
+only the valid partitions, whose answer is merged with the local errors in request order;
+`reject: request` answers everything locally.
 """
 
 from __future__ import annotations
@@ -31,48 +35,26 @@ from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReach
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.framing import Frame
-from kvproxy.protocol.messages import (
-    PRODUCE,
-    Request,
-    Response,
-    decode_response,
-    encode_request,
-    encode_response,
-    make_response,
-)
-from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.protocol.messages import Request, encode_request
+from kvproxy.proxy.produce_answer import ProduceAnswers
 from kvproxy.proxy.produce_scan import (
-    ANSWERED_AS_THEY_ARE,
-    RECORDS_LIMIT,
+    DECODE_BUDGET,
+    NO_TRANSACTIONAL_ID,
     declared_records,
     has_transactional_records,
     refuse_every_partition,
     too_many_records,
 )
-from kvproxy.settings.errors import profile_code
 
 log = logging.getLogger("kvproxy.produce")
 
-ANOTHER_PARTITION = (
-    "Invalid record in another topic-partition caused the whole request to be rejected"
-)
 _VALID_ACKS = frozenset({-1, 0, 1})
 _FIRST_WITH_TOPIC_IDS = 13
-DECODE_BUDGET = "decode_budget"
-"""`Verdict.policy` of a partition whose decoding would hold more memory than allowed."""
-_EVERY_VERSION_KNOWS = frozenset({RECORDS_LIMIT, DECODE_BUDGET})
-"""Limits answered MESSAGE_TOO_LARGE on every Produce version, never the legacy code."""
-NO_TRANSACTIONAL_ID = "transactional_id"
-"""`Verdict.policy` of every partition of a request that carries transactional records without
-a transactional id: Kafka refuses the whole request before any other check."""
 _NO_TRANSACTIONAL_ID_VERDICT = Verdict(
     code=error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     message="Transactional Id authorization failed.",
     policy=NO_TRANSACTIONAL_ID,
 )
-_ANSWERED_WITHOUT_MESSAGE = frozenset({NO_TRANSACTIONAL_ID})
-"""Refusals whose answer has no `error_message`: the broker's exception says only what its code
-says, and Kafka's ApiError leaves such a message out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,14 +144,14 @@ class ProduceDecision:
         return bool(self.rejected)
 
     def answer(self, upstream: Frame | None) -> bytes:
-        """The client's answer (`ProduceEngine.answer`) under the rules it was judged by."""
+        """The client's answer (`ProduceAnswers.answer`) under the rules it was judged by."""
         if upstream is None and self.written is not None:
             return self.written
-        return self.engine.answer(self, upstream)
+        return self.engine.answers.answer(self, upstream)
 
     def observe(self, upstream: Frame) -> None:
-        """Show the broker's answer to the policies that observe it (`ProduceEngine.observe`)."""
-        self.engine.observe(self, upstream)
+        """Show the broker's answer to the policies that observe it (`ProduceAnswers.observe`)."""
+        self.engine.answers.observe(self, upstream)
 
 
 class ProduceEngine:
@@ -184,6 +166,8 @@ class ProduceEngine:
     ) -> None:
         self.routing = routing
         self.settings = settings
+        self.answers = ProduceAnswers(settings)
+        """Builds the answers of the requests decided here."""
         self._compacted = compacted
         self._learned = learned
         """The cluster's settings of a topic; None: its compaction alone (`compacted`)."""
@@ -303,7 +287,7 @@ class ProduceEngine:
         decision.observing = tuple(observing)
         many = len(decision.outcomes) > self.settings.inline_max_partitions  # decided off loop
         if many and decision.forward is None and acks != 0:
-            decision.written = self.answer(decision, None)
+            decision.written = self.answers.answer(decision, None)
         return decision
 
     def _parse(
@@ -404,98 +388,3 @@ class ProduceEngine:
             return None
         body = dataclasses.replace(request.body, topic_data=tuple(kept_topics))
         return encode_request(Request(request.header, body))
-
-    # ---- answers ----
-
-    def observe(self, decision: ProduceDecision, upstream: Frame) -> None:
-        """Show each observing chain the broker's answer to the partitions it let through."""
-        if not decision.observing:  # the answer is decoded only when some policy observes it
-            return
-        chains = dict(decision.observing)
-        passed = [
-            (outcome, chains[name])
-            for name, outcomes in decision.topics
-            if name in chains
-            for outcome in outcomes
-            if not outcome.rejected
-            and outcome.produced is not None
-            and chains[name].wants_answer(outcome.produced)
-        ]
-        if not passed:
-            return
-        body = decode_response(upstream, PRODUCE, decision.api_version).body
-        codes = {
-            (str(topic.name), int(partition.index)): int(partition.error_code)
-            for topic in body.responses
-            for partition in topic.partition_responses
-        }
-        for outcome, chain in passed:
-            code = codes.get((outcome.topic, outcome.index))
-            if code is not None and outcome.produced is not None:
-                chain.observe(outcome.produced, code)
-
-    def answer(self, decision: ProduceDecision, upstream: Frame | None) -> bytes:
-        """The client's answer: local errors merged with the broker's answer, in request order."""
-        version = decision.api_version
-        types = produce_response_types(version)
-        broker_partitions: dict[tuple[str, int], Any] = {}
-        upstream_body = None
-        if upstream is not None:
-            upstream_body = decode_response(upstream, PRODUCE, version).body
-            for topic in upstream_body.responses:
-                for partition in topic.partition_responses:
-                    broker_partitions[(str(topic.name), int(partition.index))] = partition
-        any_rejected = bool(decision.rejected)
-        topics = []
-        for name, outcomes in decision.topics:
-            answers = []
-            for outcome in outcomes:
-                if outcome.rejected:
-                    answers.append(self._local(types, outcome, version))
-                elif self.settings.reject_request and any_rejected:
-                    answers.append(
-                        self._local(
-                            types,
-                            dataclasses.replace(
-                                outcome,
-                                verdict=Verdict(
-                                    code=error_codes.INVALID_RECORD, message=ANOTHER_PARTITION
-                                ),
-                            ),
-                            version,
-                        )
-                    )
-                else:
-                    broker = broker_partitions.get((name, outcome.index))
-                    if broker is None:
-                        broker = partition_answer(
-                            types, outcome.index, error_codes.UNKNOWN_SERVER_ERROR
-                        )
-                    answers.append(broker)
-            topics.append((name, answers))
-        local_body = produce_answer(types, topics)
-        if upstream_body is not None:
-            local_body = dataclasses.replace(upstream_body, responses=local_body.responses)
-        response: Response = make_response(PRODUCE, version, decision.correlation_id, local_body)
-        return encode_response(PRODUCE, version, response)
-
-    def _local(self, types: Any, outcome: PartitionOutcome, version: int) -> Any:
-        verdict = outcome.verdict
-        code = self.answer_code(verdict, version)
-        record_errors = tuple((e.index, e.message) for e in verdict.record_errors)
-        message = None if verdict.policy in _ANSWERED_WITHOUT_MESSAGE else verdict.message
-        return partition_answer(
-            types, outcome.index, code, message=message, record_errors=record_errors
-        )
-
-    def answer_code(self, verdict: Verdict, version: int) -> int:
-        """The code a client of this Produce version receives for `verdict` (`errors` in
-        docs/configuration.md)."""
-        code = profile_code(self.settings.profile, verdict)
-        if (
-            version < self.settings.legacy_below
-            and code not in ANSWERED_AS_THEY_ARE
-            and verdict.policy not in _EVERY_VERSION_KNOWS  # MESSAGE_TOO_LARGE, not retried
-        ):
-            code = self.settings.legacy_code
-        return code

@@ -14,6 +14,8 @@ from kvproxy.protocol.records import read_batch
 
 __all__ = [
     "ANSWERED_AS_THEY_ARE",
+    "DECODE_BUDGET",
+    "NO_TRANSACTIONAL_ID",
     "RECORDS_LIMIT",
     "Parsed",
     "declared_records",
@@ -35,6 +37,11 @@ ANSWERED_AS_THEY_ARE = frozenset(
 
 RECORDS_LIMIT = "max_records_per_request"
 """`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
+DECODE_BUDGET = "decode_budget"
+"""`Verdict.policy` of a partition whose decoding would hold more memory than allowed."""
+NO_TRANSACTIONAL_ID = "transactional_id"
+"""`Verdict.policy` of every partition of a request that carries transactional records without
+a transactional id: Kafka refuses the whole request before any other check."""
 
 Parsed = list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]]]
 """Per topic, each partition's index, records as sent, and batch views or the verdict."""

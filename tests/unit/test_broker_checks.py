@@ -322,9 +322,9 @@ def test_size_refusals_keep_their_code_on_legacy_produce_versions(code: int) -> 
 
     engine = ProduceEngine(build_routing(None, None, Path(".")), ProduceSettings(), lambda _: None)
     verdict = Verdict(code, "too large", policy="batch_integrity")
-    assert [engine.answer_code(verdict, version) for version in (0, 2, 9)] == [code] * 3
+    assert [engine.answers.code(verdict, version) for version in (0, 2, 9)] == [code] * 3
     other = Verdict(error_codes.INVALID_RECORD, "x", policy="batch_integrity")
-    assert engine.answer_code(other, 2) == error_codes.CORRUPT_MESSAGE
+    assert engine.answers.code(other, 2) == error_codes.CORRUPT_MESSAGE
 
 
 def test_a_grouped_check_that_crashes_fails_closed_under_its_own_name(

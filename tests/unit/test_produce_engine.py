@@ -73,7 +73,8 @@ def test_a_decision_is_answered_with_the_engine_that_judged_it(
     assert decision.forward is not None  # partition 1 goes to the broker
     answers = answered(decision, broker_answer(9, [1]))
     assert (int(answers[0].error_code), int(answers[1].error_code)) == (code, 0)
-    assert judge.answer(decision, broker_answer(9, [1])) == decision.answer(broker_answer(9, [1]))
+    upstream = broker_answer(9, [1])
+    assert judge.answers.answer(decision, upstream) == decision.answer(upstream)
 
 
 # ---- a transactional batch without a transactional id ----

@@ -63,7 +63,7 @@ def test_the_proxy_and_the_audit_answer_the_same_code(profile: ErrorProfile) -> 
     engine = ProduceEngine(routing, ProduceSettings(profile=profile), lambda topic: None)
     task = _Task(AuditSettings(None, None, str(Path.cwd()), profile=profile.value))
     for verdict in REJECTIONS:
-        assert engine.answer_code(verdict, 9) == task.code_of(verdict)
+        assert engine.answers.code(verdict, 9) == task.code_of(verdict)
         assert task.code_of(verdict) == profile_code(profile, verdict)
     routing.close()
 
