@@ -2,12 +2,11 @@
 
 Everything here runs on executors. The settings travel as plain data (`AuditSettings`, in
 `kvproxy.pipeline.task_data`); each Python worker builds the topic routing from them once, with the
-same
-`policies.build_routing` the proxy uses, so a backtest answers exactly what the proxy would. A
-stored batch is checked as the one batch of a Produce request (`ProducedRecords.stored` relaxes
-only what the broker itself changes on append: assigned offsets, records removed by the
-cleaner); transaction markers (control batches) are the broker's own and are counted, not
-checked. Quarantine entries are checked as the Produce request they were.
+same `policies.build_routing` the proxy uses, so a backtest answers exactly what the proxy would. A
+stored batch is checked as the one batch of a Produce request (`ProducedRecords.stored` relaxes only
+what the broker itself changes on append: assigned offsets, records removed by the cleaner);
+transaction markers (control batches) are the broker's own and are counted, not checked. Quarantine
+entries are checked as the Produce request they were.
 """
 
 from __future__ import annotations
@@ -26,15 +25,15 @@ from kvproxy.pipeline.segments import (
 )
 from kvproxy.pipeline.task_data import AuditSettings, PartitionStats, Violation, routing_for
 from kvproxy.policies.api import (
-    Need,
+    UNKNOWN_TOPIC_CONFIG,
     ProducedRecords,
     RecordError,
+    TopicConfig,
     Verdict,
-    needs_of,
     parse_records,
 )
 from kvproxy.policies.chain import Mode, PolicyChain
-from kvproxy.policies.schemas.model import LookupNeeded
+from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.journal import iter_entries
@@ -42,7 +41,14 @@ from kvproxy.protocol.records import Record, RecordBatch, read_batch
 from kvproxy.protocol.records.offsets import record_offset
 from kvproxy.settings.errors import profile_code
 
-__all__ = ["LATEST_PRODUCE_VERSION", "batch_frames", "bucket_size_ms", "check_unit", "key_preview"]
+__all__ = [
+    "LATEST_PRODUCE_VERSION",
+    "batch_frames",
+    "bucket_size_ms",
+    "check_unit",
+    "key_preview",
+    "stored_batch",
+]
 
 LATEST_PRODUCE_VERSION = 12
 """The request a stored magic 2 batch is checked as (the newest that names topics by name)."""
@@ -57,7 +63,7 @@ def _cluster_compaction(bootstrap: tuple[str, ...], topic: str) -> bool | None:
     """Whether the cluster compacts `topic`, asked once per Python worker."""
     key = (bootstrap, topic)
     if key not in _CLUSTER_COMPACTION:
-        from kvproxy.pipeline.kafka_client import LiveSourceError, describe_compaction  # noqa: PLC0415
+        from kvproxy.client.blocking import LiveSourceError, describe_compaction  # noqa: PLC0415
 
         try:
             _CLUSTER_COMPACTION[key] = describe_compaction(list(bootstrap), [topic]).get(topic)
@@ -110,22 +116,6 @@ class _Task:
         if topic in self.settings.compaction or not self.settings.bootstrap:
             return self.settings.compaction.get(topic)
         return _cluster_compaction(self.settings.bootstrap, topic)
-
-    def check(self, chain: PolicyChain, produced: ProducedRecords) -> Verdict:
-        """The chain's verdict. The driver looked up every schema id the records carry, so a
-        policy still asking for ids (`LookupNeeded`) is answered as the registry unavailable
-        would be, not with a crash of the job."""
-        try:
-            return chain.check(produced)
-        except LookupNeeded as needed:
-            ids = ", ".join(map(str, sorted(needed.schema_ids)[:5]))
-            more = ", ..." if len(needed.schema_ids) > 5 else ""
-            names = [p.name for p in chain.policies if Need.SCHEMAS in needs_of(p)]
-            return Verdict(
-                error_codes.REQUEST_TIMED_OUT,
-                f"schema registry unavailable: schema ids not looked up: {ids}{more}",
-                policy=names[0] if names else None,
-            )
 
     def code_of(self, verdict: Verdict) -> int:
         return profile_code(self.profile, verdict)
@@ -234,6 +224,35 @@ def check_unit(
     return rows, list(task.stats.values())
 
 
+def stored_batch(
+    topic: str,
+    partition: int,
+    view: memoryview,
+    batch: RecordBatch,
+    *,
+    compacted: bool | None = None,
+    now_ms: int = 0,
+    topic_config: TopicConfig = UNKNOWN_TOPIC_CONFIG,
+    schemas: SchemaCatalog | None = None,
+) -> ProducedRecords:
+    """A stored batch (`view`, read as `batch`) as the one batch of the Produce request it was
+    (`ProducedRecords.stored`): what the check pass and the schema id pass read."""
+    return ProducedRecords(
+        topic=topic,
+        partition=partition,
+        raw=view,
+        batches=(batch,),
+        produce_version=LATEST_PRODUCE_VERSION if batch.magic == 2 else LEGACY_PRODUCE_VERSION,
+        acks=-1,
+        transactional_id=None,
+        compacted=compacted,
+        now_ms=now_ms,
+        stored=True,
+        topic_config=topic_config,
+        schemas=schemas,
+    )
+
+
 def batch_frames(data: bytes, base_position: int) -> Iterator[tuple[int, memoryview]]:
     """(byte position in the file, batch bytes) of every batch of a planned range."""
     view = memoryview(data)
@@ -334,24 +353,20 @@ def _scan_log(
             continue
         stats.batches += 1
         stats.saw_time(batch.first_timestamp, batch.max_timestamp)
-        produced = ProducedRecords(
-            topic=topic,
-            partition=partition,
-            raw=view,
-            batches=(batch,),
-            produce_version=LATEST_PRODUCE_VERSION if batch.magic == 2 else LEGACY_PRODUCE_VERSION,
-            acks=-1,
-            transactional_id=None,
+        produced = stored_batch(
+            topic,
+            partition,
+            view,
+            batch,
             compacted=compacted,
             now_ms=task.settings.now_ms,
-            stored=True,
             topic_config=topic_config,
             schemas=task.settings.schemas,
         )
         counted = _count_records(produced, batch, window, stats)
         if task.budget is not None:
             task.budget -= counted
-        verdict = task.check(chain, produced)
+        verdict = chain.check(produced)
         if verdict.ok:
             continue
         fallback_ts = batch.max_timestamp if batch.max_timestamp >= 0 else None
@@ -448,7 +463,7 @@ def _check_entry(
         stats.records += count
         if task.budget is not None:
             task.budget -= count
-        verdict = task.check(rule.chain, parsed)
+        verdict = rule.chain.check(parsed)
         if verdict.ok:
             return
     rows = task.violations(

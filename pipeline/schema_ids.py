@@ -1,10 +1,11 @@
 """The schema ids the audited records carry, looked up once on the driver for every executor.
 
-The proxy fetches an id when a request first needs it (`LookupNeeded`); the audit cannot ask
-the registry from thousands of tasks, so a first, cheap pass reads only the 5-byte headers of
-the keys and values of topics whose rule needs schemas (`Need.SCHEMAS`), each task keeping a
-set of the ids it saw, and the driver merges them, looks each up once (`RegistryCatalog`) and
-ships the answers to the executors as a `StaticCatalog` (`AuditSettings.schemas`).
+As the proxy gathers a request's ids before its chains run, the audit gathers them before its
+check pass, with the same function (`kvproxy.policies.schemas.ids.schema_ids_wanted`): it cannot
+ask the registry from thousands of tasks, so a first, cheap pass reads the records of topics
+whose rule needs schemas (`Need.SCHEMAS`), each task keeping a set of the ids it saw, and the
+driver merges them, looks each up once (`RegistryCatalog`) and ships the answers to the
+executors as a `StaticCatalog` (`AuditSettings.schemas`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvproxy.pipeline import files
-from kvproxy.pipeline.check import LATEST_PRODUCE_VERSION, batch_frames
+from kvproxy.pipeline.check import LATEST_PRODUCE_VERSION, batch_frames, stored_batch
 from kvproxy.pipeline.segments import JournalSegment, SegmentRange
 from kvproxy.pipeline.task_data import AuditSettings, routing_for
-from kvproxy.policies.api import Verdict, parse_records
+from kvproxy.policies.api import Need, ProducedRecords, Verdict, parse_records
+from kvproxy.policies.chain import PolicyChain
 from kvproxy.policies.config import TopicRouting
-from kvproxy.policies.schemas.ids import Sides, add_schema_ids, schema_sides
+from kvproxy.policies.schemas.ids import schema_ids_wanted
 from kvproxy.policies.schemas.model import RegisteredSchema, RegistryUnavailable, UnknownSchema
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.journal import iter_entries
-from kvproxy.protocol.records import Record, read_batch
+from kvproxy.protocol.records import read_batch
 from kvproxy.registry.catalog import RegistryCatalog
 from kvproxy.settings.schema_registry import SchemaRegistryConfig
 
@@ -88,13 +90,14 @@ def needs_ids(unit: object, routing: TopicRouting) -> bool:
     if isinstance(unit, JournalSegment):
         return True
     if isinstance(unit, SegmentRange | LiveRange):
-        return _sides(routing, unit.topic) is not None
+        return _schema_chain(routing, unit.topic) is not None
     return False  # corrupt regions hold no records; planning errors are reported as they are
 
 
-def _sides(routing: TopicRouting, topic: str) -> Sides | None:
-    """(values, keys) whose ids `topic`'s rule reads; None when it reads none."""
-    return schema_sides(routing.rule_for(topic).chain)
+def _schema_chain(routing: TopicRouting, topic: str) -> PolicyChain | None:
+    """`topic`'s chain when it reads schema ids; else None."""
+    chain = routing.rule_for(topic).chain
+    return chain if Need.SCHEMAS in chain.needs else None
 
 
 def merge_ids(left: frozenset[int], right: frozenset[int]) -> frozenset[int]:
@@ -112,21 +115,21 @@ class _Collector:
         self.routing = routing_for(settings)
         self.ids: set[int] = set()
         self.budget = settings.sample_per_unit
-        self.sides: dict[str, Sides | None] = {}
+        self.chains: dict[str, PolicyChain | None] = {}
 
     @property
     def done(self) -> bool:
         return len(self.ids) > MAX_SCHEMA_IDS or (self.budget is not None and self.budget <= 0)
 
-    def sides_of(self, topic: str) -> Sides | None:
-        if topic not in self.sides:
-            self.sides[topic] = _sides(self.routing, topic)
-        return self.sides[topic]
+    def chain_of(self, topic: str) -> PolicyChain | None:
+        if topic not in self.chains:
+            self.chains[topic] = _schema_chain(self.routing, topic)
+        return self.chains[topic]
 
-    def add(self, records: Iterable[Record], sides: Sides) -> None:
-        read = add_schema_ids(self.ids, records, sides)
+    def add(self, chain: PolicyChain, produced: ProducedRecords) -> None:
+        self.ids |= schema_ids_wanted(chain, produced)
         if self.budget is not None:
-            self.budget -= read
+            self.budget -= sum(max(batch.record_count, 0) for batch in produced.batches)
 
 
 def schema_ids_of_units(units: Iterable[Any], settings: AuditSettings) -> frozenset[int]:
@@ -151,8 +154,8 @@ def _collect(collector: _Collector, unit: Any) -> None:
     if isinstance(unit, JournalSegment):
         _collect_journal(collector, unit)
         return
-    sides = collector.sides_of(unit.topic)
-    if sides is None:
+    chain = collector.chain_of(unit.topic)
+    if chain is None:
         return
     if isinstance(unit, SegmentRange):
         data = files.read_range(unit.uri, unit.start, unit.end)
@@ -167,7 +170,7 @@ def _collect(collector: _Collector, unit: Any) -> None:
         try:
             batch, _ = read_batch(view)
             if not batch.is_control:
-                collector.add(batch.records(), sides)
+                collector.add(chain, stored_batch(unit.topic, unit.partition, view, batch))
         except DecodeError:
             continue
 
@@ -178,8 +181,8 @@ def _collect_journal(collector: _Collector, unit: JournalSegment) -> None:
     for _, _, metadata, records in iter_entries(data):
         if collector.done:
             return
-        sides = collector.sides_of(str(metadata.get("topic", "")))
-        if sides is None or metadata.get("kind") not in ("rejected", "warned"):
+        chain = collector.chain_of(str(metadata.get("topic", "")))
+        if chain is None or metadata.get("kind") not in ("rejected", "warned"):
             continue
         parsed = parse_records(
             str(metadata.get("topic", "")),
@@ -194,7 +197,7 @@ def _collect_journal(collector: _Collector, unit: JournalSegment) -> None:
         if isinstance(parsed, Verdict):
             continue
         try:
-            collector.add(parsed.record_tuple(), sides)
+            collector.add(chain, parsed)
         except DecodeError:
             continue
 

@@ -2,21 +2,24 @@
 
 A request cheap to check is decided on the event loop; one that needs more decoding memory than
 `INLINE_DECODE_BYTES` (or more records than the engine decides inline) is decided on the decoding
-thread. The topic settings a check reads are described first when the cache lacks them, and
-the schema ids a `schema` policy finds missing are looked up before it is decided again. A
-reload swaps the rules (`replace`): a request already decided keeps its verdict.
+thread. What the chains need is gathered before they run: the topic settings a check reads are
+described first when the cache lacks them, and the schema ids the records carry that the
+catalog cannot answer are looked up (`kvproxy.proxy.schema_lookups`); then the chains run once.
+A reload swaps the rules (`replace`): a request already decided keeps its verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from kvproxy.policies.chain import PolicyChain
 from kvproxy.policies.config import TopicRouting
-from kvproxy.policies.schemas.model import LookupNeeded, SchemaCatalog, SchemaEntry
+from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol.budget import Allowance, InlineLimitReached, MemoryBudget
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.protocol.framing import Frame
@@ -24,7 +27,7 @@ from kvproxy.protocol.messages import Request
 from kvproxy.proxy.config import ProxyConfig
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
-from kvproxy.proxy.schema_lookups import request_schema_ids
+from kvproxy.proxy.schema_lookups import reads_schemas, request_schema_ids
 from kvproxy.proxy.topic_configs import TopicConfigCache
 from kvproxy.registry.catalog import RegistryCatalog
 
@@ -34,10 +37,6 @@ INLINE_DECODE_BYTES = 4 * 1024 * 1024
 """Decoding memory a Produce request may use on the event loop (a few milliseconds of work);
 one that needs more is decided again on the decoding thread."""
 DECODING_SWITCH_INTERVAL_S = 0.0005
-LOOKUP_ROUNDS = 2
-"""Rounds of schema lookups one request may cause; the first looks up every id the request
-carries (up to `max_lookups_per_request`). After them a missing id counts as the registry
-unavailable (ids evicted meanwhile, or more ids than one round fetches)."""
 
 
 class ProduceDecisions:
@@ -85,19 +84,23 @@ class ProduceDecisions:
         self, engine: ProduceEngine, payload: Frame, request: Request
     ) -> ProduceDecision | None:
         """The decision, made on the event loop, or None when it needs more than
-        `INLINE_DECODE_BYTES` of decoding or more than the engine's inline record count."""
-        try:
-            return self._decide_inline_or_lookup(engine, payload, request, self.schemas)
-        except LookupNeeded:
-            return None
+        `INLINE_DECODE_BYTES` of decoding or more than the engine's inline record count, or
+        schema ids looked up first."""
+        chains = self._schema_chains(engine, request)
+        if chains is not None:
+            assert self.schemas is not None
+            if self._schema_ids_inline(engine, request, chains, self.schemas) != set():
+                return None  # ids to look up first, or too many records to read them here
+        return self._decide_inline(engine, payload, request, self.schemas)
 
     async def decide_later(
         self, engine: ProduceEngine, payload: Frame, request: Request, topics: list[str]
     ) -> ProduceDecision:
-        """The decision of a request `decide_inline` could not make: the topics described,
-        missing schema ids looked up (at most `LOOKUP_ROUNDS` times, the first for every id
-        the request carries, waiting at most `request_wait_ms` in all), then decided on the
-        loop if that is cheap, else on the decoding thread.
+        """The decision of a request `decide_inline` could not make: the topics described, the
+        schema ids the checks will read that the catalog lacks looked up (one round, at most
+        `max_lookups_per_request` ids, waiting at most `request_wait_ms`; an id still missing
+        then is answered as the registry unavailable), then decided on the loop if that is
+        cheap, else on the decoding thread.
 
         The lookups are shared as this connection's (`RegistryCatalog.fetch`'s owner is this
         task: a connection decides one request at a time); when it goes, its task is
@@ -105,79 +108,94 @@ class ProduceDecisions:
         if topics:
             await self.describe_topics(topics)
         schemas: SchemaCatalog | None = self.schemas
-        fetched: dict[int, SchemaEntry] = {}
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        for lookup_round in range(LOOKUP_ROUNDS + 1):
-            try:
-                decision = self._decide_inline_or_lookup(engine, payload, request, schemas)
-                if decision is None:
-                    decision = await self._decide_off_loop(engine, payload, request, schemas)
-            except LookupNeeded as needed:
-                if self.schemas is None or lookup_round == LOOKUP_ROUNDS:
-                    raise RuntimeError("schema lookups without a registry, or too late") from None
-                wanted = needed.schema_ids
-                if lookup_round == 0:
-                    wanted = await self._with_request_ids(engine, request, wanted)
+        chains = self._schema_chains(engine, request)
+        if chains is not None:
+            assert self.schemas is not None
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            wanted = await self._schema_ids_wanted(engine, request, chains, self.schemas)
+            if wanted:
                 wait_ms = self.schemas.config.request_wait_ms
-                fetched |= await self.schemas.fetch(
+                fetched = await self.schemas.fetch(
                     wanted,
                     owner=asyncio.current_task(),
                     wait_s=max(0.0, started + wait_ms / 1000 - loop.time()),
                 )
-                last = lookup_round + 1 == LOOKUP_ROUNDS  # then a missing id is a failure
-                schemas = self.schemas.with_answers(fetched, exhausted=last)
-                continue
-            return decision
-        raise AssertionError("the last round raises or returns")
+                schemas = self.schemas.with_answers(fetched, exhausted=True)
+        decision = self._decide_inline(engine, payload, request, schemas)
+        if decision is None:
+            decision = await self._decide_off_loop(engine, payload, request, schemas)
+        return decision
 
-    async def _with_request_ids(
-        self, engine: ProduceEngine, request: Request, needed: frozenset[int]
-    ) -> frozenset[int]:
-        """`needed` and the ids the request's other records carry that the catalog lacks, up
-        to `max_lookups_per_request` in all (`needed` first): a policy stops at the first
-        partition with a missing id, so without them each round would learn one partition.
-        Read on the loop when cheap, else on the decoding thread."""
-        catalog = self.schemas
-        assert catalog is not None
-        room = catalog.config.max_lookups_per_request - len(needed)
-        if room <= 0:
-            return needed
-        chains = {name: view.chain for name, view in engine.topic_view(request).items()}
+    def _schema_chains(
+        self, engine: ProduceEngine, request: Request
+    ) -> dict[str, PolicyChain] | None:
+        """The chains of the request's topics when one of them reads schema ids and there is a
+        registry to ask; else None (nothing to gather)."""
+        if self.schemas is None:
+            return None
+        chains = {
+            name: engine.routing.chain_for(name)
+            for name in {str(topic.name) for topic in request.body.topic_data}
+        }
+        return chains if reads_schemas(chains) else None
+
+    async def _schema_ids_wanted(
+        self,
+        engine: ProduceEngine,
+        request: Request,
+        chains: dict[str, PolicyChain],
+        catalog: RegistryCatalog,
+    ) -> set[int]:
+        """`request_schema_ids`, read on the loop when cheap, else on the decoding thread."""
+        wanted = self._schema_ids_inline(engine, request, chains, catalog)
+        if wanted is not None:
+            return wanted
+        limit = self.config.limits.decode_bytes_per_request
+        now_ms = _now_ms()
+
+        def read() -> set[int]:
+            full = Allowance(limit, self.decode_memory)
+            try:
+                return request_schema_ids(request, chains, catalog, full, now_ms)
+            finally:
+                full.release()
+
+        return await self.off_loop(read)
+
+    def _schema_ids_inline(
+        self,
+        engine: ProduceEngine,
+        request: Request,
+        chains: dict[str, PolicyChain],
+        catalog: SchemaCatalog,
+    ) -> set[int] | None:
+        """`request_schema_ids` read on the loop, or None when that is not cheap."""
         settings = engine.settings
         allowance = Allowance(INLINE_DECODE_BYTES, self.decode_memory, inline=True)
         try:
-            carried = request_schema_ids(
+            return request_schema_ids(
                 request,
                 chains,
+                catalog,
                 allowance,
+                _now_ms(),
                 max_records=settings.inline_max_records,
                 max_partitions=settings.inline_max_partitions,
             )
         except InlineLimitReached:
-            limit = self.config.limits.decode_bytes_per_request
-
-            def read() -> set[int]:
-                full = Allowance(limit, self.decode_memory)
-                try:
-                    return request_schema_ids(request, chains, full)
-                finally:
-                    full.release()
-
-            carried = await self.off_loop(read)
+            return None
         finally:
             allowance.release()
-        lacking = sorted(i for i in carried - needed if catalog.lacks(i))
-        return needed | frozenset(lacking[:room])
 
-    def _decide_inline_or_lookup(
+    def _decide_inline(
         self,
         engine: ProduceEngine,
         payload: Frame,
         request: Request,
         schemas: SchemaCatalog | None,
     ) -> ProduceDecision | None:
-        """`decide_inline`, but a missing schema id raises `LookupNeeded`."""
+        """The decision on the loop, or None when it is not cheap (`InlineLimitReached`)."""
         allowance = Allowance(INLINE_DECODE_BYTES, self.decode_memory, inline=True)
         try:
             return engine.decide(payload, request, allowance=allowance, schemas=schemas)
@@ -252,3 +270,7 @@ class ProduceDecisions:
             self.topic_configs.compacted,
             self.topic_configs.config,
         )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

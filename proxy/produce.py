@@ -204,8 +204,8 @@ class ProduceEngine:
         runs out raises `InlineLimitReached` (nothing is decided: the caller decides again with
         a larger allowance, off the event loop). `topics` (from `topic_view`) replaces every
         lookup of a topic's chain and settings: a decision made off the loop needs it. `schemas`
-        is what the registry said so far; a `schema` policy that finds an id missing raises
-        `LookupNeeded` (nothing is decided: the caller fetches the ids and decides again).
+        is what the registry said about the ids the checks read, looked up before
+        (`kvproxy.proxy.schema_lookups`).
         """
         header, body = request.header, request.body
         version = header.api_version

@@ -1,44 +1,54 @@
-"""The schema ids a Produce request carries that the catalog lacks, read before its lookups:
-every partition's ids are looked up in one round, not one partition's per round.
+"""The schema ids a Produce request's checks will read that the catalog cannot answer yet,
+gathered before the request is decided: every partition's ids are looked up in one round, then
+the chains run once.
 
-The records are read as the audit's id pass reads them (`kvproxy.policies.schemas.ids`), under the
-request's decoding allowance; a partition that does not parse or does not fit is skipped (its
-check answers it).
+Each partition is read by `kvproxy.policies.schemas.ids.schema_ids_wanted`, as the audit's id pass
+reads its records, under the request's decoding allowance; a partition that does not parse or
+does not fit is skipped (its check answers it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvproxy.policies.api import Verdict, parse_records
+from kvproxy.policies.api import Need, Verdict, parse_records
 from kvproxy.policies.chain import PolicyChain
-from kvproxy.policies.schemas.ids import add_schema_ids, schema_sides
+from kvproxy.policies.schemas.ids import schema_ids_wanted
+from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.messages import Request
 
-__all__ = ["request_schema_ids"]
+__all__ = ["reads_schemas", "request_schema_ids"]
+
+
+def reads_schemas(chains: Mapping[str, PolicyChain]) -> bool:
+    """Whether a chain of the request's topics reads schema ids (`Need.SCHEMAS`)."""
+    return any(Need.SCHEMAS in chain.needs for chain in chains.values())
 
 
 def request_schema_ids(
     request: Request,
     chains: Mapping[str, PolicyChain],
+    catalog: SchemaCatalog,
     allowance: Allowance,
+    now_ms: int,
     *,
     max_records: int | None = None,
     max_partitions: int | None = None,
 ) -> set[int]:
-    """The ids in the records of `request` whose topic's chain (`chains`) reads them. With
-    `max_records` / `max_partitions` (an inline reading) more than that raises
-    `InlineLimitReached`: the caller reads again off the event loop."""
+    """The ids in the records of `request` that its topics' chains (`chains`) will ask `catalog`
+    about and it cannot answer at `now_ms`. With `max_records` / `max_partitions` (an inline
+    reading) more than that raises `InlineLimitReached`: the caller reads again off the event
+    loop."""
     ids: set[int] = set()
     body = request.body
     version = request.header.api_version
     records_read = partitions_read = 0
     for topic_data in body.topic_data:
         topic = str(topic_data.name)
-        sides = schema_sides(chains[topic])
-        if sides is None:
+        chain = chains[topic]
+        if Need.SCHEMAS not in chain.needs:
             continue
         for data in topic_data.partition_data:
             partitions_read += 1
@@ -52,17 +62,20 @@ def request_schema_ids(
                 acks=int(body.acks),
                 transactional_id=None,
                 compacted=None,
-                now_ms=0,
+                now_ms=now_ms,
                 allowance=allowance,
+                schemas=catalog,
             )
             if isinstance(parsed, Verdict):
                 continue
+            records_read += sum(max(batch.record_count, 0) for batch in parsed.batches)
+            if max_records is not None and records_read > max_records:
+                parsed.release()
+                raise InlineLimitReached(f"the request holds over {max_records} records")
             try:
-                records_read += add_schema_ids(ids, parsed.records(), sides)
+                ids |= schema_ids_wanted(chain, parsed)
             except (DecodeError, BudgetExhausted):
                 continue
             finally:
                 parsed.release()
-            if max_records is not None and records_read > max_records:
-                raise InlineLimitReached(f"the request holds over {max_records} records")
     return ids

@@ -1,5 +1,5 @@
 """What the registry said about schema ids, kept for a while: the `SchemaCatalog` the proxy's
-`schema` policies read, filled by `fetch` before the chain runs again.
+`schema` policies read, filled by `fetch` with the ids gathered before the chain runs.
 
 Each id is looked up by one task however many requests wait for it; the answer (found, unknown,
 or the registry unavailable) is kept `cache_ttl_ms` or, for the last two,
@@ -100,16 +100,16 @@ class RegistryCatalog:
         """Ids being looked up now (waiting for a slot included)."""
         return len(self._lookups)
 
-    def lacks(self, schema_id: int) -> bool:
-        """Whether `entry(schema_id)` would be None (not held, or expired); not a cache hit."""
-        held = self._entries.get(schema_id)
-        return held is None or held[1] < time.monotonic()
-
     def entry(self, schema_id: int) -> SchemaEntry | None:
+        found = self.peek(schema_id)
+        if found is not None:
+            self.observer.cache_hit()
+        return found
+
+    def peek(self, schema_id: int) -> SchemaEntry | None:
         held = self._entries.get(schema_id)
         if held is None or held[1] < time.monotonic():
             return None
-        self.observer.cache_hit()
         return held[0]
 
     def answers(self) -> dict[int, RegisteredSchema | UnknownSchema | RegistryUnavailable]:
@@ -295,6 +295,10 @@ class _RequestView:
             )
         return found
 
+    def peek(self, schema_id: int) -> SchemaEntry | None:
+        found = self._answers.get(schema_id)
+        return self._catalog.peek(schema_id) if found is None else found
+
 
 class StaticCatalog:
     """Registry answers fetched once (the audit's driver) and shipped as values; each schema is
@@ -330,6 +334,9 @@ class StaticCatalog:
             entry = answer
         self._resolved[schema_id] = entry
         return entry
+
+    def peek(self, schema_id: int) -> SchemaEntry | None:
+        return self.entry(schema_id)
 
 
 def compiled(registered: RegisteredSchema, fetched_ms: int = 0) -> ResolvedSchema:

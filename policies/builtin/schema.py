@@ -3,9 +3,10 @@ the topic's naming strategy gives, and (optionally) a payload that decodes with 
 
 What Confluent Server calls schema ID validation (`confluent.value.schema.validation`), on the
 proxy. The records are read in Confluent's wire format (magic byte 0, a 4-byte schema id; for
-Protobuf the message indexes follow). The registry's answers come in `ProducedRecords.schemas`;
-an id it lacks makes the policy raise `LookupNeeded`, and the proxy fetches it before asking
-again, so the check itself never waits on the network.
+Protobuf the message indexes follow). The registry's answers come in `ProducedRecords.schemas`:
+the ids the check will read are gathered first (`schema_ids_wanted`, through
+`kvproxy.policies.schemas.ids`) and looked up before the chain runs, so the check itself never
+waits on the network. An id still missing then is answered as the registry unavailable.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from kvproxy.policies.api import (
 )
 from kvproxy.policies.builtin.base import BuiltinPolicy
 from kvproxy.policies.errors import short_repr
+from kvproxy.policies.schemas.ids import carried_schema_ids
 from kvproxy.policies.schemas.model import (
     CompiledSchema,
-    LookupNeeded,
     RegistryUnavailable,
     ResolvedSchema,
     SchemaCatalog,
@@ -97,18 +98,8 @@ class SchemaPolicy(BuiltinPolicy):
         catalog = batch.schemas
         if catalog is None:
             raise RuntimeError("no schema registry answers were given (schema_registry section)")
-        check = _PartitionCheck(self, topic, batch, catalog)
-        if self.key_mode == "off" and self.value_mode != "off":
-            self._check_values(check, batch)
-        else:
-            for record in batch.records():
-                for side, required in self.sides:
-                    data = record.value if side == "value" else record.key
-                    message = check.record(side, required, data)
-                    if message is not None:
-                        check.errors.append(RecordError(record.index, message))
-        if check.missing:
-            raise LookupNeeded(frozenset(check.missing))
+        check = _PartitionCheck(self, topic, batch, catalog, gathering=False)
+        self._read(check, batch)
         if check.unavailable is not None:
             return Verdict(
                 error_codes.REQUEST_TIMED_OUT,
@@ -119,6 +110,30 @@ class SchemaPolicy(BuiltinPolicy):
         if not check.errors:
             return ACCEPT
         return record_errors_verdict(check.errors)
+
+    def schema_ids_wanted(self, topic: str, batch: ProducedRecords) -> set[int]:
+        """The ids `validate` will ask `batch.schemas` about that it cannot answer yet: not
+        held, or held without a subject a record names and older than `recheck_ms` (registered
+        under it since?). With no catalog (the audit's id pass), every id the checked sides
+        carry. Read as `validate` reads, payloads left out."""
+        if batch.schemas is None:
+            return carried_schema_ids(
+                batch, values=self.value_mode != "off", keys=self.key_mode != "off"
+            )
+        check = _PartitionCheck(self, topic, batch, batch.schemas, gathering=True)
+        self._read(check, batch)
+        return check.missing
+
+    def _read(self, check: _PartitionCheck, batch: ProducedRecords) -> None:
+        if self.key_mode == "off" and self.value_mode != "off":
+            self._check_values(check, batch)
+            return
+        for record in batch.records():
+            for side, required in self.sides:
+                data = record.value if side == "value" else record.key
+                message = check.record(side, required, data)
+                if message is not None:
+                    check.errors.append(RecordError(record.index, message))
 
     def _check_values(self, check: _PartitionCheck, batch: ProducedRecords) -> None:
         """The values (the only side checked), read without building `Record`s: each distinct
@@ -132,7 +147,7 @@ class SchemaPolicy(BuiltinPolicy):
         with the key side on, in record order."""
         required = self.value_mode == "required"
         memo_headers = self.strategy == "topic_name"
-        validate_payload = self.validate_payload
+        validate_payload = check.payloads
         passed: set[bytes] = set()  # headers whose every record passes (no payload check)
         decoders: dict[bytes, CompiledSchema] = {}  # headers whose payloads must decode
         per_id = check.per_id
@@ -197,7 +212,9 @@ class _PartitionCheck:
         "batch",
         "catalog",
         "errors",
+        "gathering",
         "missing",
+        "payloads",
         "per_id",
         "per_subject",
         "policy",
@@ -206,18 +223,28 @@ class _PartitionCheck:
     )
 
     def __init__(
-        self, policy: SchemaPolicy, topic: str, batch: ProducedRecords, catalog: SchemaCatalog
+        self,
+        policy: SchemaPolicy,
+        topic: str,
+        batch: ProducedRecords,
+        catalog: SchemaCatalog,
+        *,
+        gathering: bool,
     ) -> None:
         self.policy = policy
         self.topic = topic
         self.batch = batch
         self.catalog = catalog
         self.errors: RecordErrorList = RecordErrorList()
+        self.gathering = gathering
+        """True: only the ids the catalog cannot answer are wanted (`missing`); nothing is
+        counted as a cache hit and no payload is decoded."""
+        self.payloads = policy.validate_payload and not gathering
         self.missing: set[int] = set()
         self.unavailable: str | None = None
         self.per_id: dict[int, ResolvedSchema | str | None] = {}
-        """id -> the schema, or the error every record with it gets, or None (skip: missing,
-        or unavailable under on_error accept)."""
+        """id -> the schema, or the error every record with it gets, or None (skip: missing
+        while gathering, or unavailable under on_error accept)."""
         self.per_subject: dict[tuple[int, str], str | None] = {}
 
     def record(self, side: str, required: bool, data: bytes | None) -> str | None:
@@ -244,17 +271,22 @@ class _PartitionCheck:
         subject_error = self._subject_error(schema, side, data)
         if subject_error is not None:
             return prefix + subject_error
-        if self.policy.validate_payload:
+        if self.payloads:
             mismatch = _mismatch(schema, data)
             if mismatch is not None:
                 return f"{prefix}does not match schema {schema_id}: {mismatch[:_REASON_CHARS]}"
         return None
 
     def _schema(self, schema_id: int) -> ResolvedSchema | str | None:
-        entry = self.catalog.entry(schema_id)
-        if entry is None:
-            self.missing.add(schema_id)
-            return None
+        if self.gathering:
+            entry = self.catalog.peek(schema_id)
+            if entry is None:
+                self.missing.add(schema_id)
+                return None
+        else:
+            entry = self.catalog.entry(schema_id)
+            if entry is None:  # gathered, yet gone: no answer came in time
+                entry = RegistryUnavailable(schema_id, "not looked up")
         if isinstance(entry, UnknownSchema):
             return f"unknown schema id {schema_id}"
         if isinstance(entry, RegistryUnavailable):
@@ -283,7 +315,8 @@ class _PartitionCheck:
             return self.per_subject[key]
         error: str | None = None
         if subject not in schema.subjects:
-            if self.batch.now_ms - schema.fetched_ms > self.catalog.recheck_ms:
+            stale = self.batch.now_ms - schema.fetched_ms > self.catalog.recheck_ms
+            if self.gathering and stale:
                 self.missing.add(schema.schema_id)  # registered since? ask again
             error = f"schema {schema.schema_id} is not registered under {subject}"
         self.per_subject[key] = error

@@ -1,49 +1,63 @@
-"""The schema ids records carry, for the sides (values, keys) a topic's rule reads: what is
-looked up before the checks run. One reading for the audit's id pass (`kvproxy.pipeline.schema_ids`)
-and the proxy's lookups before a request is decided (`kvproxy.proxy.schema_lookups`)."""
+"""The schema ids a chain's checks will read in one partition, gathered before the chain runs.
+
+One function for both readers: the proxy gathers the ids its catalog cannot answer yet before it
+decides a request (`kvproxy.proxy.schema_lookups`), looks them up, then runs the chain once; the
+audit's id pass gathers every id (`kvproxy.pipeline.schema_ids`) and looks them all up once on
+its driver before the check pass runs the chains.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from kvproxy.policies.api import Need, needs_of
-from kvproxy.policies.builtin.schema import SchemaPolicy
-from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.api import Need, ProducedRecords, needs_of
 from kvproxy.policies.schemas.wire import SCHEMA_ID_HEADER, read_schema_id
-from kvproxy.protocol.records import Record
 
-__all__ = ["Sides", "add_schema_ids", "schema_sides"]
+if TYPE_CHECKING:
+    from kvproxy.policies.chain import PolicyChain
 
-Sides = tuple[bool, bool]
-"""(values, keys): whose ids are read."""
+__all__ = ["carried_schema_ids", "schema_ids_wanted"]
 
 
-def schema_sides(chain: PolicyChain) -> Sides | None:
-    """(values, keys) whose ids `chain` reads; None when it reads none."""
+def schema_ids_wanted(chain: PolicyChain, produced: ProducedRecords) -> set[int]:
+    """The ids the `Need.SCHEMAS` policies of `chain` will ask `produced.schemas` about that it
+    cannot answer yet; every id they read when `produced.schemas` is None.
+
+    A policy says which through its own `schema_ids_wanted(topic, produced)`; one without it is
+    given every id its records' keys and values carry. Records that do not decode raise
+    `DecodeError` (the check answers them)."""
+    wanted: set[int] = set()
     if Need.SCHEMAS not in chain.needs:
-        return None
-    values = keys = False
+        return wanted
     for policy in chain.policies:
-        if isinstance(policy, SchemaPolicy):
-            values = values or policy.value_mode != "off"
-            keys = keys or policy.key_mode != "off"
-        elif Need.SCHEMAS in needs_of(policy):
-            values = keys = True  # another policy's reading of the records is its own
-    return values, keys
+        if Need.SCHEMAS not in needs_of(policy):
+            continue
+        own = getattr(policy, "schema_ids_wanted", None)
+        if own is not None:
+            wanted |= own(produced.topic, produced)
+            continue
+        carried = carried_schema_ids(produced, values=True, keys=True)
+        catalog = produced.schemas
+        wanted |= {i for i in carried if catalog is None or catalog.peek(i) is None}
+    return wanted
 
 
-def add_schema_ids(ids: set[int], records: Iterable[Record], sides: Sides) -> int:
-    """Add to `ids` the id in the header of each record's value and key (as `sides` asks);
-    bytes without the magic byte carry none (the check says so). Returns the records read."""
-    values, keys = sides
-    count = 0
-    for record in records:
+def carried_schema_ids(produced: ProducedRecords, *, values: bool, keys: bool) -> set[int]:
+    """The id in the header of each record's value and key (as asked); bytes without the magic
+    byte carry none (the check says so)."""
+    ids: set[int] = set()
+    if values and not keys:
+        for batch in produced.batches:
+            for value in batch.values():
+                if value is not None:
+                    _add(ids, value)
+        return ids
+    for record in produced.records():
         if values and record.value is not None:
             _add(ids, record.value)
         if keys and record.key is not None:
             _add(ids, record.key)
-        count += 1
-    return count
+    return ids
 
 
 def _add(ids: set[int], data: bytes) -> None:

@@ -14,7 +14,6 @@ from typing import Protocol
 
 __all__ = [
     "CompiledSchema",
-    "LookupNeeded",
     "ReferencedSchema",
     "RegisteredSchema",
     "RegistryUnavailable",
@@ -128,8 +127,8 @@ SchemaEntry = ResolvedSchema | UnknownSchema | RegistryUnavailable
 
 class SchemaCatalog(Protocol):
     """What a `schema` policy reads: the proxy's cache of registry answers, or the ids the audit
-    fetched on its driver. Read-only and synchronous; what it lacks is fetched before the chain
-    runs again (`LookupNeeded`)."""
+    fetched on its driver. Read-only and synchronous: what a check will read is gathered and
+    looked up before the chain runs (`kvproxy.policies.schemas.ids`)."""
 
     accept_unavailable: bool
     """`on_error: accept`: records whose id the registry could not be asked about pass."""
@@ -140,14 +139,9 @@ class SchemaCatalog(Protocol):
         """The answer for `schema_id`, or None when it is not known (or no longer fresh)."""
         ...
 
-
-class LookupNeeded(Exception):
-    """Raised by a policy whose catalog lacks schema ids: the caller fetches `schema_ids` and
-    decides the request again. The chain lets it through (it is not a policy crash)."""
-
-    def __init__(self, schema_ids: frozenset[int]) -> None:
-        super().__init__(f"schema ids to fetch: {sorted(schema_ids)}")
-        self.schema_ids = schema_ids
+    def peek(self, schema_id: int) -> SchemaEntry | None:
+        """`entry` for the gathering before a check: not counted as the check's cache hit."""
+        ...
 
 
 Compile = Callable[[RegisteredSchema], CompiledSchema]

@@ -22,11 +22,13 @@ import kvproxy.registry.catalog as catalog_module
 import kvproxy.registry.client as registry_client
 from kvproxy.policies.api import ACCEPT, PolicyContext, Verdict
 from kvproxy.policies.builtin.schema import SchemaPolicy
+from kvproxy.policies.chain import PolicyChain
+from kvproxy.policies.schemas.ids import schema_ids_wanted
 from kvproxy.policies.schemas.model import (
-    LookupNeeded,
     ReferencedSchema,
     RegistryUnavailable,
     ResolvedSchema,
+    SchemaCatalog,
     SchemaReference,
     SchemaType,
     UnknownSchema,
@@ -141,18 +143,19 @@ async def decide(
     compacted: bool = False,
     now_ms: int | None = None,
 ) -> tuple[Verdict, int]:
-    """The policy's verdict on one batch of `values` arriving at `now_ms` (default: now),
-    looking up what it asks for as the proxy does; and how many lookup rounds that took."""
+    """The policy's verdict on one batch of `values` arriving at `now_ms` (default: now), the
+    ids it will read gathered and looked up first as the proxy does; and how many lookup rounds
+    that took (0 or 1)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     keys = keys if keys is not None else [None] * len(values)
     raw = build_batch([(key, value, None, None) for key, value in zip(keys, values, strict=True)])
-    for rounds in range(3):
-        batch = produced(raw, topic=TOPIC, compacted=compacted, now_ms=now_ms, schemas=catalog)
-        try:
-            return policy.validate(TOPIC, 0, batch), rounds
-        except LookupNeeded as needed:
-            await catalog.fetch(needed.schema_ids)
-    raise AssertionError("the policy still needs lookups after two rounds")
+    gathered = produced(raw, topic=TOPIC, compacted=compacted, now_ms=now_ms, schemas=catalog)
+    wanted = schema_ids_wanted(PolicyChain([policy]), gathered)
+    schemas: SchemaCatalog = catalog
+    if wanted:
+        schemas = catalog.with_answers(await catalog.fetch(wanted), exhausted=True)
+    batch = produced(raw, topic=TOPIC, compacted=compacted, now_ms=now_ms, schemas=schemas)
+    return policy.validate(TOPIC, 0, batch), int(bool(wanted))
 
 
 def errors(verdict: Verdict) -> list[tuple[int, str]]:

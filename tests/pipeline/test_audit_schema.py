@@ -165,12 +165,15 @@ def test_a_registry_that_cannot_be_reached_fails_as_on_error_says(
 
 
 class MissingEverything:
-    """A catalog that knows no id: the schema policy asks for lookups (`LookupNeeded`)."""
+    """A catalog that knows no id, as if the id pass had not looked them up."""
 
     accept_unavailable = False
     recheck_ms = 0
 
     def entry(self, schema_id: int) -> None:
+        return None
+
+    def peek(self, schema_id: int) -> None:
         return None
 
 
@@ -189,7 +192,7 @@ def test_ids_still_missing_on_an_executor_are_answered_as_the_registry_unavailab
     rows, _ = check_unit(unit, settings)
 
     assert [(r[2], r[6], r[7], r[9]) for r in rows] == [
-        (0, "schema", 7, f"schema registry unavailable: schema ids not looked up: {order_id}")
+        (0, "schema", 7, f"schema registry unavailable: schema id {order_id}: not looked up")
     ]
 
 
