@@ -185,7 +185,7 @@ async def _demo(keep_running: bool) -> None:
     config = demo_config()
     async with running_proxy(config, REPO_ROOT) as server:
         _print_addresses(server)
-        host, port = server.listeners.public_host, server.listeners.bootstrap_port
+        host, port = server.listeners.brokers.public_host, server.listeners.bootstrap_port
         await _clients(f"{host}:{port}")
         await _create_topics(f"{host}:{port}")
         good = build_batch([(b"k%d" % i, b"v%d" % i, (), None) for i in range(3)])
@@ -248,11 +248,11 @@ async def _print_metrics(server: ProxyServer) -> None:
 
 
 def _print_addresses(server: ProxyServer) -> None:
-    listeners = server.listeners
-    upstream = ", ".join(f"{h}:{p}" for h, p in listeners.bootstrap_servers)
+    listeners, brokers = server.listeners, server.listeners.brokers
+    upstream = ", ".join(f"{h}:{p}" for h, p in brokers.bootstrap_servers)
     print(f"embedded broker (Tansu) on {upstream}, node id {TANSU_NODE_ID}")
-    print(f"kvproxy bootstrap listener on {listeners.public_host}:{listeners.bootstrap_port}")
-    print(f"kvproxy listener for node {TANSU_NODE_ID} on port {listeners.port_for(TANSU_NODE_ID)}")
+    print(f"kvproxy bootstrap listener on {brokers.public_host}:{listeners.bootstrap_port}")
+    print(f"kvproxy listener for node {TANSU_NODE_ID} on port {brokers.port_for(TANSU_NODE_ID)}")
 
 
 async def _until_signal(keep_running: bool) -> None:

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from kvproxy.policies.config import TopicRouting
+from kvproxy.proxy.cluster_readiness import METADATA_RETRY_S
 from kvproxy.proxy.config import ProxyConfig, build_routing_for
 from kvproxy.proxy.embedded import EmbeddedBroker, advertised, run_embedded_broker
-from kvproxy.proxy.listeners import METADATA_RETRY_S
 from kvproxy.proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
 from kvproxy.proxy.server import ProxyServer, WorkerRole
 from kvproxy.proxy.signals import queue_sighup, take_queued_sighups
@@ -132,13 +132,13 @@ def _log_started(server: ProxyServer) -> None:
     """ "ready" only once the cluster has answered; otherwise why not, while listeners serve."""
     listen = server.config.listen
     where = f"bootstrap {listen.public_host}:{server.listeners.bootstrap_port}, {listen.port_rule}"
-    if server.listeners.cluster_answered:
+    if server.listeners.readiness.cluster_answered:
         log.info("kvproxy ready: %s", where)
     else:
         log.warning(
             "kvproxy listening (%s) but not ready: %s; asking again every %.0f s",
             where,
-            server.listeners.cluster_problem or "the cluster has not answered",
+            server.listeners.readiness.cluster_problem or "the cluster has not answered",
             METADATA_RETRY_S,
         )
 

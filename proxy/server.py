@@ -1,14 +1,13 @@
 """The relay's lifecycle: build its parts, start, serve, reload the rules, drain and stop.
 
-The parts, each in a module of its own: `kvproxy.proxy.listeners` (ports, connection limits, the
-node
-directory, upstream connects, readiness), `kvproxy.proxy.connection` and
+The parts, each in a module of its own: `kvproxy.proxy.listeners` (the ports, and the node
+directory, connection limits, upstream connects, readiness and metadata refresh it puts
+together), `kvproxy.proxy.connection` and
 `kvproxy.proxy.upstream_connection`
 (one client connection and its broker side), `kvproxy.proxy.decisions` (the rules in force and
 where a
 Produce request is decided), `kvproxy.proxy.rejections` (log, metrics, journal and dead letters of
-what
-was refused). A connection is handed a `kvproxy.proxy.relay_state.ConnectionState`, never the
+what was refused). A connection is handed a `kvproxy.proxy.relay_state.ConnectionState`, never the
 server.
 """
 
@@ -20,11 +19,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvproxy.client.async_connections import AdminConnections
+from kvproxy.client.async_requests import topics_exist
 from kvproxy.policies.config import TopicRouting
 from kvproxy.protocol.budget import MemoryBudget
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.framing import BufferPool
-from kvproxy.proxy.admin_connections import AdminConnections
 from kvproxy.proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for
 from kvproxy.proxy.connection import ClientConnection
 from kvproxy.proxy.decisions import ProduceDecisions
@@ -37,7 +37,7 @@ from kvproxy.proxy.rejections import RejectionSink, make_journal
 from kvproxy.proxy.relay_state import ConnectionState, ResponseTap, TaskCount
 from kvproxy.proxy.tls_context import client_side_ssl, upstream_side_ssl
 from kvproxy.proxy.topic_configs import TopicConfigCache
-from kvproxy.proxy.upstream_client import describe_failure, topics_exist
+from kvproxy.proxy.upstream_failures import describe_failure
 from kvproxy.registry.catalog import RegistryCatalog
 
 log = logging.getLogger("kvproxy")
@@ -175,8 +175,8 @@ class ProxyServer:
             receive=ReceiveWaiters(self.receive_memory, self.metrics),
             decisions=self.decisions,
             sink=self.sink,
-            nodes=self.listeners,
-            connections=self.listeners,
+            nodes=self.listeners.brokers,
+            connections=self.listeners.connections,
             tasks=self._tasks,
             tap=tap,
         )
@@ -269,7 +269,7 @@ class ProxyServer:
         if settings.enabled:
             try:
                 self._http = await start_http_endpoint(
-                    settings.host, settings.port, self.metrics, self.listeners.readiness
+                    settings.host, settings.port, self.metrics, self.listeners.readiness.check
                 )
             except OSError as exc:  # the data path matters more than its metrics
                 log.error(
@@ -305,7 +305,7 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 2.0
         while (
-            self.listeners.clients or self._tasks.running or self.sink.background
+            self.listeners.connections.count or self._tasks.running or self.sink.background
         ) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         self.metrics.topic_labels.close()  # after the drain: its requests were counted
@@ -320,8 +320,8 @@ class ProxyServer:
 
     def stats(self) -> ProxyStats:
         return ProxyStats(
-            client_connections=self.listeners.clients,
-            upstream_connections=self.listeners.upstreams,
+            client_connections=self.listeners.connections.count,
+            upstream_connections=self.listeners.connections.upstreams.open_count,
             listeners=self.listeners.count,
             pending_tasks=self._tasks.running,
         )

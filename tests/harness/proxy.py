@@ -89,7 +89,7 @@ class RunningProxy:
         return f"http://{self.config.metrics.host}:{port}"
 
     def broker_port(self, node_id: int) -> int:
-        return self.server.listeners.port_for(node_id)
+        return self.server.listeners.brokers.port_for(node_id)
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
@@ -104,7 +104,7 @@ class RunningProxy:
     @property
     def nodes(self) -> dict[int, tuple[str, int]]:
         async def read() -> dict[int, tuple[str, int]]:
-            return dict(self.server.listeners._nodes)  # the brokers the proxy has learned
+            return dict(self.server.listeners.brokers._addresses)  # the brokers it has learned
 
         return self.call(read())
 

@@ -227,7 +227,7 @@ def test_readyz_says_the_proxy_is_out_of_file_descriptors_not_that_the_broker_is
             os.close(lowest_free)
             resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
             try:
-                return await proxy.server.listeners.readiness()
+                return await proxy.server.listeners.readiness.check()
             finally:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 

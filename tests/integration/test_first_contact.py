@@ -267,7 +267,7 @@ def test_an_http_server_given_as_the_broker_is_named_as_such(
     try:
         bootstrap = f"{HOST}:{http_server.server_address[1]}"
         with caplog.at_level("WARNING", logger="kvproxy"), run_proxy(bootstrap) as proxy:
-            assert not proxy.server.listeners.cluster_answered
+            assert not proxy.server.listeners.readiness.cluster_answered
     finally:
         http_server.shutdown()
         http_server.server_close()
@@ -414,7 +414,7 @@ def test_a_cluster_that_requires_sasl_is_ready_once_it_answers_api_versions(
         run_stub_cluster(sasl_plain={"alice": "secret"}) as cluster,
         run_proxy(cluster.bootstrap, max_brokers=10) as proxy,
     ):
-        assert proxy.server.listeners.cluster_answered
+        assert proxy.server.listeners.readiness.cluster_answered
         wait_for(lambda: get(f"{proxy.metrics_url}/readyz")[0] == 200, "/readyz 200", 10)
         _produce_logged_in(proxy.bootstrap)
     assert (

@@ -69,12 +69,12 @@ def test_an_explicit_lowest_node_id_keeps_the_offset_mapping_and_its_range() -> 
 
 def test_the_server_claims_each_port_for_one_node_for_its_whole_life() -> None:
     server = ProxyServer(parse_config({"upstream": {"bootstrap_servers": ["k:9092"]}}))
-    assert server.listeners.port_for(1) == 9194
-    assert server.listeners.port_for(1) == 9194
+    assert server.listeners.brokers.port_for(1) == 9194
+    assert server.listeners.brokers.port_for(1) == 9194
     with pytest.raises(ProxyError, match="node 101 has no port: port 9194 is node 1's"):
-        server.listeners.port_for(101)
-    assert server.listeners.port_or_none(101) is None
-    assert server.listeners.port_or_none(2) == 9195
+        server.listeners.brokers.port_for(101)
+    assert server.listeners.brokers.port_or_none(101) is None
+    assert server.listeners.brokers.port_or_none(2) == 9195
     gauge = server.metrics.exposition().decode()
     assert "kvproxy_unmapped_nodes 1.0" in gauge
 

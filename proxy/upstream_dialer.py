@@ -1,0 +1,102 @@
+"""Opening a client connection's upstream side: to a bootstrap server, or to the one broker its
+listener stands for, counted while it is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import TYPE_CHECKING
+
+from kvproxy.proxy.broker_directory import BrokerDirectory
+from kvproxy.proxy.config import LimitsConfig
+from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
+from kvproxy.proxy.metadata_refresh import MetadataRefresh
+from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.upstream_connection import UpstreamConnection
+from kvproxy.proxy.upstream_failures import describe_failure
+
+if TYPE_CHECKING:
+    from kvproxy.proxy.connection import ClientConnection
+
+log = logging.getLogger("kvproxy")
+
+
+class UpstreamDialer:
+    """Connects a client connection to its broker (any live bootstrap server for the bootstrap
+    listener); a failure is counted per address, a shortage of descriptors said as such."""
+
+    def __init__(
+        self,
+        brokers: BrokerDirectory,
+        metadata: MetadataRefresh,
+        metrics: ProxyMetrics,
+        fds: FdExhaustion,
+        *,
+        limits: LimitsConfig,
+        upstream_ssl: ssl.SSLContext | None,
+        connect_timeout_s: float,
+    ) -> None:
+        self._brokers = brokers
+        self._metadata = metadata
+        self._metrics = metrics
+        self._fds = fds
+        self._limits = limits
+        self._upstream_ssl = upstream_ssl
+        self._timeout = connect_timeout_s
+        self.open_count = 0
+        """Upstream connections open now."""
+
+    async def open(self, client: ClientConnection, node_id: int | None) -> UpstreamConnection:
+        """The upstream side of `client`, which came through the listener of `node_id`."""
+        if node_id is None:
+            candidates = list(self._brokers.bootstrap_servers)
+        else:
+            address = self._brokers.address_of(node_id)
+            if address is None:
+                await self._metadata.refresh()
+                address = self._brokers.address_of(node_id)
+            if address is None:
+                raise ProxyError(f"the cluster does not name node {node_id}")
+            candidates = [address]
+        errors = []
+        for host, port in candidates:
+            try:
+                upstream = await self._connect(client, host, port)
+            except (OSError, TimeoutError) as exc:
+                if out_of_fds(exc):  # the proxy's shortage, not the broker's: not counted
+                    what = f"closed the connection of client {client.peer}: no descriptor left"
+                    self._fds.report(f"{what} for its connection to {host}:{port}", exc)
+                    raise OutOfFileDescriptors("out of file descriptors") from exc
+                why = describe_failure(exc, self._timeout)
+                errors.append(f"{host}:{port}: {why}")
+                self._metrics.connect_failures.labels(f"{host}:{port}").inc()
+                log.warning("upstream %s:%s unreachable: %s", host, port, why)
+                continue
+            self.open_count += 1
+            self._metrics.upstream_connections.inc()
+            return upstream
+        raise ProxyError("no upstream reachable (" + "; ".join(errors) + ")")
+
+    def closed(self) -> None:
+        """An upstream connection this opened has closed."""
+        self.open_count -= 1
+        self._metrics.upstream_connections.dec()
+
+    async def _connect(self, client: ClientConnection, host: str, port: int) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        _, upstream = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: UpstreamConnection(client, self._limits.max_frame_bytes),
+                host,
+                port,
+                ssl=self._upstream_ssl,
+                server_hostname=host if self._upstream_ssl is not None else None,
+            ),
+            self._timeout,
+        )
+        assert upstream.transport is not None
+        upstream.transport.set_write_buffer_limits(high=self._limits.write_buffer_high_bytes)
+        return upstream
