@@ -127,10 +127,6 @@ class RegistryCatalog:
         may look up nothing more)."""
         return _RequestView(self, answers, exhausted)
 
-    def exhausted(self) -> SchemaCatalog:
-        """This catalog for a request that may look up nothing more."""
-        return _RequestView(self, {}, exhausted=True)
-
     async def fetch(
         self,
         schema_ids: Iterable[int],

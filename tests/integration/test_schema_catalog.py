@@ -449,7 +449,7 @@ async def test_max_lookups_per_request(
     assert looked_up == ids[:2]
     assert len(catalog) == 2
 
-    exhausted = catalog.exhausted()
+    exhausted = catalog.with_answers({}, exhausted=True)
     assert isinstance(exhausted.entry(ids[0]), ResolvedSchema)
     assert exhausted.entry(ids[4]) == RegistryUnavailable(
         ids[4], "the request needs more than 2 schema ids looked up"
