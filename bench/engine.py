@@ -11,7 +11,7 @@ What it measures, all in one process on the same bytes, so every figure has its 
     both read every record), records/s, on 16 KiB of 100-byte records, uncompressed and with each
     codec (the same records compressed).
 (c) the proxy's per-request work: `decode_request` + `ProduceEngine.decide` (what
-    proxy/connection.py does per Produce request) over a Produce v9 frame carrying one 1 MiB
+    proxy/produce_exchange.py does per Produce request) over a Produce v9 frame carrying one 1 MiB
     batch, then one 16 KiB batch, default chain, topic not compacted: GB/s of frame bytes and
     requests/s.
 (d) the limits: CRC32C, memcpy, aiokafka's C record parser (counting only; reading each record's
@@ -145,7 +145,7 @@ def make_engine() -> ProduceEngine:
 
 
 def handle_produce(engine: ProduceEngine, frame: bytes) -> ProduceDecision:
-    """What proxy/connection.py does with a Produce frame before sending anything."""
+    """What proxy/produce_exchange.py does with a Produce frame before sending anything."""
     return engine.decide(frame, decode_request(frame))
 
 

@@ -9,11 +9,14 @@ the broker answers them anyway (Tansu does, Kafka does not).
 from __future__ import annotations
 
 import collections
+from typing import TYPE_CHECKING
 
 from kvproxy.protocol.errors import ProtocolError, UnsupportedVersion
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import PRODUCE, decode_response
-from kvproxy.proxy.produce import ProduceDecision
+
+if TYPE_CHECKING:
+    from kvproxy.proxy.produce_exchange import ProduceExchange
 
 
 class Slot:
@@ -23,7 +26,7 @@ class Slot:
         "api_key",
         "api_version",
         "correlation_id",
-        "decision",
+        "exchange",
         "payload",
         "sent_at",
         "silent",
@@ -36,22 +39,11 @@ class Slot:
         self.api_key = api_key
         self.api_version = api_version
         self.payload: Frame | None = None
-        self.decision: ProduceDecision | None = None
+        self.exchange: ProduceExchange | None = None
+        """A Produce request's exchange, which merges the broker's answer with its refusals."""
         self.sent_at = 0.0
         self.silent = silent
         """An acks=0 Produce: the client expects no answer, so one from the broker is dropped."""
-
-
-def merged(slot: Slot, payload: Frame) -> Frame:
-    """The broker's answer, merged with the proxy's own errors when it rejected partitions,
-    under the rules the request was judged by (a reload meanwhile changes neither)."""
-    decision = slot.decision
-    if decision is None:
-        return payload
-    decision.observe(payload)
-    if not decision.needs_merge:
-        return payload
-    return decision.answer(payload)
 
 
 MAX_SILENT_SLOTS = 10_000
