@@ -18,7 +18,6 @@ from kvproxy.policies.api import (
     needs_of,
 )
 from kvproxy.policies.groups import PolicyFailed, chain_steps
-from kvproxy.policies.schemas.model import LookupNeeded
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import ResourceLimit
 from kvproxy.protocol.errors import DecodeError, InvalidRecords
@@ -54,9 +53,7 @@ class PolicyChain:
     that turn out not to decode become CORRUPT_MESSAGE; any other exception fails closed
     with INVALID_RECORD (87), is counted in `crash_counts` and logged with its traceback at most
     once per `CRASH_LOG_INTERVAL_S` per policy. A `ResourceLimit` (decoding would need more memory
-    than the request may hold) is raised to the caller, which answers it; so is `LookupNeeded`
-    (schema ids to fetch before the chain runs again) when the records came with a catalog to
-    fetch into, and is a failure of the policy otherwise.
+    than the request may hold) is raised to the caller, which answers it.
     """
 
     __slots__ = (
@@ -105,10 +102,6 @@ class PolicyChain:
                 verdict = policy.validate(topic, partition, produced)
             except ResourceLimit:
                 raise  # not the policy's failure: the caller answers it
-            except LookupNeeded as needed:
-                if produced.schemas is None:  # nobody to fetch them: the policy fails closed
-                    return self._failed(policy.name, needed, produced)
-                raise  # the caller fetches the ids and asks again
             except PolicyFailed as failed:
                 return self._failed(failed.policy, failed.error, produced)
             except Exception as exc:
