@@ -5,8 +5,7 @@ schemas read) before anything is swapped; a file that fails any of that is refus
 line naming the file and every problem with its line, and the rules in force stay. The reading,
 parsing and building run on a thread of their own, so a large or hostile file never holds the
 event loop (the file's bounds are in `kvproxy.settings.yaml_file`); only the swap runs on the loop.
-On
-success the server's rules are replaced between two requests: a request already decided keeps its
+On success the server's rules are replaced between two requests: a request already decided keeps its
 verdict, the next one uses the new rules, and no connection is dropped. Sections that only take
 effect at start (`listen`, `upstream`, `limits`, `shutdown`, ...) are reported with a WARNING and
 not applied.
@@ -147,7 +146,7 @@ class ConfigReloader:
     # ---- lifecycle ----
 
     def start(self, *, sighup: bool = True) -> None:
-        """Reload on SIGHUP (unless `sighup` is False: the caller routes it to `reload`) and
+        """Reload on SIGHUP (unless `sighup` is False: the caller routes it to `request_reload`) and
         (when `poll_interval` > 0) on a change of the file."""
         loop = asyncio.get_running_loop()
         if sighup:
@@ -240,8 +239,8 @@ class ConfigReloader:
             return await self._reload_locked(trigger)
 
     async def reload_off_loop(self, trigger: str = "request") -> bool:
-        """As `reload`, with the file read, parsed and built on the reload thread; the event
-        loop keeps serving meanwhile and only swaps the rules. False when refused."""
+        """Load, validate and build the file on the reload thread, then swap the rules in;
+        the event loop keeps serving meanwhile. False when refused."""
         async with self._lock:
             return await self._reload_locked(trigger)
 
@@ -259,17 +258,6 @@ class ConfigReloader:
         except asyncio.CancelledError:  # stopping: rules built after all are closed
             built.add_done_callback(_close_unused)
             raise
-        if isinstance(outcome, str):
-            return self._refuse(outcome, trigger)
-        return self._apply(*outcome, trigger)
-
-    def reload(self, trigger: str = "request") -> bool:
-        """Load, validate and build the file, then swap the rules; False when refused. This
-        blocks the caller while the file is read and built: on a running proxy use
-        `reload_off_loop` or `request_reload`."""
-        self._signature = file_signature(self.path)
-        self._missing_reported = False
-        outcome = self._load(self.server.routing.producer_state, trigger)
         if isinstance(outcome, str):
             return self._refuse(outcome, trigger)
         return self._apply(*outcome, trigger)

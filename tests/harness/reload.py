@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from kvproxy.protocol.messages import PRODUCE, decode_response
+from kvproxy.proxy.reload import ConfigReloader
 from tests.harness import Broker
 from tests.harness.processes import HOST, REPO, wait_for_answer
 from tests.harness.produce import JSON_ONLY, batch, partitions_of, produce_frame
@@ -155,3 +156,11 @@ def refused(problem: str) -> Callable[[str], bool]:
 
 def json_rule(topic: str) -> dict[str, Any]:
     return {"match": topic, **JSON_ONLY}
+
+
+async def reload_once(reloader: ConfigReloader) -> bool:
+    """One reload as a SIGHUP makes it, awaited; the reload thread is stopped after it."""
+    try:
+        return await reloader.reload_off_loop()
+    finally:
+        await reloader.stop()

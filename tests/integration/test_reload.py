@@ -24,6 +24,7 @@ from tests.harness.reload import (
     json_rule,
     kvproxy_serve,
     refused,
+    reload_once,
     reloaded,
     reloads_counted,
 )
@@ -134,7 +135,7 @@ def test_reload_keeps_the_producer_state_and_closes_the_replaced_rules(
             reloader = ConfigReloader(
                 proxy.server, config, poll_interval=0, on_result=results.append, retire_grace=0
             )
-            return reloader.reload()
+            return await reload_once(reloader)
 
         assert proxy.call(reload(yaml.safe_dump({**base, "topics": [json_rule(topic)]})))
         assert proxy.server.routing is not first
@@ -164,7 +165,7 @@ def test_replaced_rules_stay_open_for_the_grace_period(tansu: Broker, tmp_path: 
 
         async def reload() -> ConfigReloader:
             reloader = ConfigReloader(proxy.server, config, poll_interval=0, retire_grace=grace)
-            assert reloader.reload()
+            assert await reload_once(reloader)
             return reloader
 
         proxy.call(reload())

@@ -24,6 +24,7 @@ from tests.harness import create_topic, unique_topic_name
 from tests.harness.capture import RecordingRelay, read_produce_request, recording_tansu
 from tests.harness.produce import JSON_ONLY, stored
 from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.reload import reload_once
 
 PROFILE_CODE = {"kafka": error_codes.INVALID_RECORD, "kip": error_codes.KIP_INVALID_RECORD}
 
@@ -71,7 +72,7 @@ def test_a_reload_before_the_broker_answers_does_not_change_the_refusal(
 
         async def reload() -> bool:
             reloader = ConfigReloader(proxy.server, config_file, poll_interval=0, retire_grace=0)
-            return reloader.reload()
+            return await reload_once(reloader)
 
         assert proxy.call(reload())
         producer = KafkaProducer(

@@ -15,6 +15,7 @@ from kvproxy.cli import main
 from kvproxy.proxy.reload import ConfigReloader
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
+from tests.harness.reload import reload_once
 from tests.harness.schema_registry import TestRegistry
 
 SCHEMA_RULE = "topics:\n  - {match: orders, policies: [{schema: {value: required}}]}\n"
@@ -145,7 +146,7 @@ def test_a_reload_cannot_add_a_registry_to_a_running_proxy(tansu: Broker, tmp_pa
             reloader = ConfigReloader(
                 proxy.server, config, poll_interval=0, on_result=results.append, retire_grace=0
             )
-            return reloader.reload()
+            return await reload_once(reloader)
 
         assert not proxy.call(reload())
         assert proxy.server.routing is first

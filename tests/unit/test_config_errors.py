@@ -6,6 +6,7 @@ on stderr, line for line, and the exit code.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -20,6 +21,7 @@ from kvproxy.cli import main
 from kvproxy.policies.config import build_routing
 from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.proxy.reload import ConfigReloader
+from tests.harness.reload import reload_once
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -292,7 +294,7 @@ def test_a_refused_reload_names_every_problem_on_one_line(
     server = SimpleNamespace(routing=SimpleNamespace(producer_state=None))
     reloader = ConfigReloader(server, path, poll_interval=0)  # type: ignore[arg-type]
     with caplog.at_level(logging.ERROR, logger="kvproxy.reload"):
-        assert reloader.reload() is False
+        assert asyncio.run(reload_once(reloader)) is False
     [record] = caplog.records
     assert record.getMessage() == (
         f"config reload refused: {path}: 2 problem(s): "

@@ -9,6 +9,7 @@ short message and exit code 2, and reading it stays bounded (the subprocesses be
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ from kvproxy.proxy.config import load_config_and_rules
 from kvproxy.proxy.reload import ConfigReloader
 from kvproxy.settings.loading import ConfigError
 from kvproxy.settings.yaml_file import MAX_FILE_BYTES, read_yaml_with_lines
+from tests.harness.reload import reload_once
 from tests.harness.yaml_bombs import bomb_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,7 +251,7 @@ def test_a_refused_reload_logs_a_bounded_line(
     server = SimpleNamespace(routing=SimpleNamespace(producer_state=None))
     reloader = ConfigReloader(server, path, poll_interval=0)  # type: ignore[arg-type]
     with caplog.at_level(logging.ERROR, logger="kvproxy.reload"):
-        assert reloader.reload() is False
+        assert asyncio.run(reload_once(reloader)) is False
     [record] = caplog.records
     message = record.getMessage()
     assert message.startswith(f"config reload refused: {path}: {MANY} problem(s): line 3: ")

@@ -11,13 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from kvproxy.proxy.config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for, parse_config
+from kvproxy.proxy.config import (
+    RELOADABLE_SECTIONS,
+    ProxyConfig,
+    TopicConfigsConfig,
+    build_routing_for,
+    parse_config,
+)
 from kvproxy.proxy.reload import sections_needing_restart
 from kvproxy.proxy.server import ProxyServer
-from kvproxy.proxy.topic_configs import UNKNOWN_TTL_S
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
 HOUR_MS = 3_600_000
+ABSENT_TTL_S = TopicConfigsConfig().absent_ttl_ms / 1000
 
 
 def _swap(server: ProxyServer, config: ProxyConfig) -> None:
@@ -42,11 +48,11 @@ def test_a_reload_that_lengthens_the_ttl_keeps_the_answers_longer_but_not_the_fa
     try:
         cache = server.topic_configs
         cache.put("orders", TopicConfig(compacted=True))
-        cache.put("unknown", None, UNKNOWN_TTL_S)  # a failure is kept for its own short time
+        cache.put("unknown", None, ABSENT_TTL_S)  # a failure is kept for its own short time
         _swap(server, parse_config({"upstream": UPSTREAM, "topic_configs": {"ttl_ms": HOUR_MS}}))
         assert cache.ttl_s == HOUR_MS / 1000
         expiry = {topic: entry[1] for topic, entry in cache._entries.items()}
-        assert expiry["orders"] - cache._unknown["unknown"] > HOUR_MS / 1000 - UNKNOWN_TTL_S - 1
+        assert expiry["orders"] - cache._unknown["unknown"] > HOUR_MS / 1000 - ABSENT_TTL_S - 1
     finally:
         server.routing.close()
 
