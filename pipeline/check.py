@@ -1,12 +1,12 @@
 """What one audit task does: run the proxy's policy chains over stored batches, emit violations.
 
 Everything here runs on executors. The settings travel as plain data (`AuditSettings`, in
-`kvproxy.pipeline.task_data`); each Python worker builds the topic routing from them once, with the
-same `policies.build_routing` the proxy uses, so a backtest answers exactly what the proxy would. A
-stored batch is checked as the one batch of a Produce request (`ProducedRecords.stored` relaxes only
-what the broker itself changes on append: assigned offsets, records removed by the cleaner);
-transaction markers (control batches) are the broker's own and are counted, not checked. Quarantine
-entries are checked as the Produce request they were.
+`kvproxy.pipeline.task_data`); each Python worker builds the topic routing from them once, with
+the same `kvproxy.policies.config.build_routing` the proxy uses, so a backtest answers exactly what
+the proxy would. A stored batch is checked as the one batch of a Produce request
+(`ProducedRecords.stored` relaxes only what the broker itself changes on append: assigned offsets,
+records removed by the cleaner); transaction markers (control batches) are the broker's own and are
+counted, not checked. Quarantine entries are checked as the Produce request they were.
 """
 
 from __future__ import annotations
