@@ -17,7 +17,7 @@ from kvproxy.proxy.signals import queue_sighup
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: the proxy's subcommands, then the audit's."""
-    from kvproxy.commands import cli as proxy_cli  # noqa: PLC0415
+    from kvproxy.commands import cli as commands_cli  # noqa: PLC0415
     from kvproxy.pipeline import cli as pipeline_cli  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         version = "unknown (not installed)"
     parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    proxy_cli.add_commands(subparsers)
+    commands_cli.add_commands(subparsers)
     pipeline_cli.add_commands(subparsers)
     return parser
 
