@@ -330,8 +330,8 @@ def test_size_refusals_keep_their_code_on_legacy_produce_versions(code: int) -> 
 def test_a_grouped_check_that_crashes_fails_closed_under_its_own_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A broker check that raises inside `BrokerChecks` is that policy's failure: INVALID_RECORD,
-    counted and named as such, as any policy that crashes."""
+    """A broker check that raises inside its group (`PolicyGroup`) is that policy's failure:
+    INVALID_RECORD, counted and named as such, as any policy that crashes."""
     from kvproxy.policies.builtin.broker import CompactedKeyPolicy
 
     def broken(_batch: ProducedRecords) -> None:
