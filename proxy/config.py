@@ -227,9 +227,9 @@ class LimitsConfig(Section):
     whole within this much reading time from its size prefix, however steadily its bytes come;
     otherwise the connection is closed and the memory goes to the requests waiting for it. Time
     during which the proxy holds reading to connect upstream or decide an earlier request does
-    not count. 30 seconds is the clients'
-    `request.timeout.ms` (Java, librdkafka): a request not sent by then has been given up on.
-    Raise it for requests of tens of MiB over links slower than a few MiB/s."""
+    not count. 30 seconds is the clients' `request.timeout.ms` (Java, librdkafka): a request not
+    sent by then has been given up on. Raise it for requests of tens of MiB over links slower
+    than a few MiB/s."""
     max_records_per_request: int = Field(default=1_000_000, ge=1)
     """Records a Produce request may declare over all its batches. Checking records costs CPU per
     record, so a request declaring more is answered MESSAGE_TOO_LARGE for every partition before
