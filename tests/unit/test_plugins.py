@@ -1,6 +1,6 @@
-"""`kvproxy.policies.plugins`: every policy found by name through the entry-point group, created
-with
-`create(context, options)`, its declared `needs` resolved and its `observe` fed by the proxy."""
+"""`kvproxy.policies.plugins`: every policy found by name through the entry-point group or by
+`custom: {class: ...}`, created with `create(context, options)`, what it declares on itself
+(`needs`, `topic_settings`, `group` and `stages`) read, and its `observe` fed by the proxy."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from kvproxy.policies.api import (
     PolicyContext,
     PolicyViolation,
     ProducedRecords,
+    Stage,
     Verdict,
 )
 from kvproxy.policies.config import build_routing
@@ -25,6 +26,7 @@ from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
 from tests.harness.engine import TOPIC, batch, broker_answer, decide
+from tests.harness.produced import produced
 
 BUILTINS = {
     "acks",
@@ -101,12 +103,51 @@ class Worded(Settings):
     needs = frozenset({"topic_config"})  # type: ignore[assignment]
 
 
+class Configured:
+    """A policy with `configure(config)` and no `create`: not a policy kvproxy can build."""
+
+    name = "configured"
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        return ACCEPT
+
+    def close(self) -> None:
+        pass
+
+
+class Between(Settings):
+    """Joins the broker checks' group by declaration, its check between the CRC (20) and the
+    batch's fields (30); reads one topic setting unless its `limit` option stands for it."""
+
+    name = "between"
+    OPTIONS: Mapping[str, Any] = {"limit": None}
+    topic_settings = frozenset({"max_message_bytes"})
+    setting_options = {"limit": "max_message_bytes"}
+    group = "broker_checks"
+    stages = (Stage(25),)
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        self.explicit = frozenset(options)
+
+    @classmethod
+    def create(cls, context: PolicyContext, options: Mapping[str, Any]) -> Between:
+        return cls(options)
+
+    def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
+        return Verdict(99, "between")
+
+
 TARGETS = {
     **plugins.entry_point_targets(),
     "loud": f"{HERE}:Loud",
     "settings": f"{HERE}:Settings",
     "deaf": f"{HERE}:Deaf",
     "worded": f"{HERE}:Worded",
+    "between": f"{HERE}:Between",
     "broken": "no_such_module_here:Policy",
 }
 
@@ -185,6 +226,38 @@ def test_a_plugin_that_cannot_be_loaded_or_is_misshapen_is_reported() -> None:
         "topics[0].policies[0]: policy worded: needs must hold policies.api.Need members, "
         "not frozenset({'topic_config'})"
     )
+
+
+def test_a_custom_class_is_built_by_create_as_every_policy() -> None:
+    Loud.created.clear()
+    chain = routing({"custom": {"class": f"{HERE}:Loud", "config": {"word": "HALT"}}})
+    ((context, options),) = Loud.created
+    assert isinstance(context, PolicyContext) and options == {"word": "HALT"}
+    assert chain.chain_for(TOPIC).names == ("Loud",)  # the class's name when it has none
+    assert problem({"custom": {"class": f"{HERE}:Loud", "config": {"wrd": 1}}}) == (
+        f"topics[0].policies[0]: custom {HERE}:Loud: unknown option 'wrd' (did you mean 'word'?)"
+    )
+    assert problem({"custom": {"class": f"{HERE}:Configured"}}) == (
+        f"topics[0].policies[0]: custom {HERE}:Configured: has no create(context, options)"
+    )
+
+
+# ---- declarations ----
+
+
+def test_a_policy_joins_a_group_at_the_place_its_stages_declare() -> None:
+    """The chain groups by what a policy declares, not by its name or module: `between` runs
+    after the CRC and before the batch's fields, wherever it is listed."""
+    broken = bytearray(batch(b"x"))
+    broken[-1] ^= 0xFF  # the CRC no longer matches
+    chain = routing("between", "batch_integrity", "crc").chain_for(TOPIC)
+    assert chain.check(produced(bytes(broken), topic=TOPIC)).policy == "crc"
+    assert chain.check(produced(batch(b"x"), topic=TOPIC)).policy == "between"
+
+
+def test_topic_settings_read_are_those_the_policy_declares() -> None:
+    assert routing("between").settings_needed(TOPIC) == {"max_message_bytes"}
+    assert routing({"between": {"limit": 5}}).settings_needed(TOPIC) == frozenset()
 
 
 # ---- needs ----
