@@ -396,7 +396,7 @@ class Need(enum.Enum):
 
 def needs_of(policy: object) -> frozenset[Need]:
     """What `policy` declares it needs: its `needs`, and `TOPIC_CONFIG` when it names the
-    settings it reads in `topic_settings` (as `custom:` classes did before `needs`)."""
+    settings it reads in `topic_settings` (naming them says it reads them)."""
     needs = frozenset(getattr(policy, "needs", None) or ())
     if getattr(policy, "topic_settings", None) is not None:
         needs |= {Need.TOPIC_CONFIG}
