@@ -194,7 +194,7 @@ class ConfigProblem:
 
 
 class PolicyConfigError(ValueError):
-    """A policy configuration that cannot be used: one problem (a policy's `configure`), or every
+    """A policy configuration that cannot be used: one problem (a policy's `create`), or every
     problem of the `defaults` and `topics` sections (`build_routing`), each with where it is."""
 
     def __init__(self, message: str = "", problems: Iterable[ConfigProblem] = ()) -> None:
