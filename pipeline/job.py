@@ -4,16 +4,14 @@ Stages: (1) the driver lists the inputs and, for a live topic, asks the cluster 
 offsets; (2) one Spark stage reads each segment's batch headers and cuts it into ranges; (3) one
 stage checks every range, journal segment and live offset range (`kvproxy.pipeline.check`); (4) the
 violations are written as Parquet and summarised with Spark SQL; the driver writes
-`summary.json` and `report.html` and prints a console summary.
+`summary.json` and `report.html` and prints a console summary (`kvproxy.pipeline.outputs`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -22,6 +20,7 @@ from typing import IO, Any
 
 from kvproxy.pipeline import files
 from kvproxy.pipeline.check import check_unit
+from kvproxy.pipeline.outputs import human_size, print_summary, summarise, write_outputs
 from kvproxy.pipeline.schema_ids import (
     MAX_SCHEMA_IDS,
     SchemaLookups,
@@ -42,7 +41,6 @@ from kvproxy.pipeline.segments import (
 )
 from kvproxy.pipeline.summary import (
     SAMPLE_ROWS,
-    GroupKey,
     grouped_by_spark,
     grouped_locally,
     samples_locally,
@@ -59,7 +57,7 @@ from kvproxy.settings.schema_registry import (
     SchemaRegistryConfig,
 )
 
-__all__ = ["AuditError", "AuditRequest", "batch_counts", "load_settings", "run_audit"]
+__all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
 
 LOCAL_SUMMARY_ROWS = 100_000
 """Violations up to this many are summarised on the driver from memory (a few MB) rather than
@@ -131,10 +129,6 @@ def _log(out: IO[str], message: str) -> None:
     print(f"[{stamp}] {message}", file=out, flush=True)
 
 
-def _iso(ms: float) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def run_audit(
     request: AuditRequest,
     spark: Any = None,
@@ -166,7 +160,7 @@ def run_audit(
     journal = [f for f in found if isinstance(f, JournalSegment)]
     live_units: list[Any] = []
     if request.bootstrap:
-        from kvproxy.pipeline.kafka_client import (  # noqa: PLC0415  (only needed with a cluster)
+        from kvproxy.client.blocking import (  # noqa: PLC0415  (only needed with a cluster)
             LiveSourceError,
             describe_compaction,
         )
@@ -281,7 +275,7 @@ def _run_on_spark(
     planned_bytes = sum(r.end - r.start for r in ranges)
     _log(
         out,
-        f"checking: {len(ranges)} ranges ({_human(planned_bytes)}), {len(regions)} corrupt "
+        f"checking: {len(ranges)} ranges ({human_size(planned_bytes)}), {len(regions)} corrupt "
         f"regions, {len(disorders)} batches out of offset order, {len(journal)} journal "
         f"segments, {len(live_units)} live ranges",
     )
@@ -348,7 +342,7 @@ def _run_on_spark(
             .limit(SAMPLE_ROWS)
             .collect()
         ]
-    summary = _summarise(
+    summary = summarise(
         bucket,
         grouped,
         request,
@@ -360,8 +354,8 @@ def _run_on_spark(
     )
     phases["summarising"] = _lap(clock)
     summary["phases_s"] = {name: round(seconds, 3) for name, seconds in phases.items()}
-    _write_outputs(request.output, summary, samples)
-    _print_summary(summary_out, summary, request.output)
+    write_outputs(request.output, summary, samples)
+    print_summary(summary_out, summary, request.output)
     return summary
 
 
@@ -408,149 +402,3 @@ def _lap(clock: list[float]) -> float:
     now = time.perf_counter()
     seconds, clock[0] = now - clock[0], now
     return seconds
-
-
-def _summarise(
-    bucket: int,
-    grouped: Sequence[tuple[GroupKey, int]],
-    request: AuditRequest,
-    settings: AuditSettings,
-    *,
-    stats: Mapping[tuple[str, int], PartitionStats],
-    errors: list[str],
-    lookups: SchemaLookups | None,
-    started: float,
-) -> dict[str, Any]:
-    routing = routing_for(settings)
-    firsts = [s.first_ms for s in stats.values() if s.first_ms is not None]
-    lasts = [s.last_ms for s in stats.values() if s.last_ms is not None]
-    first_ms = min(firsts) if firsts else None
-    last_ms = max(lasts) if lasts else None
-    total = untimed = 0
-    by_policy: Counter[str] = Counter()
-    by_topic: Counter[str] = Counter()
-    by_mode: Counter[str] = Counter()
-    by_code: dict[str, dict[str, int]] = {}
-    buckets: dict[int, Counter[str]] = {}
-    for (topic, policy, error_name, error_code, mode, start), count in grouped:
-        total += count
-        by_policy[policy] += count
-        by_topic[topic] += count
-        by_mode[mode] += count
-        code = by_code.setdefault(error_name, {"code": error_code, "count": 0})
-        code["count"] += count
-        if start is not None:
-            buckets.setdefault(start, Counter())[policy] += count
-        else:
-            untimed += count
-    timeline = {
-        "bucket_ms": bucket if buckets else 0,
-        "buckets": [{"start_ms": k, "counts": dict(buckets[k])} for k in sorted(buckets)],
-        "untimed": untimed,
-    }
-    partitions: dict[str, Any] = {}
-    for (topic, partition), item in sorted(stats.items()):
-        rule = routing.rule_for(topic)
-        partitions[f"{topic}-{partition}"] = {
-            "topic": topic,
-            "partition": partition,
-            "records": item.records,
-            "data_batches": item.batches,
-            "batches": item.batches,
-            "bytes": item.bytes,
-            "control_batches": item.control_batches,
-            "violations": item.violations,
-            "mode": rule.mode.value,
-            "policies": list(rule.policy_names),
-            "compacted": item.compacted,
-            "first_ms": item.first_ms,
-            "last_ms": item.last_ms,
-        }
-    finished = time.time()
-    inputs = list(request.inputs) + [
-        f"kafka://{request.bootstrap[0]}/{topic}" for topic in request.topics
-    ]
-    return {
-        "title": "kvproxy audit",
-        "started": _iso(started * 1000),
-        "finished": _iso(finished * 1000),
-        "duration_s": round(finished - started, 3),
-        "inputs": inputs,
-        "config": request.config,
-        "sample": request.sample,
-        "now_ms": settings.now_ms,
-        "records_scanned": sum(s.records for s in stats.values()),
-        "data_batches": sum(s.batches for s in stats.values()),
-        "batches_scanned": sum(s.batches for s in stats.values()),
-        "control_batches": sum(s.control_batches for s in stats.values()),
-        "bytes_scanned": sum(s.bytes for s in stats.values()),
-        "violations": total,
-        "violations_by_mode": {mode: by_mode.get(mode, 0) for mode in ("enforce", "warn")},
-        "violations_by_policy": dict(by_policy),
-        "violations_by_topic": dict(by_topic),
-        "violations_by_code": by_code,
-        "partitions": partitions,
-        "time_range": {"first_ms": first_ms, "last_ms": last_ms},
-        "timeline": timeline,
-        "errors": errors,
-        "schema_registry": None if lookups is None else lookups.as_json(),
-    }
-
-
-def _write_outputs(output: str, summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> None:
-    from kvproxy.pipeline.report import render_report  # noqa: PLC0415
-
-    files.write_text(output.rstrip("/") + "/summary.json", json.dumps(summary, indent=2) + "\n")
-    files.write_text(output.rstrip("/") + "/report.html", render_report(summary, samples))
-
-
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"
-
-
-def batch_counts(summary: Mapping[str, Any]) -> str:
-    """Data and control batches, apart: a control batch (transaction marker) is the broker's
-    own, counted but never checked, and is not among the data batches."""
-    control = summary["control_batches"]
-    text = f"{summary['data_batches']} data batches"
-    if control:
-        text += f" + {control} control batch{'es' if control != 1 else ''} (not checked)"
-    return text
-
-
-def _print_summary(out: IO[str], summary: Mapping[str, Any], output: str) -> None:
-    by_mode = summary["violations_by_mode"]
-    lines = [
-        "",
-        "kvproxy audit: "
-        f"{summary['records_scanned']} records in {batch_counts(summary)} "
-        f"({_human(summary['bytes_scanned'])}) scanned in {summary['duration_s']:.1f} s",
-        f"  violations: {summary['violations']} ({by_mode['enforce']} enforce: would be "
-        f"refused; {by_mode['warn']} warn: would pass, logged)",
-    ]
-    for name, count in sorted(summary["violations_by_policy"].items(), key=lambda kv: -kv[1]):
-        lines.append(f"    {name}: {count}")
-    for name, item in sorted(summary["violations_by_code"].items(), key=lambda kv: -kv[1]["count"]):
-        lines.append(f"    {name} ({item['code']}): {item['count']}")
-    if summary["sample"] is not None:
-        lines.append(f"  sampled: about {summary['sample']} records checked")
-    lookups = summary.get("schema_registry")
-    if lookups is not None:
-        lines.append(
-            f"  schema registry: {lookups['ids']} schema ids looked up, {lookups['found']} found, "
-            f"{lookups['unknown']} unknown"
-        )
-        if lookups["unavailable"]:
-            action = "records with them pass" if lookups["on_error"] == "accept" else "rejected"
-            lines.append(
-                f"    {lookups['unavailable']} could not be looked up ({action}, on_error: "
-                f"{lookups['on_error']}): {lookups['first_failure']}"
-            )
-    for error in summary["errors"]:
-        lines.append(f"  input error: {error}")
-    lines.append(f"  written: {output}/violations/ (Parquet), summary.json, report.html")
-    print("\n".join(lines), file=out, flush=True)
