@@ -37,7 +37,8 @@ class PolicyFailed(Exception):
         self.error = error
 
 
-_Step = tuple[str, Stage, Callable[[ProducedRecords], Any]]
+_Step = tuple[str, int | None, str | None, Callable[[ProducedRecords], Any]]
+"""(policy name, record code or None for a verdict stage, rejection, the check)."""
 
 
 class PolicyGroup:
@@ -51,22 +52,26 @@ class PolicyGroup:
     def __init__(self, name: str, policies: Sequence[RecordsPolicy]) -> None:
         self.name = name
         self.policies = tuple(policies)
-        steps: list[_Step] = []
-        for policy in self.policies:
-            for stage in getattr(policy, "stages", None) or (Stage(0),):
-                steps.append((policy.name, stage, _stage_call(policy, stage)))
-        steps.sort(key=lambda step: step[1].order)  # stable: a policy's stages of one order
-        self._steps = tuple(steps)
+        staged = [
+            (stage, policy)
+            for policy in self.policies
+            for stage in getattr(policy, "stages", None) or (Stage(0),)
+        ]
+        staged.sort(key=lambda pair: pair[0].order)  # stable: a policy's stages of one order
+        self._steps: tuple[_Step, ...] = tuple(
+            (policy.name, stage.record_code, stage.rejection, _stage_call(policy, stage))
+            for stage, policy in staged
+        )
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         name = ""  # the stage running: an exception leaves as `PolicyFailed` naming its policy
         found: list[tuple[str, int, str | None, RecordErrorList]] = []
         try:
-            for name, stage, call in self._steps:
-                if stage.record_code is not None:
+            for name, code, rejection, call in self._steps:
+                if code is not None:
                     errors = call(batch)
                     if errors:
-                        found.append((name, stage.record_code, stage.rejection, errors))
+                        found.append((name, code, rejection, errors))
                     continue
                 if found:
                     return merge_record_errors(found)
