@@ -16,8 +16,11 @@ __all__ = ["BuiltinPolicy"]
 class BuiltinPolicy(abc.ABC):
     """Base of the built-in policies.
 
-    `OPTIONS` maps every accepted option to its default; `configure` refuses anything else and
-    then calls `setup()`, where a subclass checks and compiles its options.
+    `create(context, options)` (the contract of every policy, `kvproxy.policies.api.RecordsPolicy`)
+    builds one and hands the options to `configure`, the built-ins' own step: `OPTIONS` maps
+    every accepted option to its default; `configure` refuses anything else and then calls
+    `setup()`, where a subclass checks and compiles its options. What a built-in reads and where
+    it runs it declares as class attributes (`needs`, `topic_settings`, `group`, `stages`).
     """
 
     name: str = ""
