@@ -1,17 +1,25 @@
-"""The sans-IO core of kvproxy's client: correlation of answers, the version both sides share."""
+"""The sans-IO core of kvproxy's client: correlation of answers, the version both sides share,
+reading a partition up to its high watermark."""
 
 from __future__ import annotations
+
+import datetime
 
 import pytest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v4.response import FetchableTopicResponse, FetchResponse, PartitionData
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, i32, i64
 
 from kvproxy.client.core import (
     Conversation,
     CorrelationMismatch,
+    UpstreamError,
     api_versions_request,
     shared_version,
 )
+from kvproxy.client.partition_read import PartitionRead
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.messages import (
     API_VERSIONS,
@@ -22,6 +30,7 @@ from kvproxy.protocol.messages import (
     read_request,
     supported_versions,
 )
+from kvproxy.protocol.records import build_batch
 
 
 def _answer_to(frame: bytes, correlation_id: int | None = None) -> bytes:
@@ -57,3 +66,63 @@ def test_shared_version_is_the_highest_all_three_allow() -> None:
     assert shared_version(served, METADATA, (4, 6)) == 6
     assert shared_version(served, FETCH, (4, 12)) is None  # the broker stops below the floor
     assert shared_version(served, API_VERSIONS, (0, 3)) is None  # not served at all
+
+
+def _fetched(batches: bytes, high_watermark: int, error_code: int = 0) -> FetchResponse:
+    """A Fetch v4 answer holding `batches` of partition 0 of "t"."""
+    return FetchResponse(
+        throttle_time=datetime.timedelta(0),
+        responses=(
+            FetchableTopicResponse(
+                topic=TopicName("t"),
+                partitions=(
+                    PartitionData(
+                        partition_index=i32(0),
+                        error_code=ErrorCode(error_code),
+                        high_watermark=i64(high_watermark),
+                        last_stable_offset=i64(high_watermark),
+                        aborted_transactions=(),
+                        records=Records(batches),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def _batch(base_offset: int, count: int) -> bytes:
+    return build_batch([(b"k", b"v", None, None)] * count, base_offset=base_offset)
+
+
+def test_a_partition_read_fetches_from_where_the_last_whole_batch_ended_to_the_watermark() -> None:
+    read = PartitionRead("t", 0, first=3, max_bytes=1 << 20)
+    asked = read.next_request()
+    assert asked is not None and asked.topics[0].partitions[0].fetch_offset == 3
+    partial_tail = _batch(5, 1)[:10]
+    read.receive(_fetched(_batch(3, 2) + partial_tail, high_watermark=6))
+    asked = read.next_request()
+    assert asked is not None and asked.topics[0].partitions[0].fetch_offset == 5
+    read.receive(_fetched(_batch(5, 1), high_watermark=9))  # the first watermark counts
+    assert read.next_request() is None
+    assert read.complete and read.records == _batch(3, 2) + _batch(5, 1)
+
+
+def test_a_partition_read_stops_at_its_byte_limit_or_at_a_batch_larger_than_what_is_left() -> None:
+    one = _batch(0, 1)
+    read = PartitionRead("t", 0, first=0, max_bytes=len(one))
+    assert read.next_request() is not None
+    read.receive(_fetched(one, high_watermark=5))
+    assert read.next_request() is None and not read.complete and read.records == one
+    stuck = PartitionRead("t", 0, first=0, max_bytes=4)
+    assert stuck.next_request() is not None
+    stuck.receive(_fetched(one[:4], high_watermark=5))
+    assert stuck.next_request() is None and not stuck.complete and stuck.records == b""
+
+
+def test_a_partition_read_raises_on_an_error_code_or_a_missing_partition() -> None:
+    read = PartitionRead("t", 0, first=0, max_bytes=100)
+    with pytest.raises(UpstreamError, match="Fetch t-0: error 6") as caught:
+        read.receive(_fetched(b"", high_watermark=0, error_code=6))
+    assert caught.value.code == 6
+    with pytest.raises(ConnectionError, match="answered no partition"):
+        PartitionRead("u", 0, first=0, max_bytes=100).receive(_fetched(b"", high_watermark=0))
