@@ -41,8 +41,11 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     (a Fetch) reaches the client without being copied in between.
     """
 
-    def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
+    def __init__(
+        self, client: ClientConnection, max_frame_bytes: int, write_buffer_high_bytes: int
+    ) -> None:
         self._client = client
+        self._write_buffer_high_bytes = write_buffer_high_bytes
         self._bytes_in = client.metrics.bytes.labels("upstream_in")
         self._bytes_out = client.metrics.bytes.labels("upstream_out")
         self._decoder = FrameDecoder(max_frame_bytes, client.buffer_pool)
@@ -54,6 +57,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=self._write_buffer_high_bytes)
 
     # ---- requests out ----
 

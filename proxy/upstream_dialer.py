@@ -89,7 +89,9 @@ class UpstreamDialer:
         loop = asyncio.get_running_loop()
         _, upstream = await asyncio.wait_for(
             loop.create_connection(
-                lambda: UpstreamConnection(client, self._limits.max_frame_bytes),
+                lambda: UpstreamConnection(
+                    client, self._limits.max_frame_bytes, self._limits.write_buffer_high_bytes
+                ),
                 host,
                 port,
                 ssl=self._upstream_ssl,
@@ -97,6 +99,4 @@ class UpstreamDialer:
             ),
             self._timeout,
         )
-        assert upstream.transport is not None
-        upstream.transport.set_write_buffer_limits(high=self._limits.write_buffer_high_bytes)
         return upstream
