@@ -45,10 +45,6 @@ PortFor = Callable[[int], int | None]
 """Maps an upstream node id to the proxy port that stands for it; None: the node has none (the
 answer leaves it out, or names no coordinator)."""
 
-# APIs whose answers carry broker addresses, and the first version that does (where not all).
-_REWRITTEN_FROM: Final[Mapping[int, int]] = MappingProxyType(
-    {METADATA: 0, FIND_COORDINATOR: 0, DESCRIBE_CLUSTER: 0, PRODUCE: 10, FETCH: 16}
-)
 T = TypeVar("T")
 
 
@@ -88,7 +84,7 @@ def offered_range(api_key: int, broker_min: int, broker_max: int) -> tuple[int, 
     high = broker_max
     if api_key in _ADDRESS_FREE_MAX:
         high = min(high, _ADDRESS_FREE_MAX[api_key])
-    if api_key in _REWRITTEN_FROM:
+    if api_key in _REWRITERS:
         high = min(high, max(supported_versions(api_key)))
     if api_key == PRODUCE:
         high = min(high, PRODUCE_MAX_VERSION)
@@ -100,8 +96,8 @@ def offered_range(api_key: int, broker_min: int, broker_max: int) -> tuple[int, 
 def needs_rewrite(api_key: int, api_version: int) -> bool:
     if api_key == API_VERSIONS:
         return True
-    first = _REWRITTEN_FROM.get(api_key)
-    return first is not None and api_version >= first
+    rewritten = _REWRITERS.get(api_key)
+    return rewritten is not None and api_version >= rewritten[0]
 
 
 def trim_api_versions(body: Any) -> Any:
@@ -162,6 +158,47 @@ def _no_coordinator(node: Any) -> Any:
     )
 
 
+Rewriter = Callable[[Any, int, Callable[[tuple[Any, ...]], tuple[Any, ...]]], Any]
+"""Gives an answer body (of a version) with its nodes replaced by what the function makes of
+them: the one place that knows where an API's answer names brokers."""
+
+
+def _brokers(body: Any, _version: int, nodes: Callable[[tuple[Any, ...]], tuple[Any, ...]]) -> Any:
+    return dataclasses.replace(body, brokers=nodes(body.brokers))
+
+
+def _coordinators(
+    body: Any, version: int, nodes: Callable[[tuple[Any, ...]], tuple[Any, ...]]
+) -> Any:
+    if version >= 4:
+        return dataclasses.replace(body, coordinators=nodes(body.coordinators))
+    if int(body.node_id) < 0:
+        return body
+    (node,) = nodes((body,))  # before v4 the body itself is the coordinator's address
+    return node
+
+
+def _node_endpoints(
+    body: Any, _version: int, nodes: Callable[[tuple[Any, ...]], tuple[Any, ...]]
+) -> Any:
+    if not body.node_endpoints:
+        return body
+    return dataclasses.replace(body, node_endpoints=nodes(body.node_endpoints))
+
+
+_REWRITERS: Final[Mapping[int, tuple[int, Rewriter]]] = MappingProxyType(
+    {
+        METADATA: (0, _brokers),
+        DESCRIBE_CLUSTER: (0, _brokers),
+        FIND_COORDINATOR: (0, _coordinators),
+        PRODUCE: (10, _node_endpoints),  # node_endpoints of NOT_LEADER_OR_FOLLOWER answers
+        FETCH: (16, _node_endpoints),
+    }
+)
+"""APIs whose answers carry broker addresses: the first version that does, and where. An API
+added here is rewritten and offered up to the newest version the proxy can decode."""
+
+
 def _rewrite_body(
     api_key: int,
     api_version: int,
@@ -173,26 +210,10 @@ def _rewrite_body(
 ) -> Any:
     if api_key == API_VERSIONS:
         return trim_api_versions(body)
-    if api_key in (METADATA, DESCRIBE_CLUSTER):
-        return dataclasses.replace(
-            body, brokers=_rewrite_nodes(body.brokers, host, port_for, learned)
-        )
-    if api_key == FIND_COORDINATOR:
-        if api_version >= 4:
-            return dataclasses.replace(
-                body, coordinators=_rewrite_nodes(body.coordinators, host, port_for, learned)
-            )
-        if int(body.node_id) < 0:
-            return body
-        (node,) = _rewrite_nodes((body,), host, port_for, learned)
-        return node
-    if api_key in (PRODUCE, FETCH):
-        if not body.node_endpoints:
-            return body
-        return dataclasses.replace(
-            body, node_endpoints=_rewrite_nodes(body.node_endpoints, host, port_for, learned)
-        )
-    return body
+    first, rewriter = _REWRITERS[api_key]
+    if api_version < first:
+        return body
+    return rewriter(body, api_version, lambda nodes: _rewrite_nodes(nodes, host, port_for, learned))
 
 
 def existing_topics(body: Any) -> Iterable[str]:
