@@ -77,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kvproxy.proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
     from kvproxy.proxy.errors import ProxyError  # noqa: PLC0415
     from kvproxy.proxy.logs import configure_logging  # noqa: PLC0415
+    from kvproxy.proxy.reload import file_signature  # noqa: PLC0415
     from kvproxy.proxy.server import WorkerRole  # noqa: PLC0415
     from kvproxy.proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
 
@@ -87,6 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.worker_index is not None and args.worker_state is not None:
         worker = WorkerRole(args.worker_index, args.worker_state)
     try:
+        loaded = file_signature(path)  # a change from here on is reloaded once serving
         config, routing = load_config_and_rules(path)  # every problem of the file, at once
         if args.workers != 1 and worker is None:
             routing.close()  # each worker serves with the rules it builds itself
@@ -98,6 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
             config,
             path.resolve().parent,
             config_path=path,
+            config_loaded=loaded,
             reload_poll_s=args.reload_interval,
             worker=worker,
             routing=routing,  # built once: custom classes imported, schemas compiled

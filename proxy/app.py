@@ -15,7 +15,12 @@ from kvproxy.policies.config import TopicRouting
 from kvproxy.proxy.cluster_readiness import METADATA_RETRY_S
 from kvproxy.proxy.config import ProxyConfig, build_routing_for
 from kvproxy.proxy.embedded import EmbeddedBroker, advertised, run_embedded_broker
-from kvproxy.proxy.reload import DEFAULT_POLL_INTERVAL, ConfigReloader, ReloadListener
+from kvproxy.proxy.reload import (
+    DEFAULT_POLL_INTERVAL,
+    ConfigReloader,
+    FileSignature,
+    ReloadListener,
+)
 from kvproxy.proxy.server import ProxyServer, WorkerRole
 from kvproxy.proxy.signals import queue_sighup, take_queued_sighups
 
@@ -67,6 +72,7 @@ async def serve(
     on_ready: Callable[[ProxyServer], None] | None = None,
     *,
     config_path: Path | None = None,
+    config_loaded: FileSignature | None = None,
     reload_poll_s: float = DEFAULT_POLL_INTERVAL,
     on_reload: ReloadListener | None = None,
     worker: WorkerRole | None = None,
@@ -75,7 +81,8 @@ async def serve(
     """Serve until SIGTERM or SIGINT, then drain in-flight requests and close.
 
     With `config_path`, the policy rules are reloaded from it on SIGHUP and when the file changes
-    (checked every `reload_poll_s` seconds; 0 turns the file check off); `on_reload` is told the
+    (checked every `reload_poll_s` seconds; 0 turns the file check off) since it was read
+    (`config_loaded`: its `file_signature` then, else when the proxy is up); `on_reload` is told the
     result of each attempt ("success" or "failure")."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,6 +106,7 @@ async def serve(
                     base_dir=config_dir,
                     poll_interval=reload_poll_s,
                     on_result=_reload_listener(server, on_reload),
+                    loaded=config_loaded if config_loaded is not None else "now",
                 )
                 reloader.start(sighup=False)
                 sighup.live(reloader)
@@ -213,6 +221,7 @@ def run(
     config_dir: Path | None = None,
     *,
     config_path: Path | None = None,
+    config_loaded: FileSignature | None = None,
     reload_poll_s: float = DEFAULT_POLL_INTERVAL,
     worker: WorkerRole | None = None,
     routing: TopicRouting | None = None,
@@ -222,6 +231,7 @@ def run(
         config,
         config_dir,
         config_path=config_path,
+        config_loaded=config_loaded,
         reload_poll_s=reload_poll_s,
         worker=worker,
         routing=routing,

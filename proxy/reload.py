@@ -49,10 +49,10 @@ RETIRE_GRACE_S = 30.0
 """How long replaced rules stay open: a request held for topic-config discovery was decided to
 use them, and may still run them after the swap."""
 
-_Signature = tuple[int, int, int, int]
+FileSignature = tuple[int, int, int, int]
 
 
-def file_signature(path: Path) -> _Signature | None:
+def file_signature(path: Path) -> FileSignature | None:
     """What changes when the file is written or replaced; None when it cannot be read."""
     try:
         st = os.stat(path)
@@ -126,14 +126,17 @@ class ConfigReloader:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         on_result: ReloadListener | None = None,
         retire_grace: float = RETIRE_GRACE_S,
+        loaded: FileSignature | Literal["now"] | None = "now",
     ) -> None:
+        """`loaded`: the file's signature when the rules in force were read from it, so that a
+        change made while the proxy was starting is reloaded too ("now": read it here)."""
         self.server = server
         self.path = Path(path)
         self.base_dir = base_dir if base_dir is not None else self.path.resolve().parent
         self.poll_interval = poll_interval
         self.on_result = on_result
         self.retire_grace = retire_grace
-        self._signature = file_signature(self.path)
+        self._signature = file_signature(self.path) if loaded == "now" else loaded
         self._missing_reported = False
         self._watch_task: asyncio.Task[None] | None = None
         self._sighup = False

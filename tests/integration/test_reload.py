@@ -172,3 +172,34 @@ def test_replaced_rules_stay_open_for_the_grace_period(tansu: Broker, tmp_path: 
         assert closed == []
         time.sleep(grace + 0.3)
         assert closed == [True]
+
+
+def test_a_change_made_while_the_proxy_starts_is_reloaded(
+    tansu: Broker, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """`serve` reads the file, then opens its listeners, then starts watching the file: a change
+    written in between is the file's state when watching starts, and must still be applied. The
+    watch compares with the file as it was read (`loaded`), not as it is when watching starts."""
+    from kvproxy.proxy.reload import file_signature
+
+    topic = make_topic(prefix="reload-early")
+    config = tmp_path / "kvproxy.yaml"
+    with run_proxy(tansu.bootstrap) as proxy:
+        base = proxy.config.model_dump(mode="json", include={"listen", "upstream"})
+        config.write_text(yaml.safe_dump(base))  # what the proxy serves: no rule for the topic
+        loaded = file_signature(config)
+        config.write_text(yaml.safe_dump({**base, "topics": [json_rule(topic)]}))  # meanwhile
+
+        async def first_check() -> bool | None:
+            reloader = ConfigReloader(
+                proxy.server, config, poll_interval=0, retire_grace=0, loaded=loaded
+            )
+            try:
+                return await reloader.check_file()
+            finally:
+                await reloader.stop()
+
+        assert proxy.call(first_check()) is True
+        with connection(proxy.port, topic) as conn:
+            assert conn.produce(NOT_JSON) == INVALID_RECORD
+    assert stored(tansu, topic) == []

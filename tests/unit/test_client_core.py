@@ -91,7 +91,8 @@ def _fetched(batches: bytes, high_watermark: int, error_code: int = 0) -> FetchR
 
 
 def _batch(base_offset: int, count: int) -> bytes:
-    return build_batch([(b"k", b"v", None, None)] * count, base_offset=base_offset)
+    """The same bytes on every call: a fixed timestamp (the clock's would change the CRC)."""
+    return build_batch([(b"k", b"v", None, 1_700_000_000_000)] * count, base_offset=base_offset)
 
 
 def test_a_partition_read_fetches_from_where_the_last_whole_batch_ended_to_the_watermark() -> None:
