@@ -13,7 +13,6 @@ only the valid partitions, whose answer is merged with the local errors in reque
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,8 +44,6 @@ from kvproxy.proxy.produce_scan import (
     refuse_every_partition,
     too_many_records,
 )
-
-log = logging.getLogger("kvproxy.produce")
 
 _VALID_ACKS = frozenset({-1, 0, 1})
 _FIRST_WITH_TOPIC_IDS = 13

@@ -8,7 +8,6 @@ is why every entry expires (`cache_ttl_ms`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -142,6 +141,3 @@ class SchemaCatalog(Protocol):
     def peek(self, schema_id: int) -> SchemaEntry | None:
         """`entry` for the gathering before a check: not counted as the check's cache hit."""
         ...
-
-
-Compile = Callable[[RegisteredSchema], CompiledSchema]
