@@ -118,20 +118,18 @@ class AdminConnections:
         """The decoded answer's body to one request; raises as a fresh connection would."""
         link = self._links.setdefault((host, port), _Link())
         async with link.lock:
-            kept = link.writer is not None
-            try:
-                return await link.exchange(
-                    host, port, self._ssl, timeout, api_key=api_key, version=version, body=body,
-                    opened=self._count_opened,
-                )  # fmt: skip
-            except (OSError, EOFError) as exc:
-                if not kept or isinstance(exc, TimeoutError):
-                    raise
-            # the kept connection was closed meanwhile (an idle broker connection): once more
-            return await link.exchange(
-                host, port, self._ssl, timeout, api_key=api_key, version=version, body=body,
-                opened=self._count_opened,
-            )  # fmt: skip
+            while True:
+                kept = link.writer is not None
+                try:
+                    return await link.exchange(
+                        host, port, self._ssl, timeout, api_key=api_key, version=version,
+                        body=body, opened=self._count_opened,
+                    )  # fmt: skip
+                except (OSError, EOFError) as exc:
+                    if not kept or isinstance(exc, TimeoutError):
+                        raise
+                # the kept connection was closed meanwhile (an idle broker connection): once
+                # more, on a new one (`exchange` closed the old; a failure there is not retried)
 
     def _count_opened(self) -> None:
         self.opened += 1
