@@ -294,9 +294,11 @@ class ProxyServer:
         """Stop accepting, let in-flight requests finish (bounded), then close everything."""
         self._stopping = True
         self.listeners.fds.stop()
-        for task in (self._readiness_task, self._sweep_task, self._lag_task):
-            if task is not None:
-                task.cancel()
+        watchers = [t for t in (self._readiness_task, self._sweep_task, self._lag_task) if t]
+        for task in watchers:
+            task.cancel()
+        if watchers:  # awaited (bounded), so none outlives stop() as a pending task
+            await asyncio.wait(watchers, timeout=1.0)
         if self._http is not None:
             self._http.close()
         if drain_timeout is None:

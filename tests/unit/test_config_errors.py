@@ -295,7 +295,7 @@ def test_a_refused_reload_names_every_problem_on_one_line(
     reloader = ConfigReloader(server, path, poll_interval=0)  # type: ignore[arg-type]
     with caplog.at_level(logging.ERROR, logger="kvproxy.reload"):
         assert asyncio.run(reload_once(reloader)) is False
-    [record] = caplog.records
+    [record] = [r for r in caplog.records if r.name == "kvproxy.reload"]
     assert record.getMessage() == (
         f"config reload refused: {path}: 2 problem(s): "
         "line 2: listen.prot: unknown key (did you mean 'port'?); "
