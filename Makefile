@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup system-deps java-deps browser lint test demo bench fuzz clean
+.PHONY: setup system-deps java-deps haproxy browser lint test demo bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -33,6 +33,13 @@ java-deps:
 
 setup: $(STAMP) system-deps
 
+# HAProxy in TCP mode: the floor the network benchmarks measure kvproxy against (Debian installs
+# it in /usr/sbin)
+haproxy:
+	@{ command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1 || { \
+		echo "haproxy is missing: installing it with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends haproxy; }
+
 # Headless Chromium, for the test that renders the audit's report.html (tests only)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -45,7 +52,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint browser java-deps
+test: lint browser java-deps haproxy
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup
@@ -57,8 +64,9 @@ fuzz: setup
 	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q tests/integration/test_fuzz_proxy.py
 
 # The seven benchmarks of docs/benchmarks.md (under 10 minutes), against Apache Kafka (Java and
-# Maven for its jars) where they compare with a broker; figures in bench/results/latest.md
-bench: setup java-deps
+# Maven for its jars) where they compare with a broker, and with HAProxy in front of it as the
+# floor; figures in bench/results/latest.md
+bench: setup java-deps haproxy
 	$(BIN)/python bench/run_all.py
 
 clean:

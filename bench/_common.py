@@ -1,10 +1,18 @@
-"""What the benchmarks share: the broker (Apache Kafka or Tansu), a `kvproxy serve` process, CPU
-and memory readings, alternating runs and the results file.
+"""What the benchmarks share: the broker (Apache Kafka or Tansu), a `kvproxy serve` process, the
+floor (HAProxy in TCP mode in front of the same broker), CPU and memory readings, alternating runs
+and the results file.
 
 Every benchmark compares kvproxy with a baseline measured in the same run (these machines are
 noisy): it alternates the variants run by run and reports medians and ratios. Each one writes its
 figures to `bench/results/<name>.json`; `bench/run_all.py` collects them into
 `bench/results/latest.md`.
+
+The floor is what any proxy pays: HAProxy copying bytes in TCP mode, reading none. With
+`upstream("kafka", floor=True)` the broker gets a second listener, FLOOR, whose advertised port is
+HAProxy's, and HAProxy relays to that listener's real port: a client bootstrapped at HAProxy is
+sent back to HAProxy by every Metadata answer, so all its requests pass through it, while direct
+and kvproxy clients keep using the first listener. Tansu advertises one address, so it has no
+floor.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -22,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +41,7 @@ from confluent_kafka.admin import AdminClient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.harness.kafka_broker import KAFKA_4, run_kafka  # noqa: E402
+from tests.harness.kafka_broker import KAFKA_4, Listener, run_kafka  # noqa: E402
 from tests.harness.proxy import free_port_range  # noqa: E402
 from tests.harness.tansu import TansuServer, create_topic, free_port, run_tansu  # noqa: E402
 
@@ -40,14 +49,24 @@ __all__ = [
     "ROOT",
     "UPSTREAMS",
     "BrokerUnderTest",
+    "FloorRow",
+    "HAProxyProcess",
     "ProxyProcess",
+    "RelayProcess",
     "add_upstream_option",
+    "against_floor",
     "alternate",
     "create_topic",
+    "floor_difference",
+    "floor_table",
     "free_port",
+    "haproxy_config",
     "machine",
     "median",
+    "metadata_brokers",
+    "print_floor",
     "run_tansu",
+    "start_haproxy",
     "start_proxy",
     "tansu",
     "upstream",
@@ -85,13 +104,15 @@ UPSTREAMS = ("kafka", "tansu")
 class BrokerUnderTest:
     """The broker a benchmark measures against: where clients reach it, what it is, its process.
 
-    `label` names it in printed tables ("Kafka" or "Tansu"), `version` in the results file."""
+    `label` names it in printed tables ("Kafka" or "Tansu"), `version` in the results file;
+    `floor` is HAProxy in front of it when asked for and the broker can have one."""
 
     kind: str
     label: str
     version: str
     bootstrap: str
     process: psutil.Process
+    floor: HAProxyProcess | None = None
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the broker process so far."""
@@ -123,18 +144,44 @@ def add_upstream_option(parser: Any) -> None:
     )
 
 
+FLOOR_LISTENER = "FLOOR"
+"""The broker listener HAProxy relays to; its advertised port is HAProxy's."""
+
+
 @contextlib.contextmanager
-def upstream(kind: str = "kafka") -> Iterator[BrokerUnderTest]:
+def upstream(kind: str = "kafka", *, floor: bool = False) -> Iterator[BrokerUnderTest]:
     """A fresh broker on loopback for one benchmark: Apache Kafka KAFKA_4 (one combined KRaft
-    node, log directory in a temporary directory removed afterwards) or Tansu in memory."""
+    node, log directory in a temporary directory removed afterwards) or Tansu in memory.
+
+    `floor`: HAProxy in front of Kafka on a second listener (the module docstring), checked to be
+    what Metadata names through it; Tansu gets none (it advertises one address), which is said.
+    """
     if kind == "kafka":
-        with run_kafka(KAFKA_4) as cluster:
+        floor_port = free_port()
+        listeners = [Listener("PLAINTEXT")]
+        if floor:
+            listeners.append(Listener(FLOOR_LISTENER, advertised_port=floor_port))
+        with contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(run_kafka(KAFKA_4, listeners=tuple(listeners)))
             node = cluster.brokers[0]
             assert node.proc is not None
+            relay = None
+            if floor:
+                backend = f"{HOST}:{node.ports[FLOOR_LISTENER]}"
+                relay = stack.enter_context(start_haproxy(floor_port, backend))
+                named = {(host, port) for _, host, port in metadata_brokers(floor_port)}
+                if named != {(HOST, floor_port)}:
+                    raise RuntimeError(f"Metadata through HAProxy names {named}, not HAProxy")
             yield BrokerUnderTest(
-                "kafka", "Kafka", KAFKA_4, cluster.bootstrap, psutil.Process(node.proc.pid)
+                "kafka", "Kafka", KAFKA_4, cluster.bootstrap, psutil.Process(node.proc.pid), relay
             )
     elif kind == "tansu":
+        if floor:
+            print(
+                "haproxy variant left out: Tansu advertises one address (its own), so Metadata "
+                "cannot send clients back through HAProxy; run with --upstream kafka for the floor",
+                flush=True,
+            )
         with tansu() as server:
             assert server.proc is not None
             yield BrokerUnderTest(
@@ -145,8 +192,9 @@ def upstream(kind: str = "kafka") -> Iterator[BrokerUnderTest]:
 
 
 @dataclass
-class ProxyProcess:
-    """A running `kvproxy serve` and where clients reach it."""
+class RelayProcess:
+    """A process in front of the broker (kvproxy, HAProxy), where clients reach it, and its CPU
+    and memory over it and its child processes (psutil counts every thread of a process)."""
 
     process: subprocess.Popen[bytes]
     port: int
@@ -161,7 +209,7 @@ class ProxyProcess:
         return f"{HOST}:{self.port}"
 
     def processes(self) -> list[psutil.Process]:
-        """The proxy and its workers (`--workers N`)."""
+        """The process and its children (kvproxy's workers with `--workers N`)."""
         try:
             return [self._ps, *self._ps.children(recursive=True)]
         except psutil.NoSuchProcess:
@@ -185,8 +233,18 @@ class ProxyProcess:
         return total
 
 
+@dataclass
+class ProxyProcess(RelayProcess):
+    """A running `kvproxy serve` and where clients reach it."""
+
+
+@dataclass
+class HAProxyProcess(RelayProcess):
+    """A running HAProxy in TCP mode (the floor) and where clients reach it."""
+
+
 def _answers_api_versions(port: int) -> bool:
-    """True when the proxy relays an ApiVersions v0 request and answers it."""
+    """True when a relay (kvproxy, HAProxy) passes an ApiVersions v0 request on and answers it."""
     request = struct.pack(">hhih", 18, 0, 1, 5) + b"bench"
     try:
         with socket.create_connection((HOST, port), timeout=2) as sock:
@@ -247,6 +305,205 @@ def start_proxy(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(5)
+
+
+HAPROXY_CONFIG = """\
+# The floor: HAProxy in TCP mode relaying to one broker listener, copying bytes and reading none.
+# Defaults otherwise (threads, buffers, no splicing): what any proxy pays, not a tuned relay.
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 10m
+    timeout server 10m
+
+frontend floor
+    bind {host}:{port}
+    default_backend broker
+
+backend broker
+    server broker {server}
+"""
+"""Idle connections are cut after 10 minutes, as Kafka's own `connections.max.idle.ms` does."""
+
+
+def haproxy_config(port: int, server: str) -> str:
+    """HAProxy's configuration: TCP mode on HOST:`port`, one backend server `server` (host:port)."""
+    return HAPROXY_CONFIG.format(host=HOST, port=port, server=server)
+
+
+def haproxy_binary() -> str:
+    """Where `haproxy` is (Debian puts it in /usr/sbin, off a non-root user's PATH)."""
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        raise RuntimeError(
+            "haproxy is not installed: `make bench` installs it "
+            "(apt-get install -y --no-install-recommends haproxy)"
+        )
+    return found
+
+
+@contextlib.contextmanager
+def start_haproxy(
+    port: int, server: str, *, ready_timeout: float = 20.0
+) -> Iterator[HAProxyProcess]:
+    """HAProxy in the foreground with `haproxy_config(port, server)` from a temporary directory,
+    ready once an ApiVersions request passes through it; SIGTERM (then SIGKILL) on exit."""
+    with tempfile.TemporaryDirectory(prefix="kvbench-haproxy-") as tmp:
+        config = Path(tmp) / "haproxy.cfg"
+        config.write_text(haproxy_config(port, server))
+        log_path = Path(tmp) / "haproxy.log"
+        command = [haproxy_binary(), "-db", "-f", str(config)]
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(command, stdout=log_file, stderr=log_file)
+            try:
+                relay = HAProxyProcess(process, port, config)
+                deadline = time.monotonic() + ready_timeout
+                while not _answers_api_versions(port):
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            "haproxy did not start:\n" + log_path.read_text(errors="replace")
+                        )
+                    time.sleep(0.1)
+                yield relay
+            finally:
+                process.terminate()
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+
+
+def metadata_brokers(port: int) -> list[tuple[int, str, int]]:
+    """(node id, host, port) of every broker a Metadata v1 answer (no topics) from HOST:`port`
+    names: through HAProxy, the floor listener must name HAProxy's port."""
+    request = struct.pack(">hhih", 3, 1, 2, 5) + b"bench" + struct.pack(">i", 0)
+    with socket.create_connection((HOST, port), timeout=5) as sock:
+        sock.settimeout(5)
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        answer = read_frame(sock)
+    (count,) = struct.unpack_from(">i", answer, 4)  # after the correlation id
+    offset = 8
+    brokers = []
+    for _ in range(count):
+        node_id, host_len = struct.unpack_from(">ih", answer, offset)
+        offset += 6
+        host = answer[offset : offset + host_len].decode()
+        offset += host_len
+        broker_port, rack_len = struct.unpack_from(">ih", answer, offset)
+        offset += 6 + max(rack_len, 0)
+        brokers.append((node_id, host, broker_port))
+    return brokers
+
+
+@dataclass(frozen=True)
+class FloorRow:
+    """kvproxy against HAProxy on one figure from the same run: both readings, how they compare
+    (kvproxy / HAProxy, or kvproxy - HAProxy for latencies), round by round, and the goal."""
+
+    figure: str
+    haproxy: float
+    kvproxy: float
+    comparison: str
+    """"ratio" (kvproxy / HAProxy) or "difference" (kvproxy - HAProxy)."""
+    value: float
+    per_round: tuple[float, ...]
+    goal: str | None
+    met: bool | None
+
+
+def against_floor(
+    figure: str,
+    haproxy: Sequence[float],
+    kvproxy: Sequence[float],
+    *,
+    at_most: float | None = None,
+    at_least: float | None = None,
+) -> FloorRow:
+    """kvproxy's median over HAProxy's median of one figure, with the ratio of each round's pair
+    (the runs of one round were measured next to each other)."""
+    pairs = zip(kvproxy, haproxy, strict=True)
+    return _floor_row(
+        figure,
+        median(haproxy),
+        median(kvproxy),
+        comparison="ratio",
+        value=median(kvproxy) / median(haproxy),
+        per_round=[k / h for k, h in pairs],
+        at_most=at_most,
+        at_least=at_least,
+    )
+
+
+def floor_difference(
+    figure: str,
+    haproxy: float,
+    kvproxy: float,
+    per_round: Sequence[float],
+    *,
+    at_most: float | None = None,
+) -> FloorRow:
+    """kvproxy - HAProxy of one figure (a latency percentile), with the differences per round."""
+    return _floor_row(
+        figure,
+        haproxy,
+        kvproxy,
+        comparison="difference",
+        value=kvproxy - haproxy,
+        per_round=per_round,
+        at_most=at_most,
+        at_least=None,
+    )
+
+
+def _floor_row(
+    figure: str,
+    haproxy: float,
+    kvproxy: float,
+    *,
+    comparison: str,
+    value: float,
+    per_round: Sequence[float],
+    at_most: float | None,
+    at_least: float | None,
+) -> FloorRow:
+    sign = "+" if comparison == "difference" else ""
+    if at_most is not None:
+        goal, met = f"<= {sign}{at_most:g}", value <= at_most
+    elif at_least is not None:
+        goal, met = f">= {sign}{at_least:g}", value >= at_least
+    else:
+        goal, met = None, None
+    rounds = tuple(per_round)
+    return FloorRow(figure, haproxy, kvproxy, comparison, value, rounds, goal, met)
+
+
+def _reading(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def floor_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Lines of a table of FloorRow fields (as written to a results file)."""
+    lines = [
+        f"{'':44}{'HAProxy':>9}{'kvproxy':>9}{'compared':>10}{'goal':>9}{'met':>5}  per round",
+    ]
+    for row in rows:
+        difference = row["comparison"] == "difference"
+        value = f"{row['value']:+.3f}" if difference else f"{row['value']:.2f}x"
+        rounds = " ".join(f"{x:+.3f}" if difference else f"{x:.2f}" for x in row["per_round"])
+        met = "-" if row["met"] is None else ("yes" if row["met"] else "NO")
+        lines.append(
+            f"{row['figure']:44}{_reading(row['haproxy']):>9}{_reading(row['kvproxy']):>9}"
+            f"{value:>10}{row['goal'] or '-':>9}{met:>5}  {rounds}"
+        )
+    return lines
+
+
+def print_floor(rows: Sequence[FloorRow]) -> None:
+    """The against-the-floor table of one benchmark."""
+    print("\nagainst the floor (HAProxy TCP mode, same run; compared = kvproxy / HAProxy, or")
+    print("kvproxy - HAProxy in ms for latencies)")
+    print("\n".join(floor_table([asdict(row) for row in rows])))
 
 
 def alternate(

@@ -2,9 +2,12 @@
 
 One librdkafka producer (confluent-kafka; 1 KiB records, acks=all, linger.ms=5,
 batch.size=1 MiB) sends `--mib` MiB to a fresh single-partition topic on the broker (Apache
-Kafka 4.4.0, one KRaft node, by default; Tansu in memory with `--upstream tansu`), three ways:
+Kafka 4.4.0, one KRaft node, by default; Tansu in memory with `--upstream tansu`), four ways:
 
 - `direct`: straight to the broker (the baseline);
+- `haproxy`: through HAProxy in TCP mode (the floor: a relay that reads nothing, bench/_common.py),
+  on a second listener of the broker that advertises HAProxy's port (Kafka only: Tansu advertises
+  one address, so with `--upstream tansu` this variant is left out);
 - `default`: through `kvproxy serve` with the default checks (batch_integrity, crc, timestamps,
   compacted_key);
 - `record-level`: through a second `kvproxy serve` whose `rl-*` topics are marked compacted and
@@ -35,10 +38,13 @@ first produce() to flush() returning). The ratios divide each median by direct's
 same run, which is what the targets in docs/benchmarks.md are about (>= 0.9 default, >= 0.8
 record-level); the absolute MB/s move with the machine's load; "round ratios" divide each run by
 direct's run of the same round, a second reading. "CPU s/GiB" is user + system CPU during a run
-divided by the GiB sent, for the proxy process, the broker and the producer (this process,
-librdkafka's threads included): CPU seconds per GiB / 1.07 = cores busy at 1 GB/s. Two cores are
-shared by all three, so whatever the proxy burns is taken from the broker and the producer. Figures
-go to bench/results/throughput.json.
+divided by the GiB sent, for the proxy process (HAProxy's, all its threads, for `haproxy`), the
+broker and the producer (this process, librdkafka's threads included): CPU seconds per GiB / 1.07 =
+cores busy at 1 GB/s. Two cores are shared by all three, so whatever the proxy burns is taken from
+the broker and the producer. Against the floor, each kvproxy variant's median CPU s/GiB and MB/s
+are divided by HAProxy's (goals: CPU <= 1.5x for the default checks, <= 3x record-level; MB/s
+>= 0.95x for the default checks), with the same ratio of each round's two runs beside. Figures
+go to bench/results/throughput.json (`against_floor`: those rows).
 
     .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick] [--schema]
         [--upstream kafka|tansu]
@@ -66,9 +72,13 @@ from _common import (
     RECORD_LEVEL_RULE,
     ROOT,
     BrokerUnderTest,
+    FloorRow,
     ProxyProcess,
+    RelayProcess,
     add_upstream_option,
+    against_floor,
     median,
+    print_floor,
     start_proxy,
     upstream,
     write_results,
@@ -84,6 +94,10 @@ WARM_UP_MIB = 4
 FLUSH_TIMEOUT = 120.0
 RECORD_LEVEL_PREFIX = "rl-"
 TARGETS = {"default": 0.9, "record-level": 0.8}
+FLOOR_CPU_GOALS = {"default": 1.5, "record-level": 3.0}
+"""kvproxy's CPU s/GiB over HAProxy's, at most (issue 30)."""
+FLOOR_THROUGHPUT_GOALS = {"default": 0.95}
+"""kvproxy's MB/s over HAProxy's, at least (issue 30)."""
 SCHEMA_PREFIX = "sc-"
 SCHEMA_TARGET = 0.9
 """`schema` (ids only) against `default`, same run."""
@@ -345,7 +359,7 @@ class VariantRun:
 def measure(
     variant: str,
     broker: BrokerUnderTest,
-    proxy: ProxyProcess | None,
+    proxy: RelayProcess | None,
     *,
     records: int,
     label: str,
@@ -440,6 +454,35 @@ def print_table(
     )
 
 
+def floor_rows(runs: dict[str, list[VariantRun]]) -> list[FloorRow]:
+    """Each kvproxy variant against `haproxy` in the same run: CPU s/GiB and MB/s ratios."""
+
+    def cpu(name: str) -> list[float]:
+        return [r.proxy_cpu_s_per_gib or float("nan") for r in runs[name]]
+
+    rows = []
+    for name in ("default", "record-level", "schema"):
+        if name not in runs:
+            continue
+        rows.append(
+            against_floor(
+                f"throughput, {name}: CPU s/GiB",
+                cpu("haproxy"),
+                cpu(name),
+                at_most=FLOOR_CPU_GOALS.get(name),
+            )
+        )
+        rows.append(
+            against_floor(
+                f"throughput, {name}: MB/s",
+                [r.mb_per_s for r in runs["haproxy"]],
+                [r.mb_per_s for r in runs[name]],
+                at_least=FLOOR_THROUGHPUT_GOALS.get(name),
+            )
+        )
+    return rows
+
+
 def schema_vs_default(runs: dict[str, list[VariantRun]]) -> dict[str, Any]:
     """`schema` against `default` in the same run: medians and round by round."""
     schema_mbs = median([r.mb_per_s for r in runs["schema"]])
@@ -488,24 +531,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     print(
         f"throughput: {records:,} records of {RECORD_BYTES} B ({args.mib:g} MiB) per run, "
-        f"{args.rounds} rounds of direct / default / record-level" + " / schema" * args.schema,
+        f"{args.rounds} rounds of direct / haproxy / default / record-level"
+        + " / schema"
+        * args.schema,
         flush=True,
     )
     source = announce_source()
-    runs: dict[str, list[VariantRun]] = {"direct": [], "default": [], "record-level": []}
     values: dict[str, list[bytes]] = {}
     schema_extra: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(upstream(args.upstream))
+        broker = stack.enter_context(upstream(args.upstream, floor=True))
         print(f"broker: {broker.label} {broker.version} at {broker.bootstrap}", flush=True)
         default_proxy = stack.enter_context(start_proxy(broker.bootstrap))
         rule = RECORD_LEVEL_RULE.format(pattern=f"{RECORD_LEVEL_PREFIX}*")
         record_proxy = stack.enter_context(start_proxy(broker.bootstrap, rules=rule))
-        proxies: dict[str, ProxyProcess | None] = {
-            "direct": None,
-            "default": default_proxy,
-            "record-level": record_proxy,
-        }
+        proxies: dict[str, RelayProcess | None] = {"direct": None}
+        if broker.floor is not None:
+            print(f"haproxy (the floor) at {broker.floor.bootstrap}", flush=True)
+            proxies["haproxy"] = broker.floor
+        proxies.update({"default": default_proxy, "record-level": record_proxy})
+        runs: dict[str, list[VariantRun]] = {name: [] for name in proxies}
         refusal = check_policies_active(broker, record_proxy)
         print(f"record-level proxy refuses a non-JSON value: {refusal}", flush=True)
         if args.schema:
@@ -568,6 +613,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         schema_extra["schema_vs_default"] = schema_vs_default(runs)
         schema_extra["registry_requests_after_rounds"] = len(registry.requests)
         print_schema_ratio(schema_extra)
+    floor = floor_rows(runs) if "haproxy" in runs else []
+    if floor:
+        print_floor(floor)
     print(f"\ntook {elapsed:.0f} s")
     results: dict[str, Any] = {
         "settings": {
@@ -587,6 +635,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "record_level_refusal": refusal,
         "runs": {name: [asdict(r) for r in variant_runs] for name, variant_runs in runs.items()},
         "summary": summary,
+        "against_floor": [asdict(row) for row in floor],
         "elapsed_seconds": round(elapsed, 1),
     }
     if args.schema:

@@ -194,10 +194,14 @@ def metadata_broker_ids(host: str, port: int, timeout: float = 1.0) -> set[int]:
 
 @dataclass(frozen=True)
 class Listener:
-    """A client listener: its name (``PLAINTEXT``, ``SASL_SSL``, ...) and security protocol."""
+    """A client listener: its name (``PLAINTEXT``, ``SASL_SSL``, ...) and security protocol.
+
+    ``advertised_port``: the port Metadata names for this listener instead of its own (a relay
+    listening there in front of it, so that every request of its clients passes through it)."""
 
     name: str
     protocol: str = "PLAINTEXT"
+    advertised_port: int | None = None
 
 
 @dataclass
@@ -256,7 +260,8 @@ class KafkaNode:
         if self.is_broker:
             for listener in self.listeners:
                 listeners.append(f"{listener.name}://{HOST}:{self.ports[listener.name]}")
-                advertised.append(f"{listener.name}://{HOST}:{self.ports[listener.name]}")
+                shown = listener.advertised_port or self.ports[listener.name]
+                advertised.append(f"{listener.name}://{HOST}:{shown}")
                 protocols[listener.name] = listener.protocol
         settings = {
             "process.roles": self.roles,
