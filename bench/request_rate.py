@@ -9,15 +9,22 @@ must then hold all N records (`check_stored`); through the proxy, its
 `kvproxy_requests_total{api="produce"}` counter must have grown by N. Any error fails the
 benchmark.
 
-Direct and proxied runs alternate (fixed duration each, default 10 s) after an unmeasured
+A third side, `haproxy`, sends the same load through HAProxy in TCP mode (the floor: a relay that
+reads nothing, bench/_common.py) on a second listener of the broker that advertises HAProxy's
+port, so the leader's address the client is given is HAProxy's (Kafka only: Tansu advertises one
+address, so with `--upstream tansu` it is left out).
+
+Direct, haproxy and proxied runs alternate (fixed duration each, default 10 s) after an unmeasured
 `--warmup` run of each; the figures are medians of 3 rounds. How to read it: `ratio` = proxied
-requests/s / direct requests/s, target >= 0.8 (docs/benchmarks.md, "Results against the
-targets"); `proxy CPU` is the proxy's user+system CPU seconds per 100,000 requests, `broker CPU`
-the broker's, for scale. The broker is Apache Kafka 4.4.0 (one KRaft node) unless `--upstream
-tansu` asks for Tansu. `client CPU` is the load generator's share of a core: well below 1 means it
-waits on the server, so the server side sets the figure. One client process is the default: on
-a 2-core machine, more processes only take CPU from the servers (four processes measured a lower
-direct rate than one, on Tansu).
+requests/s / direct requests/s, target >= 0.8 (docs/benchmarks.md, "Results against the targets");
+`proxy CPU` is the proxy's user+system CPU seconds per 100,000 requests (HAProxy's the same way,
+over all its threads), `broker CPU` the broker's, for scale. Against the floor: kvproxy's median
+CPU per request over HAProxy's (goal <= 2), and each round's pair; requests per CPU second is the
+other way to read the same figure. The broker is Apache Kafka 4.4.0 (one KRaft node) unless
+`--upstream tansu` asks for Tansu. `client CPU` is the load generator's share of a core: well below
+1 means it waits on the server, so the server side sets the figure. One client process is the
+default: on a 2-core machine, more processes only take CPU from the servers (four processes
+measured a lower direct rate than one, on Tansu).
 
     .venv/bin/python bench/request_rate.py [--seconds 10] [--rounds 3] [--connections 4]
         [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--warmup 3] [--quick]
@@ -42,7 +49,7 @@ import time
 import urllib.request
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -56,10 +63,13 @@ from kio.static.primitive import i16, i32, i32Timedelta
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    FloorRow,
     ProxyProcess,
     add_upstream_option,
+    against_floor,
     alternate,
     median,
+    print_floor,
     start_proxy,
     upstream,
     write_results,
@@ -72,6 +82,8 @@ PRODUCE = 0
 PRODUCE_VERSION = 9
 """Flexible Produce (kafka-python sends v9, librdkafka 2.16 v10: the same layout for this use)."""
 CLIENT_ID = "kvbench"
+CPU_PER_REQUEST_GOAL = 2.0
+"""kvproxy's CPU per request over HAProxy's, at most (issue 30)."""
 
 
 class BenchmarkError(RuntimeError):
@@ -523,17 +535,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.seconds, args.rounds, args.warmup = 2.0, 1, 1.0
     began = time.monotonic()
 
-    with upstream(args.upstream) as server, start_proxy(server.bootstrap) as proxy:
+    with upstream(args.upstream, floor=True) as server, start_proxy(server.bootstrap) as proxy:
         broker = server.bootstrap
         url = metrics_url(proxy)
         broker_process = server.process
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
+        bootstraps = {"direct": broker, "proxy": proxy.bootstrap}
+        relays = {"proxy": proxy}
+        if server.floor is not None:
+            bootstraps = {"direct": broker, "haproxy": server.floor.bootstrap, **bootstraps}
+            relays["haproxy"] = server.floor
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in bootstraps}
 
         def one_run(side: str, round_index: int, seconds: float = args.seconds) -> float:
             topic = server.create_topic(f"rate-{side}-r{round_index + 1}")  # warm-up: r0
-            host, port = leader_address(broker if side == "direct" else proxy.bootstrap, topic)
+            host, port = leader_address(bootstraps[side], topic)
             produce_before = metric(url, "kvproxy_requests_total", {"api": "produce"})
-            cpu_before = proxy.cpu_seconds()
+            relay = relays.get(side)
+            relay_before = relay.cpu_seconds() if relay else 0.0
             broker_before = cpu_seconds(broker_process)
             result = run_load(
                 host,
@@ -545,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 record_bytes=args.record_bytes,
                 processes=args.client_processes,
             )
-            proxy_cpu = proxy.cpu_seconds() - cpu_before
+            relay_cpu = relay.cpu_seconds() - relay_before if relay else 0.0
             broker_cpu = cpu_seconds(broker_process) - broker_before
             check_offsets(result.offsets, result.answered)
             stored = check_stored(broker, topic, result.answered)
@@ -564,9 +582,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "client_cpu_share": result.client_cpu_seconds / result.seconds,
                 "broker_cpu_s_per_100k": broker_cpu / result.answered * 100_000,
             }
+            if relay is not None:  # "proxy_cpu_..." for kvproxy, "haproxy_cpu_..." for HAProxy
+                figures[f"{side}_cpu_seconds"] = relay_cpu
+                figures[f"{side}_cpu_s_per_100k"] = relay_cpu / result.answered * 100_000
+                figures["requests_per_cpu_s"] = (
+                    result.answered / relay_cpu if relay_cpu > 0 else float("nan")
+                )
             if side == "proxy":
-                figures["proxy_cpu_seconds"] = proxy_cpu
-                figures["proxy_cpu_s_per_100k"] = proxy_cpu / result.answered * 100_000
                 figures["proxy_counted_produce_requests"] = relayed
             runs[side].append(figures)
             return result.rate
@@ -582,10 +604,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             side_runs.clear()
         rates = alternate(
             args.rounds,
-            {
-                "direct req/s": lambda i: one_run("direct", i),
-                "proxy req/s": lambda i: one_run("proxy", i),
-            },
+            {f"{side} req/s": lambda i, side=side: one_run(side, i) for side in runs},
         )
 
     direct = median(rates["direct req/s"])
@@ -606,7 +625,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "proxy_cpu_s_per_100k_requests": cpu_per_100k,
         "client_cpu_share": client_share,
         "broker_cpu_s_per_100k_requests": broker_per_100k,
+        "proxy_requests_per_cpu_s": median([r["requests_per_cpu_s"] for r in runs["proxy"]]),
     }
+    floor = floor_rows(runs) if "haproxy" in runs else []
+    if floor:
+        summary["haproxy_requests_per_s"] = median(rates["haproxy req/s"])
+        summary["haproxy_cpu_s_per_100k_requests"] = floor[0].haproxy
+        summary["haproxy_requests_per_cpu_s"] = median(
+            [r["requests_per_cpu_s"] for r in runs["haproxy"]]
+        )
     settings = {
         "seconds": args.seconds,
         "rounds": args.rounds,
@@ -625,13 +652,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print()
     print(f"{'direct to ' + server.label:16}: {direct:10,.0f} requests/s (median of {args.rounds})")
+    if floor:
+        print(f"through HAProxy : {summary['haproxy_requests_per_s']:10,.0f} requests/s")
     print(f"through kvproxy : {proxied:10,.0f} requests/s")
     print(
         f"ratio           : {proxied / direct:10.2f}   (target >= 0.8; per round: "
         + ", ".join(f"{r:.2f}" for r in ratios)
         + ")"
     )
-    print(f"proxy CPU       : {cpu_per_100k:10.2f} s per 100k requests")
+    print(
+        f"proxy CPU       : {cpu_per_100k:10.2f} s per 100k requests, "
+        f"{summary['proxy_requests_per_cpu_s']:,.0f} requests per CPU second"
+    )
+    if floor:
+        print(
+            f"HAProxy CPU     : {summary['haproxy_cpu_s_per_100k_requests']:10.2f} s per 100k "
+            f"requests, {summary['haproxy_requests_per_cpu_s']:,.0f} requests per CPU second"
+        )
     print(
         f"{server.label + ' CPU':16}: {broker_per_100k['direct']:10.2f} s per 100k requests "
         f"direct, {broker_per_100k['proxy']:.2f} through the proxy"
@@ -641,12 +678,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"(proxy) cores over {settings['client_processes']} client processes"
     )
     print("every request acknowledged without error; stored records = acknowledged requests")
+    if floor:
+        print_floor(floor)
     print(f"took {elapsed:.0f} s")
+    rows = [asdict(row) for row in floor]
     write_results(
         "request_rate",
-        {"settings": settings, "runs": runs, "summary": summary, "elapsed_seconds": elapsed},
+        {
+            "settings": settings,
+            "runs": runs,
+            "summary": summary,
+            "against_floor": rows,
+            "elapsed_seconds": elapsed,
+        },
     )
-    return {"settings": settings, "runs": runs, "summary": summary}
+    return {"settings": settings, "runs": runs, "summary": summary, "against_floor": rows}
+
+
+def floor_rows(runs: dict[str, list[dict[str, Any]]]) -> list[FloorRow]:
+    """kvproxy against HAProxy in the same run: CPU per request (the goal) and requests/s."""
+    return [
+        against_floor(
+            "request rate: CPU s per 100k requests",
+            [r["haproxy_cpu_s_per_100k"] for r in runs["haproxy"]],
+            [r["proxy_cpu_s_per_100k"] for r in runs["proxy"]],
+            at_most=CPU_PER_REQUEST_GOAL,
+        ),
+        against_floor(
+            "request rate: requests/s",
+            [r["requests_per_s"] for r in runs["haproxy"]],
+            [r["requests_per_s"] for r in runs["proxy"]],
+        ),
+    ]
 
 
 if __name__ == "__main__":
