@@ -15,19 +15,26 @@ consecutive, and the broker must hold every delivered record at the end; through
 `kvproxy_produce_records_total{outcome="accepted"}` counter must have grown by the number
 delivered. Any error fails the benchmark.
 
-The two sides are interleaved to be fair under noise: slices of `--seconds / --slices` seconds
-(default 3 slices of 10 s per side, 30 s each), direct then proxy, each slice preceded by a
-warm-up second whose records are not counted. Both producers stay connected for the whole run.
+A third side, `haproxy`, produces through HAProxy in TCP mode (the floor: a relay that reads
+nothing, bench/_common.py) on a second listener of the broker that advertises HAProxy's port, so
+every request passes through it (Kafka only: Tansu advertises one address, so with `--upstream
+tansu` it is left out).
+
+The sides are interleaved to be fair under noise: slices of `--seconds / --slices` seconds
+(default 3 slices of 10 s per side, 30 s each), direct, haproxy, then proxy, each slice preceded by
+a warm-up second whose records are not counted. The producers stay connected for the whole run.
 
 A second, shorter part measures the floor: one raw Produce request (one 1 KiB record) at a time on
 one connection, send to answer, `--round-trips` of them per side (default 3,000, after 200 not
-counted), direct and proxy alternating twice. At 5,000 records/s Tansu itself is near its limit on
+counted), the sides alternating twice. At 5,000 records/s Tansu itself is near its limit on
 this machine, which dominates its paced figures; one request at a time shows what the proxy's
 two extra hops and its own work add when nothing else is queued.
 
 How to read it: p50/p99/p99.9 of each side over all its slices, and the added latency (proxy minus
 direct at each percentile); targets (docs/benchmarks.md, "Results against the targets"): added
-p50 <= 0.2 ms, added p99 <= 1 ms. `achieved` is the measured produce() rate and `send lag` how
+p50 <= 0.2 ms, added p99 <= 1 ms. Against the floor: kvproxy minus HAProxy at p50 and p99 of the
+paced slices (goals <= +0.1 ms and <= +0.5 ms), per slice beside, and the same for one request at
+a time (no goal). `achieved` is the measured produce() rate and `send lag` how
 late the calls were against their schedule (a late record is measured from its actual call).
 
     .venv/bin/python bench/latency.py [--rate 5000] [--seconds 30] [--slices 3] [--warmup 1]
@@ -44,6 +51,7 @@ import threading
 import time
 from array import array
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +59,16 @@ from confluent_kafka import KafkaError, Message, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_upstream_option, median, start_proxy, upstream, write_results
+from _common import (
+    FloorRow,
+    add_upstream_option,
+    floor_difference,
+    median,
+    print_floor,
+    start_proxy,
+    upstream,
+    write_results,
+)
 from request_rate import (
     AnswerCheck,
     BenchmarkError,
@@ -65,6 +82,8 @@ from request_rate import (
 
 PERCENTILES = {"p50": 0.50, "p99": 0.99, "p99.9": 0.999}
 TARGETS_MS = {"p50": 0.2, "p99": 1.0}
+FLOOR_GOALS_MS = {"p50": 0.1, "p99": 0.5}
+"""kvproxy's latency minus HAProxy's at a fixed rate, at most (issue 30)."""
 
 
 class PacedProducer:
@@ -222,14 +241,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     slice_seconds = args.seconds / args.slices
     began = time.monotonic()
 
-    with upstream(args.upstream) as server, start_proxy(server.bootstrap) as proxy:
+    with upstream(args.upstream, floor=True) as server, start_proxy(server.bootstrap) as proxy:
         broker = server.bootstrap
         url = metrics_url(proxy)
+        bootstraps = {"direct": broker, "proxy": proxy.bootstrap}
+        if server.floor is not None:
+            bootstraps = {"direct": broker, "haproxy": server.floor.bootstrap, **bootstraps}
         producers: dict[str, PacedProducer] = {}
-        slices: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
-        pooled: dict[str, list[float]] = {"direct": [], "proxy": []}
+        slices: dict[str, list[dict[str, Any]]] = {side: [] for side in bootstraps}
+        pooled: dict[str, list[float]] = {side: [] for side in bootstraps}
         try:
-            for side, bootstrap in (("direct", broker), ("proxy", proxy.bootstrap)):
+            for side, bootstrap in bootstraps.items():
                 topic = server.create_topic(f"latency-{side}")
                 producers[side] = PacedProducer(bootstrap, topic, args.record_bytes)
             print(
@@ -242,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for index in range(args.slices):
                 for side, producer in producers.items():
                     cpu_before, clock_before = proxy.cpu_seconds(), time.perf_counter()
+                    floor_before = server.floor.cpu_seconds() if server.floor else 0.0
                     result = producer.paced(args.rate, slice_seconds, args.warmup)
                     clock = time.perf_counter() - clock_before
                     latencies = result.pop("latencies")
@@ -251,9 +274,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         **{f"{k}_ms": v for k, v in percentiles_ms(latencies).items()},
                         "proxy_cpu_share": (proxy.cpu_seconds() - cpu_before) / clock,
                     }
+                    if server.floor is not None:
+                        floor_cpu = server.floor.cpu_seconds() - floor_before
+                        figures["haproxy_cpu_share"] = floor_cpu / clock
                     slices[side].append(figures)
                     print(
-                        f"  slice {index + 1}/{args.slices} {side:6}: "
+                        f"  slice {index + 1}/{args.slices} {side:7}: "
                         + "  ".join(f"{k} {figures[f'{k}_ms']:.3f}" for k in PERCENTILES)
                         + f" ms; {result['achieved_rate']:,.0f}/s sent, "
                         f"send lag p99 {result['send_lag_p99_ms']:.3f} ms",
@@ -271,10 +297,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             proxied = producers["proxy"].delivered
             if accepted != proxied:
                 raise BenchmarkError(f"the proxy accepted {accepted:.0f} records, {proxied} sent")
-            trips: dict[str, list[float]] = {"direct": [], "proxy": []}
+            trips: dict[str, list[float]] = {side: [] for side in bootstraps}
             trip_topics = {s: server.create_topic(f"latency-rt-{s}") for s in trips}
             for _ in range(2):
-                for side, bootstrap in (("direct", broker), ("proxy", proxy.bootstrap)):
+                for side, bootstrap in bootstraps.items():
                     trips[side] += round_trips(bootstrap, trip_topics[side], args.round_trips)
         finally:
             for producer in producers.values():
@@ -308,6 +334,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "one_at_a_time_ms": unloaded,
         "one_at_a_time_added_ms": unloaded_added,
     }
+    floor = floor_rows(overall, slices, unloaded) if "haproxy" in slices else []
+    if floor:
+        summary["haproxy_cpu_share_during_haproxy_slices"] = median(
+            [s["haproxy_cpu_share"] for s in slices["haproxy"]]
+        )
     settings = {
         "rate": args.rate,
         "seconds_per_side": args.seconds,
@@ -325,10 +356,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print()
     print(
         f"{'ms':16}{'p50':>9}{'p99':>9}{'p99.9':>9}   "
-        f"({samples['direct']:,} / {samples['proxy']:,} records)"
+        f"({' / '.join(f'{n:,}' for n in samples.values())} records)"
     )
-    for name, side in ((f"direct to {server.label}", "direct"), ("through kvproxy", "proxy")):
-        print(f"{name:16}" + "".join(f"{overall[side][k]:9.3f}" for k in PERCENTILES))
+    shown = {"direct": f"direct to {server.label}", "haproxy": "through HAProxy"}
+    shown["proxy"] = "through kvproxy"
+    for side in overall:
+        print(f"{shown[side]:16}" + "".join(f"{overall[side][k]:9.3f}" for k in PERCENTILES))
     print(f"{'added':16}" + "".join(f"{added[k]:9.3f}" for k in PERCENTILES))
     print(f"{'target (added)':16}{'<= 0.2':>9}{'<= 1':>9}{'-':>9}")
     print(
@@ -345,22 +378,66 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{max(lag.values()):.3f} ms"
     )
     print(
-        f"records/request : {per_request['direct']:.2f} direct, {per_request['proxy']:.2f} "
-        "through the proxy (librdkafka batches what queues up)"
+        f"records/request : {per_request['direct']:.2f} direct, "
+        + (f"{per_request['haproxy']:.2f} through HAProxy, " if floor else "")
+        + f"{per_request['proxy']:.2f} through the proxy (librdkafka batches what queues up)"
     )
     print(f"proxy CPU       : {proxy_share:.2f} of a core during the proxy slices")
+    if floor:
+        print(
+            f"HAProxy CPU     : {summary['haproxy_cpu_share_during_haproxy_slices']:.2f} of a core "
+            "during the haproxy slices"
+        )
     print(f"\none request at a time ({len(trips['direct']):,} per side, 1 KiB record, raw client)")
     print(f"{'ms':16}{'p50':>9}{'p99':>9}{'p99.9':>9}")
-    for name, side in ((f"direct to {server.label}", "direct"), ("through kvproxy", "proxy")):
-        print(f"{name:16}" + "".join(f"{unloaded[side][k]:9.3f}" for k in PERCENTILES))
+    for side in unloaded:
+        print(f"{shown[side]:16}" + "".join(f"{unloaded[side][k]:9.3f}" for k in PERCENTILES))
     print(f"{'added':16}" + "".join(f"{unloaded_added[k]:9.3f}" for k in PERCENTILES))
     print("every record delivered without error; stored records = delivered records")
+    if floor:
+        print_floor(floor)
     print(f"took {elapsed:.0f} s")
+    rows = [asdict(row) for row in floor]
     write_results(
         "latency",
-        {"settings": settings, "slices": slices, "summary": summary, "elapsed_seconds": elapsed},
+        {
+            "settings": settings,
+            "slices": slices,
+            "summary": summary,
+            "against_floor": rows,
+            "elapsed_seconds": elapsed,
+        },
     )
-    return {"settings": settings, "slices": slices, "summary": summary}
+    return {"settings": settings, "slices": slices, "summary": summary, "against_floor": rows}
+
+
+def floor_rows(
+    overall: dict[str, dict[str, float]],
+    slices: dict[str, list[dict[str, Any]]],
+    unloaded: dict[str, dict[str, float]],
+) -> list[FloorRow]:
+    """kvproxy minus HAProxy at p50 and p99: paced (per slice beside, the goals), then one
+    request at a time (no goal: a reading of what each relay adds when nothing is queued)."""
+    rows = [
+        floor_difference(
+            f"latency, paced: {k} ms",
+            overall["haproxy"][k],
+            overall["proxy"][k],
+            [
+                p[f"{k}_ms"] - h[f"{k}_ms"]
+                for h, p in zip(slices["haproxy"], slices["proxy"], strict=True)
+            ],
+            at_most=FLOOR_GOALS_MS[k],
+        )
+        for k in FLOOR_GOALS_MS
+    ]
+    rows += [
+        floor_difference(
+            f"latency, one at a time: {k} ms", unloaded["haproxy"][k], unloaded["proxy"][k], []
+        )
+        for k in FLOOR_GOALS_MS
+    ]
+    return rows
 
 
 if __name__ == "__main__":
