@@ -17,7 +17,7 @@ import sys
 from array import array
 from dataclasses import dataclass
 
-from kvproxy.protocol.errors import BufferUnderflow, DecodeError, NegativeSize
+from kvproxy.protocol.errors import BufferUnderflow, DecodeError, NegativeSize, ProtocolError
 from kvproxy.protocol.headers import (
     read_request_header,
     read_unsigned_varint,
@@ -25,7 +25,13 @@ from kvproxy.protocol.headers import (
     skip_tagged_fields,
 )
 
-__all__ = ["LAST_SCANNED_VERSION", "ProduceShape", "refusal_answer", "scan_produce"]
+__all__ = [
+    "LAST_SCANNED_VERSION",
+    "ProduceShape",
+    "answer_names_nodes",
+    "refusal_answer",
+    "scan_produce",
+]
 
 LAST_SCANNED_VERSION = 12
 """Produce v13 names topics by id; the proxy offers up to v12."""
@@ -34,6 +40,9 @@ _FIRST_TRANSACTIONAL = 3
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _INDEX_AND_LENGTH = struct.Struct(">ii")
+_ANSWER_PARTITION_FIXED = 4 + 2 + 8 + 8 + 8
+"""A flexible Produce answer's partition before its record errors: index, error code, base
+offset, log append time, log start offset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,33 @@ def scan_produce(
         tuple(topics),
         first_topic=first,
     )
+
+
+def answer_names_nodes(frame: bytes | memoryview) -> bool:
+    """Whether a flexible Produce answer (v9-v12) may name brokers: its top-level tagged fields,
+    where v10+ puts `node_endpoints`, are not empty, or its bytes do not read as such an answer
+    (then the codec reads it and says what is wrong). False: the answer has nothing the proxy
+    rewrites and reaches the client as the broker wrote it."""
+    buf = memoryview(frame)
+    try:
+        offset = skip_tagged_fields(buf, _check(buf, _INT32.size))  # correlation id, header tags
+        topics, offset = _array_length(buf, offset, True)
+        for _ in range(topics):
+            offset = _skip_string(buf, offset, True)
+            partitions, offset = _array_length(buf, offset, True)
+            for _ in range(partitions):
+                offset = _check(buf, offset + _ANSWER_PARTITION_FIXED)
+                errors, offset = _array_length(buf, offset, True)
+                for _ in range(errors):  # batch index, its message, tagged fields
+                    offset = _skip_string(buf, _check(buf, offset + _INT32.size), True)
+                    offset = skip_tagged_fields(buf, offset)
+                offset = _skip_string(buf, offset, True)  # error message
+                offset = skip_tagged_fields(buf, offset)  # current_leader (v10+)
+            offset = skip_tagged_fields(buf, offset)
+        tags, end = read_unsigned_varint(buf, _check(buf, offset + _INT32.size))  # throttle time
+    except ProtocolError:
+        return True
+    return tags != 0 or end != len(buf)
 
 
 def refusal_answer(shape: ProduceShape, error_code: int, message: str | None) -> bytes:

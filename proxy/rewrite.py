@@ -35,6 +35,7 @@ from kvproxy.protocol.messages import (
     make_response,
     supported_versions,
 )
+from kvproxy.protocol.produce_shape import answer_names_nodes
 
 SASL_HANDSHAKE: Final = 17
 NodeAddress = tuple[str, int]
@@ -234,8 +235,11 @@ def rewrite_response(
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """The frame with proxy addresses (or trimmed versions), and the node addresses it named.
 
-    An unchanged body is returned as the original bytes, so the common case costs one decode.
+    An unchanged body is returned as the original bytes, so the common case costs one decode;
+    a Produce answer that names no broker (`answer_names_nodes`: almost all) costs none.
     """
+    if api_key == PRODUCE and not answer_names_nodes(frame):
+        return frame, {}
     response, existing = decode_answer(frame, api_key, api_version)
     if topics_seen is not None and existing:
         topics_seen(existing)

@@ -9,7 +9,7 @@ import pytest
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.messages import PRODUCE, decode_response, encode_response, make_response
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
-from kvproxy.protocol.produce_shape import refusal_answer, scan_produce
+from kvproxy.protocol.produce_shape import answer_names_nodes, refusal_answer, scan_produce
 from tests.harness.partitions import many_partitions_request
 
 VERSIONS = range(13)
@@ -78,3 +78,47 @@ def test_the_harness_request_is_what_the_codec_reads(version: int) -> None:
         ("alpha", [0, 1]),
         ("beta", [0]),
     ]
+
+
+def _answer(version: int, *, endpoints: bool = False) -> bytes:
+    """A broker's flexible Produce answer: two topics, record errors and messages, a partition
+    naming its new leader (`current_leader`, a per-partition tagged field); `node_endpoints`
+    (the top-level tagged field) only when asked."""
+    import dataclasses
+
+    from kio.static.primitive import i32
+
+    types = produce_response_types(version)
+    first = partition_answer(
+        types, 0, error_codes.INVALID_RECORD, message="bad", record_errors=((1, "x"), (2, None))
+    )
+    if version >= 10:
+        leader = type(first.current_leader)(leader_id=i32(3), leader_epoch=i32(7))
+        first = dataclasses.replace(first, current_leader=leader)
+    topics = [("alpha", [first, partition_answer(types, 1, 0)]), ("beta", [])]
+    body = produce_answer(types, topics)
+    if endpoints:
+        from kio.schema.produce.v10.response import NodeEndpoint
+
+        node = NodeEndpoint(node_id=i32(4), host="kafka-4", port=i32(9095), rack=None)
+        body = dataclasses.replace(body, node_endpoints=(node,))
+    return encode_response(PRODUCE, version, make_response(PRODUCE, version, 8, body))
+
+
+@pytest.mark.parametrize("version", [9, 10, 11, 12])
+def test_an_answer_naming_no_broker_is_read_as_such(version: int) -> None:
+    assert not answer_names_nodes(_answer(version))
+
+
+@pytest.mark.parametrize("version", [10, 11, 12])
+def test_an_answer_with_node_endpoints_names_brokers(version: int) -> None:
+    assert answer_names_nodes(_answer(version, endpoints=True))
+
+
+@pytest.mark.parametrize("version", [9, 12])
+def test_bytes_that_are_not_an_answer_are_left_to_the_codec(version: int) -> None:
+    """Cut short, or with bytes after its end: not passed on unread (the codec refuses them)."""
+    answer = _answer(version)
+    for cut in range(len(answer)):
+        assert answer_names_nodes(answer[:cut])
+    assert answer_names_nodes(answer + b"\x00")

@@ -377,6 +377,23 @@ def test_produce_v10_without_endpoints_is_the_same_bytes_object() -> None:
     assert learned == {}
 
 
+def test_a_produce_answer_naming_no_broker_is_passed_on_undecoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker's bytes themselves reach the client: a Produce answer is decoded only when its
+    top-level tagged fields (`node_endpoints`) are not empty."""
+    import kvproxy.proxy.rewrite as rewrite_module
+
+    def no_decoding(*_args: object) -> None:
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(rewrite_module, "decode_response", no_decoding)
+    original = frame_of(PRODUCE, 10, _produce_v10(()))
+    out, learned = rewrite_response(original, PRODUCE, 10, PROXY_HOST, port_for)
+    assert out is original
+    assert learned == {}
+
+
 def _fetch_v16(endpoints: tuple[Any, ...]) -> Any:
     import uuid
 
