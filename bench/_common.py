@@ -494,7 +494,7 @@ def floor_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         met = "-" if row["met"] is None else ("yes" if row["met"] else "NO")
         lines.append(
             f"{row['figure']:44}{_reading(row['haproxy']):>9}{_reading(row['kvproxy']):>9}"
-            f"{value:>10}{row['goal'] or '-':>9}{met:>5}  {rounds}"
+            f"{value:>10}{row['goal'] or '-':>9}{met:>5}  {rounds}".rstrip()
         )
     return lines
 

@@ -5,7 +5,9 @@ Each runs as its own process (a fresh broker and kvproxy each, nothing shared) a
 with the machine and the time each took. `--quick` passes `--quick` on (a smoke run of about a
 minute); `--only NAME ...` runs some of them. Benchmarks 1, 2 and 3 run against Apache Kafka
 4.4.0 unless `--upstream tansu` is given (it is passed on to them); 7 always runs against Kafka,
-5 and 6 against Tansu.
+5 and 6 against Tansu. At the end, the rows of 1, 2 and 3 that compare kvproxy with HAProxy in
+TCP mode (the floor, measured in the same run; Kafka only) are gathered into one table, "against
+the floor", printed and added to the report.
 
     .venv/bin/python bench/run_all.py [--quick] [--only engine latency] [--upstream kafka|tansu]
 """
@@ -13,6 +15,7 @@ minute); `--only NAME ...` runs some of them. Benchmarks 1, 2 and 3 run against 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -20,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, ROOT, UPSTREAMS, machine
+from _common import RESULTS, ROOT, UPSTREAMS, floor_table, machine
 
 BENCHMARKS = (
     ("throughput", "1. End-to-end produce throughput"),
@@ -32,7 +35,12 @@ BENCHMARKS = (
     ("producer_perf", "7. Kafka's kafka-producer-perf-test, direct vs through kvproxy"),
 )
 WITH_UPSTREAM = {"throughput", "request_rate", "latency"}
-"""The benchmarks that take `--upstream` (the others start Tansu)."""
+"""The benchmarks that take `--upstream` (the others start Tansu); they measure the floor too."""
+FLOOR_TITLE = "Against the floor (HAProxy TCP mode)"
+FLOOR_NOTE = (
+    "compared = kvproxy / HAProxy (kvproxy - HAProxy in ms for latencies) from the same run; "
+    "per round: the same for each round's (or slice's) pair of runs"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     total = time.monotonic() - started
+    floor = _against_floor([name for name, _ in chosen if name not in failed])
+    if floor:
+        print(f"\n=== {FLOOR_TITLE}\n{FLOOR_NOTE}\n" + "\n".join(floor), flush=True)
+        report += [f"## {FLOOR_TITLE}", "", FLOOR_NOTE, "", "```", *floor, "```", ""]
     report.append(f"All {len(chosen)} took {total:.0f} s.")
     out = RESULTS / "latest.md"
     out.write_text("\n".join(report) + "\n")
@@ -100,6 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _against_floor(ran: list[str]) -> list[str]:
+    """The table of every "against the floor" row the benchmarks that ran wrote (none with
+    `--upstream tansu`: Tansu has no floor)."""
+    rows = []
+    for name in ran:
+        if name in WITH_UPSTREAM:
+            rows += json.loads((RESULTS / f"{name}.json").read_text()).get("against_floor", [])
+    return floor_table(rows) if rows else []
 
 
 def _printed(lines: list[str]) -> list[str]:

@@ -7,7 +7,9 @@ answers Metadata through HAProxy with HAProxy's port, while its first listener s
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,3 +66,46 @@ def test_metadata_through_haproxy_names_haproxy(common: ModuleType) -> None:
             assert common.metadata_brokers(node.port) == [(1, "127.0.0.1", node.port)]
             assert relay.bootstrap == f"127.0.0.1:{floor_port}"
             assert len(relay.processes()) == 1  # HAProxy: one process, its threads counted in it
+
+
+def test_the_floor_rows_compare_medians_and_each_round(common: ModuleType) -> None:
+    cpu = common.against_floor("cpu", [1.0, 0.8, 0.9], [2.0, 2.4, 1.8], at_most=1.5)
+    assert (cpu.haproxy, cpu.kvproxy, cpu.comparison) == (0.9, 2.0, "ratio")
+    assert cpu.value == pytest.approx(2.0 / 0.9)
+    assert cpu.per_round == pytest.approx((2.0, 3.0, 2.0))
+    assert (cpu.goal, cpu.met) == ("<= 1.5", False)
+    rate = common.against_floor("rate", [10.0], [9.6], at_least=0.95)
+    assert (rate.goal, rate.met) == (">= 0.95", True)
+    late = common.floor_difference("p99", 2.0, 2.25, [0.25, 0.5], at_most=0.5)
+    assert (late.value, late.per_round, late.goal, late.met) == (0.25, (0.25, 0.5), "<= +0.5", True)
+    assert common.against_floor("plain", [1.0], [1.0]).met is None
+
+
+def test_run_all_gathers_the_floor_rows_of_the_benchmarks_that_ran(
+    common: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = {
+        "throughput": [
+            common.against_floor("throughput: CPU", [1.0, 0.5], [2.0, 2.0], at_most=1.5)
+        ],
+        "request_rate": [],  # as with --upstream tansu: no floor
+        "latency": [common.floor_difference("latency: p50 ms", 1.0, 1.05, [0.05], at_most=0.1)],
+    }
+    for name, found in rows.items():
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"against_floor": [dataclasses.asdict(row) for row in found]})
+        )
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location("run_all_floor", ROOT / "bench" / "run_all.py")
+    assert spec is not None and spec.loader is not None
+    run_all = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(run_all)
+    finally:
+        sys.path[:] = saved
+    monkeypatch.setattr(run_all, "RESULTS", tmp_path)
+    table = run_all._against_floor(["throughput", "request_rate", "latency", "engine"])
+    assert len(table) == 3
+    assert " ".join(table[1].split()) == "throughput: CPU 0.75 2 2.67x <= 1.5 NO 2.00 4.00"
+    assert " ".join(table[2].split()) == "latency: p50 ms 1 1.05 +0.050 <= +0.1 yes +0.050"
+    assert run_all._against_floor(["request_rate", "engine"]) == []
