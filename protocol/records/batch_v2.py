@@ -1,4 +1,5 @@
-"""`V2Batch`: a magic-2 record batch, its records read by aiokafka's C reader."""
+"""`V2Batch`: a magic-2 record batch, its records read by aiokafka's C reader (scanned by the
+skim of skim.py when it can)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ class V2Batch(RecordBatch):
         null_keys = 0
         index = 0
         plain = self._plain_v2()  # outside the try: a decompression error is its own
-        if len(plain) - V2_HEADER_SIZE >= count * SKIM_FROM_BYTES_PER_RECORD:  # large records
+        # the skim, compiled, reads every batch; in pure Python only batches of large records
+        if len(plain) - V2_HEADER_SIZE >= count * SKIM_FROM_BYTES_PER_RECORD:
             log_append = self.timestamp_type == 1
             skimmed = skim_v2(plain, count, self.first_timestamp, self.max_timestamp, log_append)
             if skimmed is not None:

@@ -1,0 +1,306 @@
+/* The skim of skim.py in C: a pass over a magic 2 batch's records that reads their headers and
+ * skips their keys and values, giving exactly the pure-Python skim_v2's answers. In Python the
+ * skim pays off only for large records; here it costs a few nanoseconds per record, so every
+ * batch is skimmed and aiokafka's C reader (a record object and a copy of every key and value)
+ * runs only when the skim declines a batch. The walk touches no Python object: for a large
+ * buffer it runs without the GIL, the buffer held (a bytearray cannot resize while exported). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define V2_HEADER_SIZE 61
+#define WITHOUT_GIL_FROM_BYTES (64 * 1024)
+
+static PyObject *record_scan_type; /* kvproxy.protocol.records.record.RecordScan */
+
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t size;
+    Py_ssize_t pos;
+} Cursor;
+
+typedef struct {
+    int64_t low, high, null_keys;
+} Scan;
+
+/* A zigzag varint of at most max_bytes bytes; 0 when it does not end within them or within the
+ * buffer. Its value is exact up to 9 bytes (the longest read for a value here is 5). */
+static int
+read_varint(Cursor *cur, int max_bytes, int64_t *value)
+{
+    uint64_t raw = 0;
+    Py_ssize_t end = cur->size - cur->pos < max_bytes ? cur->size : cur->pos + max_bytes;
+    for (int shift = 0; cur->pos < end; shift += 7) {
+        uint8_t byte = cur->data[cur->pos++];
+        raw |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *value = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The timestamp delta: a zigzag varint of up to 10 bytes (70 bits, as Python reads it), added
+ * to first_timestamp; 0 unless it ends in time and the sum is an int64. */
+static int
+read_timestamp(Cursor *cur, int64_t first, int64_t *timestamp)
+{
+    uint64_t low = 0, high = 0; /* bits 0-63 and 64-69 of the raw varint */
+    Py_ssize_t end = cur->size - cur->pos < 10 ? cur->size : cur->pos + 10;
+    for (int shift = 0; cur->pos < end; shift += 7) {
+        uint8_t byte = cur->data[cur->pos++];
+        uint64_t bits = byte & 0x7F;
+        low |= bits << shift;
+        if (shift == 63)
+            high = bits >> 1;
+        if (!(byte & 0x80)) {
+            uint64_t magnitude = (low >> 1) | (high << 63); /* (raw >> 1), low 64 bits */
+            if (high >> 1) /* |delta| >= 2**64: no int64 first_timestamp brings it in range */
+                return 0;
+            if (low & 1) { /* delta = -(magnitude + 1) */
+                uint64_t room = (uint64_t)first - (uint64_t)INT64_MIN; /* first - INT64_MIN */
+                if (magnitude >= room)
+                    return 0;
+                *timestamp = (int64_t)((uint64_t)first - magnitude - 1);
+            }
+            else {
+                uint64_t room = (uint64_t)INT64_MAX - (uint64_t)first; /* INT64_MAX - first */
+                if (magnitude > room)
+                    return 0;
+                *timestamp = (int64_t)((uint64_t)first + magnitude);
+            }
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A length-prefixed field within the buffer; *start is where its bytes begin, *null whether
+ * it was null (length -1, only when nullable). */
+static int
+skip_field(Cursor *cur, int nullable, int *null, Py_ssize_t *start)
+{
+    int64_t length;
+    if (!read_varint(cur, 5, &length))
+        return 0;
+    *start = cur->pos;
+    *null = 0;
+    if (length < 0) {
+        *null = 1;
+        return length == -1 && nullable;
+    }
+    if (length > cur->size - cur->pos)
+        return 0;
+    cur->pos += (Py_ssize_t)length;
+    return 1;
+}
+
+/* What Python's strict utf-8 decoder accepts: no overlong form, no surrogate, <= U+10FFFF. */
+static int
+valid_utf8(const uint8_t *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int more;
+        uint8_t lo = 0x80, hi = 0xBF; /* range of the byte after the lead */
+        if (c >= 0xC2 && c <= 0xDF)
+            more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0)
+                lo = 0xA0;
+            else if (c == 0xED)
+                hi = 0x9F;
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            else if (c == 0xF4)
+                hi = 0x8F;
+        }
+        else
+            return 0;
+        if (n - i <= more)
+            return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (int k = 2; k <= more; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* One record at the cursor; 0 when it is not plainly well formed. */
+static int
+skim_record(Cursor *cur, int64_t first, int64_t max_timestamp, int log_append,
+            int64_t *timestamp, int *null_key)
+{
+    int64_t length, ignored, headers;
+    Py_ssize_t start, field;
+    int null;
+    if (!read_varint(cur, 5, &length))
+        return 0;
+    start = cur->pos;
+    if (length < 0 || length > cur->size - start)
+        return 0;
+    if (!read_varint(cur, 1, &ignored)) /* attributes: one byte, read as a varint by aiokafka */
+        return 0;
+    if (log_append) {
+        if (!read_varint(cur, 10, &ignored)) /* the delta, unused: only its end matters */
+            return 0;
+        *timestamp = max_timestamp;
+    }
+    else if (!read_timestamp(cur, first, timestamp))
+        return 0;
+    if (!read_varint(cur, 5, &ignored)) /* offset delta */
+        return 0;
+    if (!skip_field(cur, 1, null_key, &field) || !skip_field(cur, 1, &null, &field))
+        return 0;
+    if (!read_varint(cur, 5, &headers) || headers < 0)
+        return 0;
+    for (int64_t h = 0; h < headers; h++) {
+        if (!skip_field(cur, 0, &null, &field))
+            return 0;
+        if (!valid_utf8(cur->data + field, cur->pos - field))
+            return 0;
+        if (!skip_field(cur, 1, &null, &field))
+            return 0;
+    }
+    return cur->pos - start == length;
+}
+
+static int
+skim(Cursor *cur, int64_t count, int64_t first, int64_t max_timestamp, int log_append,
+     Scan *scan)
+{
+    int64_t timestamp;
+    int null_key;
+    cur->pos = V2_HEADER_SIZE;
+    scan->low = scan->high = scan->null_keys = 0;
+    for (int64_t index = 0; index < count; index++) {
+        if (!skim_record(cur, first, max_timestamp, log_append, &timestamp, &null_key))
+            return 0;
+        scan->null_keys += null_key;
+        if (index == 0)
+            scan->low = scan->high = timestamp;
+        else if (timestamp < scan->low)
+            scan->low = timestamp;
+        else if (timestamp > scan->high)
+            scan->high = timestamp;
+    }
+    return cur->pos == cur->size;
+}
+
+static PyObject *
+record_scan(PyObject *count, const Scan *scan)
+{
+    PyTypeObject *type = (PyTypeObject *)record_scan_type;
+    PyObject *result = type->tp_alloc(type, 4);
+    if (result == NULL)
+        return NULL;
+    PyObject *items[4] = {
+        Py_NewRef(count),
+        PyLong_FromLongLong(scan->low),
+        PyLong_FromLongLong(scan->high),
+        PyLong_FromLongLong(scan->null_keys),
+    };
+    for (int i = 0; i < 4; i++)
+        PyTuple_SET_ITEM(result, i, items[i]);
+    for (int i = 1; i < 4; i++)
+        if (items[i] == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+    return result;
+}
+
+PyDoc_STRVAR(skim_v2_doc,
+"skim_v2(plain, count, first_timestamp, max_timestamp, log_append_time)\n--\n\n"
+"Count, timestamp range and null keys of an uncompressed magic 2 batch (plain: any buffer\n"
+"holding its 61-byte header, then the records) as a RecordScan; None when the batch is not\n"
+"plainly well formed. The same answers as skim.py's pure-Python skim_v2.");
+
+static PyObject *
+skim_v2(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "skim_v2() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    int overflow;
+    long long count = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow) /* more records than any buffer holds, or fewer than none: as Python loops */
+        count = overflow > 0 ? LLONG_MAX : -1;
+    long long first = PyLong_AsLongLong(args[2]);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_timestamp = PyLong_AsLongLong(args[3]);
+    if (max_timestamp == -1 && PyErr_Occurred())
+        return NULL;
+    int log_append = PyObject_IsTrue(args[4]);
+    if (log_append < 0)
+        return NULL;
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Cursor cur = {(const uint8_t *)view.buf, view.len, 0};
+    Scan scan;
+    int ok;
+    if (view.len > WITHOUT_GIL_FROM_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        ok = skim(&cur, count, first, max_timestamp, log_append, &scan);
+        Py_END_ALLOW_THREADS
+    }
+    else
+        ok = skim(&cur, count, first, max_timestamp, log_append, &scan);
+    PyBuffer_Release(&view);
+    if (!ok)
+        Py_RETURN_NONE;
+    return record_scan(args[1], &scan);
+}
+
+static PyMethodDef skim_methods[] = {
+    {"skim_v2", (PyCFunction)(void (*)(void))skim_v2, METH_FASTCALL, skim_v2_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef skim_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvproxy.protocol.records._skim",
+    .m_doc = "The record skim of skim.py, compiled.",
+    .m_size = -1,
+    .m_methods = skim_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__skim(void)
+{
+    PyObject *records = PyImport_ImportModule("kvproxy.protocol.records.record");
+    if (records == NULL)
+        return NULL;
+    record_scan_type = PyObject_GetAttrString(records, "RecordScan");
+    Py_DECREF(records);
+    if (record_scan_type == NULL)
+        return NULL;
+    if (!PyType_Check(record_scan_type) ||
+        !PyType_IsSubtype((PyTypeObject *)record_scan_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "RecordScan is not a tuple type");
+        Py_CLEAR(record_scan_type);
+        return NULL;
+    }
+    return PyModule_Create(&skim_module);
+}
