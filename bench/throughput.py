@@ -531,9 +531,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     print(
         f"throughput: {records:,} records of {RECORD_BYTES} B ({args.mib:g} MiB) per run, "
-        f"{args.rounds} rounds of direct / haproxy / default / record-level"
-        + " / schema"
-        * args.schema,
+        f"{args.rounds} rounds of direct"
+        + " / haproxy" * (args.upstream == "kafka")
+        + " / default / record-level"
+        + " / schema" * args.schema,
         flush=True,
     )
     source = announce_source()
