@@ -8,15 +8,27 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup system-deps java-deps haproxy browser lint test demo bench fuzz clean
+.PHONY: setup compiler system-deps java-deps haproxy valgrind browser lint test demo bench fuzz clean
 
-$(STAMP): pyproject.toml
+# The compiled record scan (protocol/records/_skim.c) is built by the install: a change to it
+# reinstalls; the compiler comes first (order-only: installing it does not force a reinstall)
+$(STAMP): pyproject.toml protocol/records/_skim.c | compiler
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	@touch $(STAMP)
+
+# gcc and Python's headers, for the compiled record scan; without them the install still
+# succeeds and the pure-Python scan runs (slower for small records)
+compiler:
+	@command -v gcc >/dev/null 2>&1 || { \
+		echo "gcc is missing: installing it with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends gcc; }
+	@[ -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || { \
+		echo "Python.h is missing: installing python3-dev with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-dev; }
 
 system-deps:
 	@command -v kcat >/dev/null 2>&1 || { \
@@ -40,6 +52,12 @@ haproxy:
 		echo "haproxy is missing: installing it with apt-get"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends haproxy; }
 
+# Valgrind, for the instruction-count regression check (bench/instructions.py, tests only)
+valgrind:
+	@command -v valgrind >/dev/null 2>&1 || { \
+		echo "valgrind is missing: installing it with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends valgrind; }
+
 # Headless Chromium, for the test that renders the audit's report.html (tests only)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -52,7 +70,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint browser java-deps haproxy
+test: lint browser java-deps haproxy valgrind
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup

@@ -16,6 +16,7 @@ from kvproxy.policies import plugins
 from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.records import skim
 from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
 from kvproxy.proxy.signals import queue_sighup
 from kvproxy.settings.audit_file import read_audit_file
@@ -96,6 +97,9 @@ def _serve(args: argparse.Namespace) -> int:
             run_workers(config, settings)
             return 0
         _raise_open_file_limit(config, log_unchanged=args.worker_index in (None, 0))
+        if args.worker_index in (None, 0):  # said once, as the open file limit is
+            scan = "compiled" if skim.COMPILED else "pure Python (no C compiler at install)"
+            logging.getLogger("kvproxy").info("record scan: %s", scan)
         run(
             config,
             path.resolve().parent,

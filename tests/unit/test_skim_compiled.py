@@ -433,3 +433,33 @@ def test_without_the_module_the_pure_python_skim_is_chosen() -> None:
     compiled, python_chosen, threshold, scan = json.loads(result.stdout)
     assert (compiled, python_chosen, threshold) == (False, True, 16 * 1024)
     assert tuple(scan) == compiled_skim()(batch, 2, 10, 20, False) == (2, 8, 14, 1)
+
+
+# ---- said at start-up ----
+
+
+@pytest.mark.parametrize(("compiled", "said"), [(True, "compiled"), (False, "pure Python")])
+def test_serve_says_which_record_scan_runs(
+    compiled: bool,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kvproxy.cli import main
+    from kvproxy.commands import cli
+    from kvproxy.proxy import app, fds, logs
+
+    served: list[object] = []
+    monkeypatch.setattr(app, "run", lambda config, *args, **kw: served.append(config))
+    monkeypatch.setattr(logs, "configure_logging", lambda *args, **kw: None)
+    monkeypatch.setattr(cli, "queue_sighup", lambda: None)
+    monkeypatch.setattr(fds, "raise_open_file_limit", lambda: (4096, 4096, None))
+    monkeypatch.setattr(skim, "COMPILED", compiled)
+    (tmp_path / "kvproxy.yaml").write_text("upstream: {bootstrap_servers: ['127.0.0.1:9092']}\n")
+    with caplog.at_level("INFO", logger="kvproxy"):
+        assert main(["serve", "-c", str(tmp_path / "kvproxy.yaml")]) == 0
+    assert served
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("record scan")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"record scan: {said}")
