@@ -31,6 +31,14 @@ its bytes arrive, so a size prefix alone commits no more than this."""
 _SCRATCH_SIZE: Final = 64 * 1024
 _SIZE = struct.Struct(">i")
 
+
+def pooled_size(size: int) -> int:
+    """`size` rounded up to its size class: eight classes between two powers of two (at most an
+    eighth more), so that frames of about one size share their pooled buffers."""
+    step = 1 << max(12, (size - 1).bit_length() - 4)
+    return -(-size // step) * step
+
+
 Frame = bytes | memoryview
 """A frame's payload: bytes for small frames, a read-only view of its own buffer for large ones."""
 
@@ -46,7 +54,15 @@ class BufferPool:
     buffers of their own as without a pool.
     """
 
-    __slots__ = ("_buffers", "_bytes", "_scratch", "max_buffers", "max_bytes")
+    __slots__ = (
+        "_buffers",
+        "_bytes",
+        "_scratch",
+        "growths",
+        "max_buffers",
+        "max_bytes",
+        "new_buffers",
+    )
 
     def __init__(self, max_buffers: int = 32, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_buffers = max_buffers
@@ -54,6 +70,10 @@ class BufferPool:
         self._buffers: list[bytearray] = []
         self._bytes = 0
         self._scratch = bytearray(_SCRATCH_SIZE)
+        self.new_buffers = 0
+        """Large-frame buffers allocated so far (none came back that fitted)."""
+        self.growths = 0
+        """Times a large frame outgrew its buffer (a copy into a larger one)."""
 
     @property
     def scratch(self) -> bytearray:
@@ -61,23 +81,36 @@ class BufferPool:
         handles one read at a time."""
         return self._scratch
 
-    def take(self, size: int, most: int | None = None) -> bytearray:
-        """A buffer of at least `size` bytes (contents undefined): a free pooled one of at most
-        `most` bytes (default four times `size`), else a new one of `size` bytes."""
-        most = 4 * size if most is None else most
+    def take(self, least: int, fits: int, most: int) -> bytearray:
+        """A buffer for a frame of `fits` bytes (contents undefined): the smallest free pooled
+        one of `fits` to `most` bytes (the frame needs no more), else the largest free one of
+        `least` to `fits` bytes (the frame grows from there), else a new one of `least` bytes.
+
+        Best fit, not first: frames of one client vary by a few bytes, and a buffer exactly as
+        large as an earlier frame is a byte short for a later one more often than not."""
+        best: bytearray | None = None
+        best_rank = (2, 0)
         for buffer in self._buffers:
+            length = len(buffer)
             # referents: the pool's list, the loop variable, getrefcount's argument
-            if size <= len(buffer) <= most and sys.getrefcount(buffer) <= 3:
-                return buffer
-        buffer = bytearray(size)
-        if len(self._buffers) < self.max_buffers and self._bytes + size <= self.max_bytes:
+            if least <= length <= most and sys.getrefcount(buffer) <= 3:
+                rank = (0, length) if length >= fits else (1, -length)
+                if rank < best_rank:
+                    best, best_rank = buffer, rank
+        if best is not None:
+            return best
+        buffer = bytearray(least)
+        self.new_buffers += 1
+        if len(self._buffers) < self.max_buffers and self._bytes + least <= self.max_bytes:
             self._buffers.append(buffer)
-            self._bytes += size
+            self._bytes += least
         return buffer
 
     def grown(self, old: bytearray, new: bytearray) -> None:
         """`new` (a larger copy of `old`) takes `old`'s place in the pool, if `old` was pooled
         and the pool's byte bound allows; else `old` just leaves the pool."""
+        self.growths += 1
+        self.new_buffers += 1
         for index, buffer in enumerate(self._buffers):
             if buffer is old:
                 if self._bytes - len(old) + len(new) <= self.max_bytes:
@@ -171,7 +204,7 @@ class FrameDecoder:
             filled = self._large_filled
             end = min(len(large), self._large_size)
             if filled == end:  # grow: the frame is longer than what was committed so far
-                large = self._grow(min(len(large), self._large_size - filled))
+                large = self._grow(filled + 1)
                 end = min(len(large), self._large_size)
             return memoryview(large)[filled:end]
         if self._scratch is None:
@@ -225,11 +258,12 @@ class FrameDecoder:
                 self.waiting = None
                 self._reserved = size if budget is not None else 0
                 self.reservations += 1
-                initial = min(size, max(INITIAL_LARGE_BUFFER, len(buffer) - begin))
+                initial = max(INITIAL_LARGE_BUFFER, len(buffer) - begin)  # < size
                 if self._pool is None:
                     self._large = bytearray(initial)
-                else:  # a free pooled buffer up to the frame's size commits nothing new
-                    self._large = self._pool.take(initial, most=max(size, 4 * initial))
+                else:  # a free pooled buffer commits nothing new, whatever its size
+                    most = max(2 * size, 4 * initial)
+                    self._large = self._pool.take(initial, size, most)
                 self._large_size = size
                 with memoryview(buffer) as view:
                     self._fill_large(view[begin:])  # all of it: the frame ends further on
@@ -241,12 +275,21 @@ class FrameDecoder:
         self._consume(end)
         return frame
 
-    def _grow(self, more: int) -> bytearray:
+    def _grow(self, needed: int) -> bytearray:
+        """A larger buffer for the frame being received, holding what it has so far: twice as
+        large (what is committed stays within twice what arrived), at least `needed` bytes, at
+        most the frame's size rounded up to its size class (`pooled_size`) when the buffer is
+        pooled, so that it fits later frames a few bytes longer."""
         old = self._large
         assert old is not None
-        new = self._large = old + bytes(more)
-        if self._pool is not None:
-            self._pool.grown(old, new)
+        size = self._large_size
+        pool = self._pool
+        most = size if pool is None else pooled_size(size)
+        new = self._large = bytearray(min(max(2 * len(old), needed), most))
+        filled = self._large_filled
+        new[:filled] = memoryview(old)[:filled]
+        if pool is not None:
+            pool.grown(old, new)
         return new
 
     def release(self) -> None:
@@ -263,9 +306,7 @@ class FrameDecoder:
         filled = self._large_filled
         taken = min(len(data), self._large_size - filled)
         if filled + taken > len(large):
-            large = self._grow(
-                min(max(len(large), filled + taken - len(large)), self._large_size - len(large))
-            )
+            large = self._grow(filled + taken)
         large[filled : filled + taken] = memoryview(data)[:taken]
         self._large_filled = filled + taken
         return taken

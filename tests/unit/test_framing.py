@@ -18,6 +18,7 @@ from kvproxy.protocol.framing import (
     Frame,
     FrameDecoder,
     frame,
+    pooled_size,
     write_frame,
 )
 
@@ -246,7 +247,7 @@ def test_the_pool_is_bounded_and_frames_beyond_it_get_their_own_buffers() -> Non
     for payload in payloads:
         views += _feed_buffered_views(decoder, frame(payload))
     assert views == payloads  # every view still holds its own bytes
-    assert pool.pooled_bytes == LARGE_FRAME + 1
+    assert pool.pooled_bytes == pooled_size(LARGE_FRAME + 1)
 
 
 # ---- receive memory ----
