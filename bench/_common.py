@@ -58,6 +58,7 @@ __all__ = [
     "alternate",
     "create_topic",
     "floor_difference",
+    "floor_settings",
     "floor_table",
     "free_port",
     "haproxy_config",
@@ -340,6 +341,17 @@ def haproxy_binary() -> str:
             "(apt-get install -y --no-install-recommends haproxy)"
         )
     return found
+
+
+def floor_settings(broker: BrokerUnderTest) -> dict[str, str] | None:
+    """For a results file: HAProxy's version and configuration, when the broker has the floor."""
+    if broker.floor is None:
+        return None
+    shown = subprocess.run(
+        [haproxy_binary(), "-v"], capture_output=True, text=True, timeout=30, check=False
+    )
+    version = shown.stdout.splitlines()[0] if shown.stdout else "?"
+    return {"haproxy": version, "config": broker.floor.config_path.read_text()}
 
 
 @contextlib.contextmanager

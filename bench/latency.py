@@ -63,6 +63,7 @@ from _common import (
     FloorRow,
     add_upstream_option,
     floor_difference,
+    floor_settings,
     median,
     print_floor,
     start_proxy,
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with upstream(args.upstream, floor=True) as server, start_proxy(server.bootstrap) as proxy:
         broker = server.bootstrap
         url = metrics_url(proxy)
+        floor_relay = floor_settings(server)
         bootstraps = {"direct": broker, "proxy": proxy.bootstrap}
         if server.floor is not None:
             bootstraps = {"direct": broker, "haproxy": server.floor.bootstrap, **bootstraps}
@@ -350,6 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "proxy": "kvproxy serve, default checks, 1 process",
         "upstream": args.upstream,
         "upstream_version": server.version,
+        "floor": floor_relay,
         "quick": args.quick,
     }
     samples = {side: len(values) for side, values in pooled.items()}

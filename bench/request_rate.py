@@ -68,6 +68,7 @@ from _common import (
     add_upstream_option,
     against_floor,
     alternate,
+    floor_settings,
     median,
     print_floor,
     start_proxy,
@@ -539,6 +540,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         broker = server.bootstrap
         url = metrics_url(proxy)
         broker_process = server.process
+        floor_relay = floor_settings(server)
         bootstraps = {"direct": broker, "proxy": proxy.bootstrap}
         relays = {"proxy": proxy}
         if server.floor is not None:
@@ -648,6 +650,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "proxy": "kvproxy serve, default checks, 1 process",
         "upstream": args.upstream,
         "upstream_version": server.version,
+        "floor": floor_relay,
         "quick": args.quick,
     }
     print()

@@ -77,6 +77,7 @@ from _common import (
     RelayProcess,
     add_upstream_option,
     against_floor,
+    floor_settings,
     median,
     print_floor,
     start_proxy,
@@ -543,6 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(upstream(args.upstream, floor=True))
         print(f"broker: {broker.label} {broker.version} at {broker.bootstrap}", flush=True)
+        floor_relay = floor_settings(broker)
         default_proxy = stack.enter_context(start_proxy(broker.bootstrap))
         rule = RECORD_LEVEL_RULE.format(pattern=f"{RECORD_LEVEL_PREFIX}*")
         record_proxy = stack.enter_context(start_proxy(broker.bootstrap, rules=rule))
@@ -630,6 +632,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "partitions": 1,
             "upstream": args.upstream,
             "upstream_version": broker.version,
+            "floor": floor_relay,
         },
         "source": source,
         "targets": TARGETS,
