@@ -4,7 +4,8 @@ a whole past `limits.max_partitions_per_request`.
 Every partition costs work to decode, check and answer, even one with no records (about 30 us
 each: a million of them held the loop for 47 s). So a request naming more partitions than the
 loop decides (`ProduceSettings.inline_max_partitions`) is decoded and decided on the decoding
-thread; on the loop only its first partitions are counted from the bytes. A request naming more
+thread; on the loop only its first partitions are read (`read_unless_many`: a request of fewer
+is decoded in that same reading). A request naming more
 than the limit is never decoded: every partition is answered MESSAGE_TOO_LARGE (10), the answer
 written straight to bytes (`kvproxy.protocol.produce_shape`), as the records limit answers.
 """
@@ -19,6 +20,7 @@ from kvproxy.protocol.errors import DecodeError, ProtocolError
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.headers import RequestHeader, read_request_header
 from kvproxy.protocol.messages import Request, decode_request
+from kvproxy.protocol.produce_request import read_produce
 from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer, scan_produce
 from kvproxy.proxy.decisions import ProduceDecisions
 from kvproxy.proxy.produce import PartitionOutcome, ProduceDecision, ProduceEngine
@@ -27,7 +29,7 @@ __all__ = [
     "PARTITIONS_LIMIT",
     "WholeRequestRefusal",
     "decide_unread",
-    "names_many_partitions",
+    "read_unless_many",
 ]
 
 PARTITIONS_LIMIT = "max_partitions_per_request"
@@ -53,6 +55,16 @@ class WholeRequestRefusal(ProduceDecision):
     __slots__ = ()
 
 
+def read_unless_many(payload: Frame, inline_max_partitions: int) -> Request | None:
+    """The request decoded when it names at most `inline_max_partitions` partitions (the most
+    decided on the loop); None when it names more. Read once (`read_produce`); a request that
+    reader leaves to the codec is counted first, then decoded (malformed: `DecodeError`)."""
+    request = read_produce(payload, inline_max_partitions)
+    if request is not None or names_many_partitions(payload, inline_max_partitions):
+        return request
+    return decode_request(payload)
+
+
 def names_many_partitions(payload: Frame, inline_max_partitions: int) -> bool:
     """Whether the request names more partitions than are decided on the loop. Reads at most
     that many partitions' fields; bytes that are not a Produce request v0-v12 answer False
@@ -68,11 +80,11 @@ def names_many_partitions(payload: Frame, inline_max_partitions: int) -> bool:
 async def decide_unread(
     decisions: ProduceDecisions, engine: ProduceEngine, payload: Frame, client: object
 ) -> tuple[RequestHeader, ProduceDecision]:
-    """Decide a request `names_many_partitions` found: on the decoding thread, its partitions
-    counted, then either refused as a whole or decoded; then decided as any other
-    (`ProduceDecisions.decide_later`, which decides off the loop too). A `ProtocolError` for
-    bytes that are not a request, as the codec raises. `client` is the connection whose lookup
-    budget the request's topic-settings lookups are charged to."""
+    """Decide a request `read_unless_many` found naming many partitions: on the decoding
+    thread, its partitions counted, then either refused as a whole or decoded; then decided as
+    any other (`ProduceDecisions.decide_later`, which decides off the loop too). A
+    `ProtocolError` for bytes that are not a request, as the codec raises. `client` is the
+    connection whose lookup budget the request's topic-settings lookups are charged to."""
     limits = decisions.config.limits
     limit, max_answer = limits.max_partitions_per_request, limits.max_frame_bytes
 

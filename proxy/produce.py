@@ -132,9 +132,19 @@ class ProduceDecision:
     """Warn mode: the partitions that would have been rejected."""
 
     def __post_init__(self) -> None:
-        self.outcomes = tuple(o for _, partitions in self.topics for o in partitions)
-        self.rejected = tuple(o for o in self.outcomes if o.rejected)
-        self.warned = tuple(o for o in self.outcomes if not o.enforced and not o.verdict.ok)
+        topics = self.topics
+        self.outcomes = (
+            topics[0][1]
+            if len(topics) == 1
+            else tuple(o for _, partitions in topics for o in partitions)
+        )
+        rejected: list[PartitionOutcome] = []
+        warned: list[PartitionOutcome] = []
+        for outcome in self.outcomes:
+            if not outcome.verdict.ok:
+                (rejected if outcome.enforced else warned).append(outcome)
+        self.rejected = tuple(rejected)
+        self.warned = tuple(warned)
 
     @property
     def needs_merge(self) -> bool:
@@ -218,9 +228,13 @@ class ProduceEngine:
         # First every partition's batch headers (no record decoded), then the record limit,
         # then the policies, which decode records only when one of them needs to.
         parsed = []
+        views: dict[str, TopicView] = {}  # each topic's chain and settings, looked up once
         for topic_data in body.topic_data:
             name = str(topic_data.name)
-            config = self._view(name, topics).config
+            view = views.get(name)
+            if view is None:
+                view = views[name] = self._view(name, topics)
+            config = view.config
             partitions = [
                 self._parse(
                     name,
@@ -236,7 +250,7 @@ class ProduceEngine:
                 for data in topic_data.partition_data
             ]
             parsed.append((name, partitions))
-        if transactional_id is None and has_transactional_records(body):
+        if transactional_id is None and has_transactional_records(body, parsed):
             parsed = refuse_every_partition(body, _NO_TRANSACTIONAL_ID_VERDICT)
         declared = declared_records(parsed)
         if (
@@ -268,7 +282,7 @@ class ProduceEngine:
         observing: list[tuple[str, PolicyChain]] = []
         if too_many is None:
             for name, partitions in parsed:
-                chain = self._view(name, topics).chain
+                chain = views[name].chain
                 if chain.observers:
                     observing.append((name, chain))
                 topics_out.append(

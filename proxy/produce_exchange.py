@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.headers import RequestHeader
-from kvproxy.protocol.messages import PRODUCE, Request, decode_request
-from kvproxy.proxy.partition_limit import decide_unread, names_many_partitions
+from kvproxy.protocol.messages import PRODUCE, Request
+from kvproxy.proxy.partition_limit import decide_unread, read_unless_many
 from kvproxy.proxy.produce import ProduceDecision, ProduceEngine
 from kvproxy.proxy.produce_scan import DECODE_BUDGET
 from kvproxy.proxy.reasons import CloseReason, PauseReason
@@ -48,11 +48,9 @@ class ProduceExchange:
         """Decide on the loop when that is cheap; otherwise hold `client`'s later requests and
         decide in a task."""
         decisions = client.state.decisions
-        request: Request | None = None
-        unknown: list[str] = []
-        if not names_many_partitions(payload, self._engine.settings.inline_max_partitions):
-            request = decode_request(payload)  # malformed: DecodeError ends the connection
-            unknown = decisions.topics_to_describe(request, client)
+        # malformed: DecodeError ends the connection
+        request = read_unless_many(payload, self._engine.settings.inline_max_partitions)
+        unknown = [] if request is None else decisions.topics_to_describe(request, client)
         if request is not None and not unknown:
             decision = decisions.decide_inline(self._engine, payload, request)
             if decision is not None:

@@ -47,17 +47,22 @@ Parsed = list[tuple[str, list[tuple[int, bytes | memoryview, ProducedRecords | V
 """Per topic, each partition's index, records as sent, and batch views or the verdict."""
 
 
-def has_transactional_records(body: Any) -> bool:
+def has_transactional_records(body: Any, parsed: Parsed) -> bool:
     """Whether the first batch of some partition is transactional, the test of Kafka's
-    `RequestUtils.hasTransactionalRecords` (only batch headers are read)."""
-    for topic_data in body.topic_data:
-        for data in topic_data.partition_data:
+    `RequestUtils.hasTransactionalRecords` (only batch headers are read). `parsed` is what was
+    read of `body`'s partitions, in its order: a partition whose batches were read is not read
+    again."""
+    for topic_data, (_, partitions) in zip(body.topic_data, parsed, strict=True):
+        for data, (_, _, produced) in zip(topic_data.partition_data, partitions, strict=True):
             if not data.records:
                 continue
-            try:
-                first, _ = read_batch(data.records)
-            except DecodeError:
-                continue  # no batch to read: the partition's own checks answer it
+            if isinstance(produced, ProducedRecords) and produced.batches:
+                first = produced.batches[0]
+            else:
+                try:
+                    first, _ = read_batch(data.records)
+                except DecodeError:
+                    continue  # no batch to read: the partition's own checks answer it
             if first.is_transactional:
                 return True
     return False
