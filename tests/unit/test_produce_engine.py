@@ -126,6 +126,30 @@ def test_the_refusal_comes_before_the_acks_check_and_the_record_limit() -> None:
     assert [o.verdict.code for o in decision.outcomes] == [AUTHORIZATION_FAILED] * 2
 
 
+def test_the_transactional_test_reads_no_batch_already_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first batch of each partition is the one its checks read: not read again (only a
+    partition whose batches did not parse is read for it), and still found transactional."""
+    from kvproxy.proxy import produce_scan
+
+    reads: list[object] = []
+    original = produce_scan.read_batch
+
+    def counted(records: Any) -> Any:
+        reads.append(records)
+        return original(records)
+
+    monkeypatch.setattr(produce_scan, "read_batch", counted)
+    chosen = engine(ErrorProfile.KAFKA)
+    decision = decide(chosen, 9, [(TOPIC, 0, batch(b"[1]")), (TOPIC, 1, batch(b"[2]"))])
+    assert decision.rejected == () and reads == []
+    parts = [(TOPIC, 0, b"\x00\x01not a batch"), (TOPIC, 1, transactional(b"[1]"))]
+    decision = decide(chosen, 9, parts)
+    assert [o.verdict.code for o in decision.outcomes] == [AUTHORIZATION_FAILED] * 2
+    assert len(reads) == 1  # the partition that did not parse
+
+
 def test_a_transactional_id_or_a_later_transactional_batch_is_not_refused_by_it() -> None:
     """With a transactional id the request goes on to the checks (the broker's coordinator
     checks the rest); Kafka looks at the first batch of each partition only, so a transactional
