@@ -3,7 +3,7 @@ machine cannot fool.
 
 Times on these shared machines move by tens of percent from one run to the next; the number of
 instructions the interpreter executes for the same work on the same inputs does not. Each case
-runs a fixed request through the calls the proxy makes per Produce request (`decode_request`,
+runs a fixed request through the calls the proxy makes per Produce request (`read_unless_many`,
 `ProduceEngine.decide` with an inline allowance, then `ProduceExchange.merged` on the broker's
 answer) under valgrind's callgrind, which counts the instructions executed (Ir) in the measured
 loop only:
@@ -79,6 +79,7 @@ from kvproxy.protocol.produce import (  # noqa: E402
 )
 from kvproxy.protocol.records import build_batch, skim  # noqa: E402
 from kvproxy.proxy.decisions import INLINE_DECODE_BYTES  # noqa: E402
+from kvproxy.proxy.partition_limit import read_unless_many  # noqa: E402
 from kvproxy.proxy.produce import ProduceEngine, ProduceSettings  # noqa: E402
 from kvproxy.proxy.produce_exchange import ProduceExchange  # noqa: E402
 
@@ -167,12 +168,15 @@ def make_engine(policies: Sequence[str]) -> ProduceEngine:
 
 
 def produce_step(engine: ProduceEngine, frame: bytes, upstream: bytes) -> Callable[[], bytes]:
-    """One Produce request as the proxy handles it on the event loop: decoded, decided with an
-    inline allowance, and its broker answer passed through `ProduceExchange.merged`."""
+    """One Produce request as the proxy handles it on the event loop (`ProduceExchange.start`):
+    read, decided with an inline allowance, and its broker answer passed through
+    `ProduceExchange.merged`."""
     budget = MemoryBudget(64 * 1024 * 1024)
+    bound = engine.settings.inline_max_partitions
 
     def step() -> bytes:
-        request = decode_request(frame)
+        request = read_unless_many(frame, bound)
+        assert request is not None  # one partition: read on the loop
         allowance = Allowance(INLINE_DECODE_BYTES, budget, inline=True)
         try:
             decision = engine.decide(frame, request, now_ms=NOW_MS, allowance=allowance)
@@ -231,7 +235,7 @@ CASES: dict[str, Case] = {
     "produce_1mib_default": Case(
         "Produce v9, one partition, one uncompressed v2 batch of 1024 records of 1 KiB (about "
         "1 MiB), default checks (batch_integrity, crc, timestamps, compacted_key; topic not "
-        "compacted): decode_request, decide, merged",
+        "compacted): read_unless_many, decide, merged",
         4,
         _request_case(LARGE_RECORDS, DEFAULT_POLICIES),
     ),
@@ -242,7 +246,7 @@ CASES: dict[str, Case] = {
     ),
     "produce_small": Case(
         "Produce v9, one partition, one batch of one 1 KiB record, default checks: "
-        "decode_request, decide, merged",
+        "read_unless_many, decide, merged",
         200,
         _request_case(1, DEFAULT_POLICIES),
     ),
