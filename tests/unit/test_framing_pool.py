@@ -109,3 +109,18 @@ def test_a_size_prefix_alone_commits_no_more_than_the_initial_buffer_after_warm_
     assert _receive(decoder, struct.pack(">i", 50 * MIB)) == []
     assert len(decoder.get_buffer()) == INITIAL_LARGE_BUFFER
     assert len(held) == 1
+
+
+def test_the_pool_keeps_frames_in_flight_up_to_its_byte_bound() -> None:
+    """Two producer connections with 25 requests of 1 MiB each in flight (Kafka, acks=all)."""
+    pool = BufferPool()
+    decoder = FrameDecoder(pool=pool)
+    sizes = _batch_sizes(50, 4)
+    for turn in range(2):
+        if turn == 1:
+            new_buffers = pool.new_buffers
+        in_flight = [_receive(decoder, frame(_payload(size, n))) for n, size in enumerate(sizes)]
+        assert [len(got) for (got,) in in_flight] == sizes
+        del in_flight  # all answered
+    assert pool.new_buffers == new_buffers
+    assert pool.pooled_bytes <= pool.max_bytes
