@@ -137,6 +137,7 @@ class FrameDecoder:
     __slots__ = (
         "_budget",
         "_buffer",
+        "_in_scratch",
         "_large",
         "_large_filled",
         "_large_size",
@@ -144,6 +145,7 @@ class FrameDecoder:
         "_pool",
         "_reserved",
         "_scratch",
+        "_scratch_start",
         "_start",
         "reservations",
         "waiting",
@@ -173,6 +175,10 @@ class FrameDecoder:
         self._buffer = bytearray()
         self._start = 0
         self._scratch: bytearray | None = None if pool is None else pool.scratch
+        self._in_scratch = 0
+        """Where the last read ends in the scratch while frames are still cut from it there (0:
+        none are); `_scratch_start` is where the next one begins."""
+        self._scratch_start = 0
         self._large: bytearray | None = None
         self._large_size = 0
         self._large_filled = 0
@@ -190,9 +196,12 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buffer) - self._start + self._large_filled
+        in_scratch = self._in_scratch - self._scratch_start if self._in_scratch else 0
+        return len(self._buffer) - self._start + self._large_filled + in_scratch
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self._in_scratch:
+            self._keep_scratch()
         if self._large is not None:
             taken = self._fill_large(data)
             if taken == len(data):
@@ -203,7 +212,10 @@ class FrameDecoder:
     # -- asyncio.BufferedProtocol style ---------------------------------------------------------
 
     def get_buffer(self) -> memoryview:
-        """Where the next bytes from the socket should go (at least one byte of room)."""
+        """Where the next bytes from the socket should go (at least one byte of room). After
+        `buffer_updated`, call `next_frame` until it returns None before the next read: a read
+        that holds only whole frames is not copied out of the scratch, which the next read of
+        any decoder sharing the pool overwrites."""
         large = self._large
         if large is not None:
             filled = self._large_filled
@@ -220,10 +232,12 @@ class FrameDecoder:
         """`nbytes` were written into the view `get_buffer()` returned."""
         if self._large is not None:
             self._large_filled += nbytes
-        else:
+        elif self._buffer:  # after the part of a frame kept from earlier reads
             assert self._scratch is not None
             with memoryview(self._scratch) as view:
                 self._buffer += view[:nbytes]
+        else:  # frames are cut from the scratch itself; what is left of them is kept
+            self._in_scratch = nbytes
 
     # -- frames ---------------------------------------------------------------------------------
 
@@ -248,6 +262,8 @@ class FrameDecoder:
             self._large_size = self._large_filled = 0
             self.release()
             return payload
+        if self._in_scratch and (cut := self._scratch_frame()) is not None:
+            return cut
         size = self.pending_frame_size()
         if size is None:
             return None
@@ -279,6 +295,33 @@ class FrameDecoder:
             frame = bytes(view[begin:end])
         self._consume(end)
         return frame
+
+    def _scratch_frame(self) -> bytes | None:
+        """The next whole frame of the read still in the scratch; else None, with what is left
+        of the read kept in `_buffer` (and checked there, as the scratch takes the next read)."""
+        scratch = self._scratch
+        assert scratch is not None
+        start, end_of_read = self._scratch_start, self._in_scratch
+        if end_of_read - start >= SIZE_PREFIX:
+            (size,) = _SIZE.unpack_from(scratch, start)
+            end = start + SIZE_PREFIX + size
+            if 0 <= size <= self._max_frame_size and end <= end_of_read:
+                with memoryview(scratch) as view:
+                    whole = bytes(view[start + SIZE_PREFIX : end])
+                if end == end_of_read:
+                    self._in_scratch = self._scratch_start = 0
+                else:
+                    self._scratch_start = end
+                return whole
+        self._keep_scratch()
+        return None
+
+    def _keep_scratch(self) -> None:
+        """Copy what is left of the read in the scratch into `_buffer` (empty meanwhile)."""
+        assert self._scratch is not None
+        with memoryview(self._scratch) as view:
+            self._buffer += view[self._scratch_start : self._in_scratch]
+        self._in_scratch = self._scratch_start = 0
 
     def _grow(self, needed: int) -> bytearray:
         """A larger buffer for the frame being received, holding what it has so far: twice as
