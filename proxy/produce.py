@@ -27,7 +27,7 @@ from kvproxy.policies.api import (
     parse_records,
 )
 from kvproxy.policies.chain import Mode, PolicyChain
-from kvproxy.policies.config import TopicRouting
+from kvproxy.policies.config import TopicRouting, TopicRule
 from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, RetryLater
@@ -47,6 +47,8 @@ from kvproxy.proxy.produce_scan import (
 
 _VALID_ACKS = frozenset({-1, 0, 1})
 _FIRST_WITH_TOPIC_IDS = 13
+_VIEWS_KEPT = 10_000
+"""Topics whose chain and settings an engine keeps (as many as the routing keeps rules of)."""
 _NO_TRANSACTIONAL_ID_VERDICT = Verdict(
     code=error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     message="Transactional Id authorization failed.",
@@ -178,20 +180,37 @@ class ProduceEngine:
         self._compacted = compacted
         self._learned = learned
         """The cluster's settings of a topic; None: its compaction alone (`compacted`)."""
+        self._views: dict[str, tuple[TopicRule, TopicConfig, TopicView]] = {}
 
     def config_for(self, topic: str) -> TopicConfig:
         """The settings a topic's checks read: the YAML's over the cluster's."""
-        override = self.routing.config_override(topic)
+        return self.view(topic).config
+
+    def view(self, topic: str) -> TopicView:
+        """A topic's chain and settings now. Kept per topic while its rule and the cluster's
+        settings are the ones it was made of (at most `_VIEWS_KEPT` names: clients choose them),
+        so a request costs two lookups per topic, not a new view."""
+        rule = self.routing.rule_for(topic)
         if self._learned is not None:
             learned = self._learned(topic)
         else:
             compacted = self._compacted(topic)
             learned = UNKNOWN_TOPIC_CONFIG if compacted is None else TopicConfig(compacted)
+        kept = self._views.get(topic)
+        if kept is not None and kept[0] is rule and kept[1] is learned:
+            return kept[2]
+        override = rule.config
         if override is UNKNOWN_TOPIC_CONFIG:
-            return learned
-        if learned is UNKNOWN_TOPIC_CONFIG:
-            return override
-        return override.over(learned)
+            config = learned
+        elif learned is UNKNOWN_TOPIC_CONFIG:
+            config = override
+        else:
+            config = override.over(learned)
+        view = TopicView(rule.chain, config)
+        if kept is None and len(self._views) >= _VIEWS_KEPT:
+            del self._views[next(iter(self._views))]  # the oldest name
+        self._views[topic] = (rule, learned, view)
+        return view
 
     def decide(
         self,
@@ -342,14 +361,13 @@ class ProduceEngine:
     def topic_view(self, request: Request) -> dict[str, TopicView]:
         """Each topic's chain and settings now, for `decide(topics=...)`."""
         return {
-            name: TopicView(self.routing.chain_for(name), self.config_for(name))
-            for name in {str(topic.name) for topic in request.body.topic_data}
+            name: self.view(name) for name in {str(topic.name) for topic in request.body.topic_data}
         }
 
     def _view(self, topic: str, topics: Mapping[str, TopicView] | None) -> TopicView:
         if topics is not None:
             return topics[topic]
-        return TopicView(self.routing.chain_for(topic), self.config_for(topic))
+        return self.view(topic)
 
     def _judge(
         self,

@@ -600,3 +600,33 @@ def test_observe_feeds_the_producer_state_only_what_the_broker_accepted(
     first.observe(broker_accepts(frame, code=broker_code))
     _, gap = judged(chosen, 9, [(TOPIC, 0, idempotent(5))])
     assert [o.verdict.code for o in gap.outcomes] == [gap_code]
+
+
+# ---- each topic's chain and settings, kept between requests ----
+
+
+def test_a_topics_view_is_kept_while_its_rule_and_the_clusters_settings_are_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Looked up per request, made once: a new answer of the cluster makes a new one, and the
+    names kept are bounded (clients choose them)."""
+    from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
+    from kvproxy.proxy import produce
+
+    learned = {TOPIC: TopicConfig(compacted=False)}
+    routing = build_routing(None, [{"match": TOPIC, **JSON_ONLY}], Path("."))
+    chosen = ProduceEngine(
+        routing,
+        ProduceSettings(),
+        lambda _: None,
+        lambda topic: learned.get(topic, UNKNOWN_TOPIC_CONFIG),
+    )
+    first = chosen.view(TOPIC)
+    assert first.chain is routing.chain_for(TOPIC) and first.config.compacted is False
+    assert chosen.view(TOPIC) is first
+    learned[TOPIC] = TopicConfig(compacted=True)
+    assert chosen.view(TOPIC).config.compacted is True
+    monkeypatch.setattr(produce, "_VIEWS_KEPT", 3)
+    made = [chosen.view(f"other-{n}") for n in range(10)]
+    assert chosen.view("other-9") is made[-1]  # the newest names are kept
+    assert chosen.view("other-0") is not made[0]  # the oldest were let go
