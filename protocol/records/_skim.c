@@ -26,9 +26,14 @@ typedef struct {
 
 /* A zigzag varint of at most max_bytes bytes; 0 when it does not end within them or within the
  * buffer. Its value is exact up to 9 bytes (the longest read for a value here is 5). */
-static int
+static inline int
 read_varint(Cursor *cur, int max_bytes, int64_t *value)
 {
+    if (cur->pos < cur->size && !(cur->data[cur->pos] & 0x80)) { /* one byte: most of them */
+        uint8_t byte = cur->data[cur->pos++];
+        *value = (int64_t)(byte >> 1) ^ -(int64_t)(byte & 1);
+        return 1;
+    }
     uint64_t raw = 0;
     Py_ssize_t end = cur->size - cur->pos < max_bytes ? cur->size : cur->pos + max_bytes;
     for (int shift = 0; cur->pos < end; shift += 7) {
@@ -44,7 +49,7 @@ read_varint(Cursor *cur, int max_bytes, int64_t *value)
 
 /* The timestamp delta: a zigzag varint of up to 10 bytes (70 bits, as Python reads it), added
  * to first_timestamp; 0 unless it ends in time and the sum is an int64. */
-static int
+static inline int
 read_timestamp(Cursor *cur, int64_t first, int64_t *timestamp)
 {
     uint64_t low = 0, high = 0; /* bits 0-63 and 64-69 of the raw varint */
@@ -79,7 +84,7 @@ read_timestamp(Cursor *cur, int64_t first, int64_t *timestamp)
 
 /* A length-prefixed field within the buffer; *start is where its bytes begin, *null whether
  * it was null (length -1, only when nullable). */
-static int
+static inline int
 skip_field(Cursor *cur, int nullable, int *null, Py_ssize_t *start)
 {
     int64_t length;
@@ -98,7 +103,7 @@ skip_field(Cursor *cur, int nullable, int *null, Py_ssize_t *start)
 }
 
 /* What Python's strict utf-8 decoder accepts: no overlong form, no surrogate, <= U+10FFFF. */
-static int
+static inline int
 valid_utf8(const uint8_t *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
@@ -141,7 +146,7 @@ valid_utf8(const uint8_t *s, Py_ssize_t n)
 }
 
 /* One record at the cursor; 0 when it is not plainly well formed. */
-static int
+static inline int
 skim_record(Cursor *cur, int64_t first, int64_t max_timestamp, int log_append,
             int64_t *timestamp, int *null_key)
 {
@@ -180,25 +185,27 @@ skim_record(Cursor *cur, int64_t first, int64_t max_timestamp, int log_append,
 }
 
 static int
-skim(Cursor *cur, int64_t count, int64_t first, int64_t max_timestamp, int log_append,
-     Scan *scan)
+skim(const uint8_t *data, Py_ssize_t size, int64_t count, int64_t first, int64_t max_timestamp,
+     int log_append, Scan *scan)
 {
-    int64_t timestamp;
+    Cursor cur = {data, size, V2_HEADER_SIZE}; /* a local: its fields stay in registers */
+    int64_t timestamp, low = 0, high = 0, null_keys = 0;
     int null_key;
-    cur->pos = V2_HEADER_SIZE;
-    scan->low = scan->high = scan->null_keys = 0;
     for (int64_t index = 0; index < count; index++) {
-        if (!skim_record(cur, first, max_timestamp, log_append, &timestamp, &null_key))
+        if (!skim_record(&cur, first, max_timestamp, log_append, &timestamp, &null_key))
             return 0;
-        scan->null_keys += null_key;
+        null_keys += null_key;
         if (index == 0)
-            scan->low = scan->high = timestamp;
-        else if (timestamp < scan->low)
-            scan->low = timestamp;
-        else if (timestamp > scan->high)
-            scan->high = timestamp;
+            low = high = timestamp;
+        else if (timestamp < low)
+            low = timestamp;
+        else if (timestamp > high)
+            high = timestamp;
     }
-    return cur->pos == cur->size;
+    scan->low = low;
+    scan->high = high;
+    scan->null_keys = null_keys;
+    return cur.pos == cur.size;
 }
 
 static PyObject *
@@ -257,16 +264,16 @@ skim_v2(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    Cursor cur = {(const uint8_t *)view.buf, view.len, 0};
+    const uint8_t *data = (const uint8_t *)view.buf;
     Scan scan;
     int ok;
     if (view.len > WITHOUT_GIL_FROM_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        ok = skim(&cur, count, first, max_timestamp, log_append, &scan);
+        ok = skim(data, view.len, count, first, max_timestamp, log_append, &scan);
         Py_END_ALLOW_THREADS
     }
     else
-        ok = skim(&cur, count, first, max_timestamp, log_append, &scan);
+        ok = skim(data, view.len, count, first, max_timestamp, log_append, &scan);
     PyBuffer_Release(&view);
     if (!ok)
         Py_RETURN_NONE;

@@ -1,6 +1,7 @@
 """Counting a batch's records, timestamps and null keys does not copy its keys and values: a
-record of many MiB is skimmed, not copied into a new `bytes` while holding the GIL. The skim
-agrees with the C reader on every batch it accepts and leaves every other to it."""
+record of many MiB is skimmed, not copied into a new `bytes` while holding the GIL. The skim,
+compiled or in pure Python, agrees with the C reader on every batch it accepts and leaves every
+other to it (tests/unit/test_skim_compiled.py compares the two skims input by input)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kvproxy.protocol.records import build_batch
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 from kvproxy.protocol.records.readers import read_batch
 from kvproxy.protocol.records.record import RecordScan
-from kvproxy.protocol.records.skim import skim_v2
+from kvproxy.protocol.records.skim import SkimV2, python_skim_v2, skim_v2
 
 MiB = 1024 * 1024
 
@@ -59,7 +60,8 @@ def _batches(rng: random.Random) -> list[bytes]:
     return out
 
 
-def test_the_skim_agrees_with_the_c_reader_or_leaves_the_batch_to_it() -> None:
+@pytest.mark.parametrize("skim", [skim_v2, python_skim_v2], ids=["chosen", "pure-python"])
+def test_the_skim_agrees_with_the_c_reader_or_leaves_the_batch_to_it(skim: SkimV2) -> None:
     rng = random.Random(28)
     checked = declined = 0
     for batch in _batches(rng):
@@ -72,7 +74,7 @@ def test_the_skim_agrees_with_the_c_reader_or_leaves_the_batch_to_it() -> None:
         for variant in variants:
             rb, _ = read_batch(variant)
             count = rb.record_count
-            skimmed = skim_v2(
+            skimmed = skim(
                 variant, count, rb.first_timestamp, rb.max_timestamp, rb.timestamp_type == 1
             )
             expected = c_reader_scan(variant)
