@@ -53,10 +53,9 @@ class BufferPool:
     transport's write queue included). Bounded in count and bytes; beyond that, frames get
     buffers of their own as without a pool.
 
-    The byte bound is the one that matters: a buffer stays referenced until the broker answers
-    its request (the decision keeps views of it), and against Kafka with acks=all one producer
-    connection holds about 25 requests of 1 MiB in the proxy at a time, so a bound of 32 buffers
-    left a second such connection a fresh buffer, grown from 64 KiB, for nearly every frame.
+    The count bound allows the byte bound's worth of 1 MiB buffers: a buffer stays referenced
+    until the broker answers its request (the decision keeps views of it), and against Kafka
+    with acks=all one producer connection holds about 25 requests of 1 MiB in the proxy at once.
     """
 
     __slots__ = (
