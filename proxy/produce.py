@@ -163,6 +163,15 @@ class ProduceDecision:
         self.engine.answers.observe(self, upstream)
 
 
+def _yaml_over_cluster(override: TopicConfig, learned: TopicConfig) -> TopicConfig:
+    """The settings a topic's checks read: the YAML's (`override`) over the cluster's."""
+    if override is UNKNOWN_TOPIC_CONFIG:
+        return learned
+    if learned is UNKNOWN_TOPIC_CONFIG:
+        return override
+    return override.over(learned)
+
+
 class ProduceEngine:
     """Applies the topic routing to Produce requests and builds the answers."""
 
@@ -199,14 +208,7 @@ class ProduceEngine:
         kept = self._views.get(topic)
         if kept is not None and kept[0] is rule and kept[1] is learned:
             return kept[2]
-        override = rule.config
-        if override is UNKNOWN_TOPIC_CONFIG:
-            config = learned
-        elif learned is UNKNOWN_TOPIC_CONFIG:
-            config = override
-        else:
-            config = override.over(learned)
-        view = TopicView(rule.chain, config)
+        view = TopicView(rule.chain, _yaml_over_cluster(rule.config, learned))
         if kept is None and len(self._views) >= _VIEWS_KEPT:
             del self._views[next(iter(self._views))]  # the oldest name
         self._views[topic] = (rule, learned, view)
@@ -365,9 +367,7 @@ class ProduceEngine:
         }
 
     def _view(self, topic: str, topics: Mapping[str, TopicView] | None) -> TopicView:
-        if topics is not None:
-            return topics[topic]
-        return self.view(topic)
+        return self.view(topic) if topics is None else topics[topic]
 
     def _judge(
         self,
