@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml protocol/records/_skim.c | compiler
 # succeeds and the pure-Python scan runs (slower for small records)
 compiler:
 	@command -v gcc >/dev/null 2>&1 || { \
-		echo "gcc is missing: installing it with apt-get"; \
-		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends gcc; }
+		echo "gcc is missing: installing it (and the C library headers) with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends gcc libc6-dev; }
 	@[ -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || { \
 		echo "Python.h is missing: installing python3-dev with apt-get"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-dev; }
