@@ -82,6 +82,10 @@ def response_header_version(api_key: int, api_version: int) -> int:
 
 def read_unsigned_varint(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
     """An unsigned LEB128 varint of at most 5 bytes (Kafka's uvarint)."""
+    if offset < len(buf):
+        first = buf[offset]
+        if first < 0x80:  # one byte: the lengths and counts of small requests
+            return first, offset + 1
     result = 0
     shift = 0
     for i in range(_UNSIGNED_VARINT_MAX_BYTES):

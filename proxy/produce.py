@@ -16,7 +16,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvproxy.policies.api import (
     ACCEPT,
@@ -163,6 +162,15 @@ class ProduceDecision:
         self.engine.answers.observe(self, upstream)
 
 
+def _bad_acks(acks: int) -> Verdict:
+    """Every partition's verdict when the request's acks is none Kafka takes."""
+    return Verdict(
+        code=error_codes.INVALID_REQUIRED_ACKS,
+        message=f"Invalid required acks {acks}: only -1, 0 and 1 are allowed",
+        policy="acks",
+    )
+
+
 def _yaml_over_cluster(override: TopicConfig, learned: TopicConfig) -> TopicConfig:
     """The settings a topic's checks read: the YAML's (`override`) over the cluster's."""
     if override is UNKNOWN_TOPIC_CONFIG:
@@ -246,6 +254,7 @@ class ProduceEngine:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         acks = int(body.acks)
         transactional_id = getattr(body, "transactional_id", None)
+        bad_acks = None if acks in _VALID_ACKS else _bad_acks(acks)
         # First every partition's batch headers (no record decoded), then the record limit,
         # then the policies, which decode records only when one of them needs to.
         parsed = []
@@ -256,20 +265,27 @@ class ProduceEngine:
             if view is None:
                 view = views[name] = self._view(name, topics)
             config = view.config
-            partitions = [
-                self._parse(
+            partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]] = []
+            for data in topic_data.partition_data:
+                index = int(data.index)
+                if bad_acks is not None:
+                    partitions.append((index, b"", bad_acks))
+                    continue
+                raw = data.records if data.records is not None else b""
+                produced = parse_records(
                     name,
-                    data=data,
-                    version=version,
+                    index,
+                    raw,
+                    produce_version=version,
                     acks=acks,
                     transactional_id=transactional_id,
-                    now=now,
+                    compacted=config.compacted,
+                    now_ms=now,
                     allowance=allowance,
-                    config=config,
+                    topic_config=config,
                     schemas=schemas,
                 )
-                for data in topic_data.partition_data
-            ]
+                partitions.append((index, raw, produced))
             parsed.append((name, partitions))
         if transactional_id is None and has_transactional_records(body, parsed):
             parsed = refuse_every_partition(body, _NO_TRANSACTIONAL_ID_VERDICT)
@@ -322,44 +338,6 @@ class ProduceEngine:
             decision.written = self.answers.answer(decision, None)
         return decision
 
-    def _parse(
-        self,
-        topic: str,
-        *,
-        data: Any,
-        version: int,
-        acks: int,
-        transactional_id: str | None,
-        now: int,
-        allowance: Allowance | None,
-        config: TopicConfig,
-        schemas: SchemaCatalog | None = None,
-    ) -> tuple[int, bytes | memoryview, ProducedRecords | Verdict]:
-        """One partition's batch views (headers only), or the verdict that needs none."""
-        index = int(data.index)
-        if acks not in _VALID_ACKS:
-            verdict = Verdict(
-                code=error_codes.INVALID_REQUIRED_ACKS,
-                message=f"Invalid required acks {acks}: only -1, 0 and 1 are allowed",
-                policy="acks",
-            )
-            return index, b"", verdict
-        raw = data.records if data.records is not None else b""
-        parsed = parse_records(
-            topic,
-            index,
-            raw,
-            produce_version=version,
-            acks=acks,
-            transactional_id=transactional_id,
-            compacted=config.compacted,
-            now_ms=now,
-            allowance=allowance,
-            topic_config=config,
-            schemas=schemas,
-        )
-        return index, raw, parsed
-
     def topic_view(self, request: Request) -> dict[str, TopicView]:
         """Each topic's chain and settings now, for `decide(topics=...)`."""
         return {
@@ -377,7 +355,7 @@ class ProduceEngine:
         raw: bytes | memoryview,
         parsed: ProducedRecords | Verdict,
     ) -> PartitionOutcome:
-        """The partition's outcome: its chain's verdict on what `_parse` read."""
+        """The partition's outcome: its chain's verdict on the batch views read."""
         if isinstance(parsed, Verdict):  # malformed or bad acks: never forwarded, whatever the mode
             return PartitionOutcome(topic, index, parsed, enforced=True, raw=raw)
         if chain.mode is Mode.OFF:
