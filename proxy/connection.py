@@ -51,8 +51,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.node_id = node_id
         """The listener this connection came through: None for bootstrap, else the node id."""
         self.metrics = state.metrics
-        self._bytes_in = self.metrics.bytes.labels("client_in")
-        self._bytes_out = self.metrics.bytes.labels("client_out")
+        self._bytes_in = self.metrics.child(self.metrics.bytes, "client_in")
+        self._bytes_out = self.metrics.child(self.metrics.bytes, "client_out")
         limits = state.limits
         self._max_in_flight = limits.max_in_flight_requests
         self.buffer_pool = state.buffer_pool

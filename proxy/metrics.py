@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvproxy.proxy.metric_tallies import CounterTally, HistogramTally, TallyFlush
 from kvproxy.proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
 from kvproxy.registry.catalog import CatalogObserver
 
@@ -117,7 +118,9 @@ class _ShownOnceCounted(Collector):
 class ProxyMetrics:
     def __init__(self, topic_label_limit: int = 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._tallies = TallyFlush()
+        self.registry.register(self._tallies)  # first: the tallies are flushed before any read
+        self._children: dict[tuple[int, tuple[str, ...]], CounterTally] = {}
         self.topic_labels = TopicLabels(topic_label_limit, self.child)
         """Counts by topic go through it: `topic_labels.count(metric, topic, (outcome,), n)`."""
         r = self.registry
@@ -151,17 +154,21 @@ class ProxyMetrics:
             ["direction"],
             registry=r,
         )
-        self.proxy_latency = Histogram(
-            "kvproxy_produce_proxy_latency_seconds",
-            "Time the proxy adds to a Produce request before forwarding or answering it",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.proxy_latency = self._tally(
+            Histogram(
+                "kvproxy_produce_proxy_latency_seconds",
+                "Time the proxy adds to a Produce request before forwarding or answering it",
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.upstream_latency = Histogram(
-            "kvproxy_produce_upstream_latency_seconds",
-            "Time from forwarding a Produce request to the broker's answer",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.upstream_latency = self._tally(
+            Histogram(
+                "kvproxy_produce_upstream_latency_seconds",
+                "Time from forwarding a Produce request to the broker's answer",
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
         self.client_connections = Gauge(
             "kvproxy_client_connections", "Open client connections", registry=r
@@ -269,14 +276,13 @@ class ProxyMetrics:
         )
 
     def registry_observer(self) -> CatalogObserver:
-        """What the schema catalog reports, into these metrics."""
-        hits = self.schema_cache_hits
+        """What the schema catalog reports, into these metrics (straight into prometheus_client,
+        whose children take a lock: the catalog may be used off the event loop)."""
+        lookups, requests = self.schema_lookups, self.schema_registry_requests
         return CatalogObserver(
-            lookup=lambda outcome: self.child(self.schema_lookups, outcome).inc(),
-            cache_hit=hits.inc,
-            request=lambda outcome, seconds: self.child(
-                self.schema_registry_requests, outcome
-            ).observe(seconds),
+            lookup=lambda outcome: lookups.labels(outcome).inc(),
+            cache_hit=self.schema_cache_hits.inc,
+            request=lambda outcome, seconds: requests.labels(outcome).observe(seconds),
         )
 
     def watch_policy_crashes(self, source: Callable[[], dict[str, int]]) -> None:
@@ -285,14 +291,20 @@ class ProxyMetrics:
     def watch_journal(self, source: Callable[[], Any]) -> None:
         self.registry.register(_JournalCollector(source))
 
-    def child(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, looked up once: `labels()` takes a lock and builds its key
-        on every call, which is a measurable share of a small request's time."""
+    def child(self, metric: Counter, *values: str) -> CounterTally:
+        """A lock-free tally of `metric.labels(*values)`, for the event loop only (see
+        `proxy/metric_tallies.py`), looked up once: `labels()` takes a lock and builds its key."""
         key = (id(metric), values)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*values)
+            found = self._children[key] = CounterTally(metric.labels(*values))
+            self._tallies.tallies.append(found)
         return found
+
+    def _tally(self, histogram: Histogram) -> HistogramTally:
+        tally = HistogramTally(histogram)
+        self._tallies.tallies.append(tally)
+        return tally
 
     def exposition(self) -> bytes:
         """/metrics as it is now (counts whose topic the cluster has not answered for are not

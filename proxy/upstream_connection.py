@@ -46,8 +46,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     ) -> None:
         self._client = client
         self._write_buffer_high_bytes = write_buffer_high_bytes
-        self._bytes_in = client.metrics.bytes.labels("upstream_in")
-        self._bytes_out = client.metrics.bytes.labels("upstream_out")
+        self._bytes_in = client.metrics.child(client.metrics.bytes, "upstream_in")
+        self._bytes_out = client.metrics.child(client.metrics.bytes, "upstream_out")
         self._decoder = FrameDecoder(max_frame_bytes, client.buffer_pool)
         self.awaiting: collections.deque[Slot] = collections.deque()
         """The requests sent, in order, whose answers (or acks=0 non-answers) are due."""
