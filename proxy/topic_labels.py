@@ -86,6 +86,8 @@ class TopicLabels:
         self._max_known = MAX_KNOWN if max_known is None else max_known
         self._max_pending = MAX_PENDING if max_pending is None else max_pending
         self._labelled: set[str] = set()
+        self._labelled_cells: dict[tuple[Any, str, tuple[str, ...]], Any] = {}
+        """(metric, labelled topic, rest) -> its child: a labelled topic keeps its label."""
         self._known: OrderedDict[str, float] = OrderedDict()
         """name -> until when the answer holds: inf for "exists", a time for "no such topic"."""
         self._queued: dict[str, _Counts] = {}
@@ -128,9 +130,16 @@ class TopicLabels:
 
     def count(self, metric: Any, topic: str, rest: tuple[str, ...], amount: float = 1) -> None:
         """`metric.labels(<topic label>, *rest).inc(amount)`, now or once the cluster answered."""
+        cell = self._labelled_cells.get((metric, topic, rest))
+        if cell is not None:
+            cell.inc(amount)
+            return
         label = self.label(topic)
         if label is not None:
-            self._child(metric, label, *rest).inc(amount)
+            cell = self._child(metric, label, *rest)
+            if topic in self._labelled:
+                self._labelled_cells[metric, topic, rest] = cell
+            cell.inc(amount)
             return
         held = self._queued.get(topic)
         if held is None:
