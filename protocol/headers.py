@@ -121,6 +121,10 @@ def read_request_prefix(
     return (api_key, api_version, correlation_id), offset + _PREFIX.size
 
 
+_NO_TAGGED_FIELDS = b"\x00"
+"""An empty tagged-field section, as a header keeps it."""
+
+
 def read_request_header(
     buf: bytes | bytearray | memoryview, offset: int = 0
 ) -> tuple[RequestHeader, int]:
@@ -131,7 +135,10 @@ def read_request_header(
     tagged = b""
     if version >= 1:
         client_id, offset = _read_nullable_string(buf, offset)
-    if version >= 2:
+    if version >= 2 and offset < len(buf) and buf[offset] == 0:
+        tagged = _NO_TAGGED_FIELDS  # the usual header: no tagged field, one byte
+        offset += 1
+    elif version >= 2:
         end = skip_tagged_fields(buf, offset)
         tagged = bytes(buf[offset:end])
         offset = end
