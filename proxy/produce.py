@@ -326,7 +326,10 @@ class ProduceEngine:
                     (
                         name,
                         tuple(
-                            self._judge(chain, name, index, raw, p) for index, raw, p in partitions
+                            [
+                                self._judge(chain, name, index, raw, p)
+                                for index, raw, p in partitions
+                            ]
                         ),
                     )
                 )
