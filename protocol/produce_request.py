@@ -120,16 +120,21 @@ def _read(buf: memoryview, stop_after: int) -> Request | None:
     return Request(header, body)
 
 
-def _count(buf: memoryview, offset: int, flexible: bool) -> tuple[int, int]:
-    """An array's length; a null or impossible one is the codec's to read."""
+def _length(buf: memoryview, offset: int, flexible: bool) -> tuple[int, int]:
+    """A length as the version writes it: a compact one (unsigned varint, plus one) or an int32;
+    -1 stands for null either way."""
     if flexible:
         encoded, offset = read_unsigned_varint(buf, offset)
-        count = encoded - 1
-    else:
-        if offset + _INT32.size > len(buf):
-            raise _NotPlain
-        (count,) = _INT32.unpack_from(buf, offset)
-        offset += _INT32.size
+        return encoded - 1, offset
+    if offset + _INT32.size > len(buf):
+        raise _NotPlain
+    (length,) = _INT32.unpack_from(buf, offset)
+    return length, offset + _INT32.size
+
+
+def _count(buf: memoryview, offset: int, flexible: bool) -> tuple[int, int]:
+    """An array's length; a null or impossible one is the codec's to read."""
+    count, offset = _length(buf, offset, flexible)
     if count < 0 or count > len(buf) - offset:
         raise _NotPlain
     return count, offset
@@ -137,14 +142,7 @@ def _count(buf: memoryview, offset: int, flexible: bool) -> tuple[int, int]:
 
 def _records(buf: memoryview, offset: int, flexible: bool) -> tuple[memoryview | None, int]:
     """A partition's records: a view of the frame, as the codec reads them."""
-    if flexible:
-        encoded, offset = read_unsigned_varint(buf, offset)
-        size = encoded - 1
-    else:
-        if offset + _INT32.size > len(buf):
-            raise _NotPlain
-        (size,) = _INT32.unpack_from(buf, offset)
-        offset += _INT32.size
+    size, offset = _length(buf, offset, flexible)
     if size == _NULL:
         return None, offset
     end = offset + size

@@ -31,6 +31,7 @@ from kio.static.primitive import i32, i32Timedelta, i64
 from kvproxy.protocol.compression import Codec, compress, decompress
 from kvproxy.protocol.messages import encode_response, make_response
 from kvproxy.protocol.records import read_batch
+from tests.harness.bench_modules import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,18 +85,8 @@ def test_schema_bench_quick_writes_every_row(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def hostile() -> Iterator[ModuleType]:
-    """bench/hostile.py as a module (bench/ is no package); sys.path is put back afterwards."""
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("hostile_bench", ROOT / "bench" / "hostile.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with bench_module("hostile") as module:
         yield module
-    finally:
-        sys.path[:] = saved
-        sys.modules.pop(spec.name, None)
 
 
 def test_the_xerial_writer_frames_as_the_proxy_codec_does(hostile: ModuleType) -> None:
@@ -237,20 +228,8 @@ max latency, 11947 ms 50th, 17336 ms 95th, 17575 ms 99th, 17597 ms 99.9th.
 
 @pytest.fixture(scope="module")
 def producer_perf() -> Iterator[ModuleType]:
-    """bench/producer_perf.py as a module; sys.path is put back afterwards."""
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location(
-        "producer_perf_bench", ROOT / "bench" / "producer_perf.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with bench_module("producer_perf") as module:
         yield module
-    finally:
-        sys.path[:] = saved
-        sys.modules.pop(spec.name, None)
 
 
 def test_the_perf_summary_is_read_and_progress_lines_are_not(producer_perf: ModuleType) -> None:
@@ -320,15 +299,8 @@ def test_the_perf_command_is_kafka_tools_producer_performance(producer_perf: Mod
 
 def test_run_all_passes_upstream_only_to_benchmarks_that_take_it() -> None:
     """`run_all.py --upstream` goes to 1, 2 and 3; each of them must accept it."""
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("run_all_bench", ROOT / "bench" / "run_all.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    names = {name for name, _ in module.BENCHMARKS}
+    with bench_module("run_all") as module:
+        names = {name for name, _ in module.BENCHMARKS}
     assert {"throughput", "request_rate", "latency"} == module.WITH_UPSTREAM
     assert names >= module.WITH_UPSTREAM
     for name in sorted(module.WITH_UPSTREAM):

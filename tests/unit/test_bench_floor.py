@@ -8,16 +8,15 @@ answers Metadata through HAProxy with HAProxy's port, while its first listener s
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.harness.bench_modules import bench_module
 from tests.harness.kafka_broker import KAFKA_4, Listener, api_versions_ok, run_kafka
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,18 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def common() -> Iterator[ModuleType]:
-    """bench/_common.py as a module (bench/ is no package); sys.path is put back afterwards."""
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "bench" / "_common.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with bench_module("_common") as module:
         yield module
-    finally:
-        sys.path[:] = saved
-        sys.modules.pop(spec.name, None)
 
 
 def test_haproxy_accepts_the_generated_configuration(common: ModuleType, tmp_path: Path) -> None:
@@ -95,14 +84,8 @@ def test_run_all_gathers_the_floor_rows_of_the_benchmarks_that_ran(
         (tmp_path / f"{name}.json").write_text(
             json.dumps({"against_floor": [dataclasses.asdict(row) for row in found]})
         )
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("run_all_floor", ROOT / "bench" / "run_all.py")
-    assert spec is not None and spec.loader is not None
-    run_all = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(run_all)
-    finally:
-        sys.path[:] = saved
+    with bench_module("run_all") as loaded:
+        run_all = loaded
     monkeypatch.setattr(run_all, "RESULTS", tmp_path)
     table = run_all._against_floor(["throughput", "request_rate", "latency", "engine"])
     assert len(table) == 3

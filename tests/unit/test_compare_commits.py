@@ -7,27 +7,19 @@ the benchmarks themselves is left to the command.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
-def compare() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "compare_commits_bench", ROOT / "bench" / "compare_commits.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def compare() -> Iterator[ModuleType]:
+    with bench_module("compare_commits") as module:
+        yield module
 
 
 def run(

@@ -4,28 +4,24 @@ valgrind; the test is not skipped without it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.harness.bench_modules import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CASES = ("produce_small", "merge_small")
 
 
 @pytest.fixture(scope="module")
-def instructions() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "instructions_bench", ROOT / "bench" / "instructions.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def instructions() -> Iterator[ModuleType]:
+    with bench_module("instructions") as module:
+        yield module
 
 
 def test_a_case_grown_beyond_the_tolerance_fails_the_check_by_name(
