@@ -75,8 +75,11 @@ STUB_PRODUCE: Final = range(STUB_API_VERSIONS[PRODUCE][0], STUB_API_VERSIONS[PRO
 REPLAY: Final = 500
 """Inputs sent again, twice, after the run: the memory measure (see `test_fuzz_proxy`)."""
 REPLAY_BLOCK_TOLERANCE: Final = 250
-SETTLE_TRIES: Final = 3
-"""Measurements after the replay, one second apart, before a growth counts as a leak."""
+SETTLE_TRIES: Final = 10
+"""Measurements after the replay, one second apart, before a growth counts as a leak: a leak
+stays, while the futures and callbacks of requests a loaded machine has not finished yet go (a
+fresh-clone run at load 7 read +429 blocks after three tries; quiet runs read +128 to +217 at
+once)."""
 REPLAY_RSS_TOLERANCE: Final = 64 * 1024 * 1024
 """The proxy's buffer pool may keep up to 64 MiB of large-frame buffers for reuse
 (`kvproxy.protocol.framing.BufferPool`); the allocators keep freed arenas."""
