@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup compiler system-deps java-deps haproxy valgrind browser lint test demo bench fuzz clean
+.PHONY: setup compiler system-deps java-deps localhost-names haproxy valgrind browser lint test demo bench \
+	fuzz clean
 
 # The compiled record scan (protocol/records/_skim.c) is built by the install: a change to it
 # reinstalls; the compiler comes first (order-only: installing it does not force a reinstall)
@@ -43,6 +44,15 @@ java-deps:
 		$(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y --no-install-recommends default-jdk-headless maven; }
 
+# glibc's myhostname NSS module, so that every name under `localhost` (RFC 6761) resolves to
+# loopback without editing /etc/hosts: the SNI tests name each broker
+# `broker-N.kafka.localhost`; installing the package adds `myhostname` to /etc/nsswitch.conf
+localhost-names:
+	@getent hosts x.kafka.localhost >/dev/null 2>&1 || { \
+		echo "names under localhost do not resolve: installing libnss-myhostname with apt-get"; \
+		$(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y --no-install-recommends libnss-myhostname; }
+
 setup: $(STAMP) system-deps
 
 # HAProxy in TCP mode: the floor the network benchmarks measure kvproxy against (Debian installs
@@ -70,7 +80,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint browser java-deps haproxy valgrind
+test: lint browser java-deps localhost-names haproxy valgrind
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup
