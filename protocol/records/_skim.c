@@ -145,10 +145,11 @@ valid_utf8(const uint8_t *s, Py_ssize_t n)
     return 1;
 }
 
-/* One record at the cursor; 0 when it is not plainly well formed. */
-static inline int
+/* One record at the cursor; 0 when it is not plainly well formed. Its value is the bytes from
+ * value[0] to value[1] (null: *null_value). */
+static inline __attribute__((always_inline)) int
 skim_record(Cursor *cur, int64_t first, int64_t max_timestamp, int log_append,
-            int64_t *timestamp, int *null_key)
+            int64_t *timestamp, int *null_key, Py_ssize_t value[2], int *null_value)
 {
     int64_t length, ignored, headers;
     Py_ssize_t start, field;
@@ -169,8 +170,9 @@ skim_record(Cursor *cur, int64_t first, int64_t max_timestamp, int log_append,
         return 0;
     if (!read_varint(cur, 5, &ignored)) /* offset delta */
         return 0;
-    if (!skip_field(cur, 1, null_key, &field) || !skip_field(cur, 1, &null, &field))
+    if (!skip_field(cur, 1, null_key, &field) || !skip_field(cur, 1, null_value, &value[0]))
         return 0;
+    value[1] = cur->pos;
     if (!read_varint(cur, 5, &headers) || headers < 0)
         return 0;
     for (int64_t h = 0; h < headers; h++) {
@@ -190,9 +192,11 @@ skim(const uint8_t *data, Py_ssize_t size, int64_t count, int64_t first, int64_t
 {
     Cursor cur = {data, size, V2_HEADER_SIZE}; /* a local: its fields stay in registers */
     int64_t timestamp, low = 0, high = 0, null_keys = 0;
-    int null_key;
+    int null_key, null_value;
+    Py_ssize_t value[2];
     for (int64_t index = 0; index < count; index++) {
-        if (!skim_record(&cur, first, max_timestamp, log_append, &timestamp, &null_key))
+        if (!skim_record(&cur, first, max_timestamp, log_append, &timestamp, &null_key, value,
+                         &null_value))
             return 0;
         null_keys += null_key;
         if (index == 0)
@@ -231,6 +235,27 @@ record_scan(PyObject *count, const Scan *scan)
     return result;
 }
 
+/* The four arguments after the buffer, shared by skim_v2 and values_v2; 0 with an exception. */
+static int
+read_arguments(PyObject *const *args, long long *count, long long *first,
+               long long *max_timestamp, int *log_append)
+{
+    int overflow;
+    *count = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (*count == -1 && PyErr_Occurred())
+        return 0;
+    if (overflow) /* more records than any buffer holds, or fewer than none: as Python loops */
+        *count = overflow > 0 ? LLONG_MAX : -1;
+    *first = PyLong_AsLongLong(args[2]);
+    if (*first == -1 && PyErr_Occurred())
+        return 0;
+    *max_timestamp = PyLong_AsLongLong(args[3]);
+    if (*max_timestamp == -1 && PyErr_Occurred())
+        return 0;
+    *log_append = PyObject_IsTrue(args[4]);
+    return *log_append >= 0;
+}
+
 PyDoc_STRVAR(skim_v2_doc,
 "skim_v2(plain, count, first_timestamp, max_timestamp, log_append_time)\n--\n\n"
 "Count, timestamp range and null keys of an uncompressed magic 2 batch (plain: any buffer\n"
@@ -245,20 +270,9 @@ skim_v2(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "skim_v2() takes 5 arguments (%zd given)", nargs);
         return NULL;
     }
-    int overflow;
-    long long count = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (count == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow) /* more records than any buffer holds, or fewer than none: as Python loops */
-        count = overflow > 0 ? LLONG_MAX : -1;
-    long long first = PyLong_AsLongLong(args[2]);
-    if (first == -1 && PyErr_Occurred())
-        return NULL;
-    long long max_timestamp = PyLong_AsLongLong(args[3]);
-    if (max_timestamp == -1 && PyErr_Occurred())
-        return NULL;
-    int log_append = PyObject_IsTrue(args[4]);
-    if (log_append < 0)
+    long long count, first, max_timestamp;
+    int log_append;
+    if (!read_arguments(args, &count, &first, &max_timestamp, &log_append))
         return NULL;
 
     Py_buffer view;
@@ -280,8 +294,73 @@ skim_v2(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return record_scan(args[1], &scan);
 }
 
+/* Every record's value as bytes (None for a null one) in a list, walking the records as skim()
+ * does; None when the batch is not plainly well formed, NULL with an exception set when memory
+ * runs out. */
+static PyObject *
+values(const uint8_t *data, Py_ssize_t size, int64_t count, int64_t first, int64_t max_timestamp,
+       int log_append)
+{
+    if (count < 0) /* no record read, as skim() reads none */
+        count = 0;
+    if (count > size) /* every record takes at least one byte */
+        return Py_NewRef(Py_None);
+    Cursor cur = {data, size, V2_HEADER_SIZE};
+    PyObject *list = PyList_New((Py_ssize_t)count);
+    if (list == NULL)
+        return NULL;
+    int64_t timestamp;
+    int null_key, null_value;
+    Py_ssize_t value[2];
+    for (Py_ssize_t index = 0; index < (Py_ssize_t)count; index++) {
+        if (!skim_record(&cur, first, max_timestamp, log_append, &timestamp, &null_key, value,
+                         &null_value))
+            goto declined;
+        PyObject *item = null_value ? Py_NewRef(Py_None)
+                                    : PyBytes_FromStringAndSize((const char *)data + value[0],
+                                                                value[1] - value[0]);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, index, item);
+    }
+    if (cur.pos == cur.size)
+        return list;
+declined:
+    Py_DECREF(list);
+    return Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(values_v2_doc,
+"values_v2(plain, count, first_timestamp, max_timestamp, log_append_time)\n--\n\n"
+"Every record's value (bytes, None when null) of an uncompressed magic 2 batch, read as\n"
+"skim_v2 walks it; None when the batch is not plainly well formed (skim_v2 says None too).");
+
+static PyObject *
+values_v2(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "values_v2() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long count, first, max_timestamp;
+    int log_append;
+    if (!read_arguments(args, &count, &first, &max_timestamp, &log_append))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result =
+        values((const uint8_t *)view.buf, view.len, count, first, max_timestamp, log_append);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef skim_methods[] = {
     {"skim_v2", (PyCFunction)(void (*)(void))skim_v2, METH_FASTCALL, skim_v2_doc},
+    {"values_v2", (PyCFunction)(void (*)(void))values_v2, METH_FASTCALL, values_v2_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,7 +15,7 @@ from kvproxy.protocol.errors import CorruptRecords, InvalidRecords
 from kvproxy.protocol.records.batch import RecordBatch
 from kvproxy.protocol.records.layout import V2_ATTRIBUTES_POS, V2_HEADER, V2_HEADER_SIZE
 from kvproxy.protocol.records.record import Record, RecordScan
-from kvproxy.protocol.records.skim import SKIM_FROM_BYTES_PER_RECORD, skim_v2
+from kvproxy.protocol.records.skim import SKIM_FROM_BYTES_PER_RECORD, skim_v2, values_v2
 from kvproxy.protocol.records.structure import PREMATURE_EOF, RECORDS_REMAINING, v2_structure_error
 
 _tuple_new = tuple.__new__
@@ -122,8 +122,19 @@ class V2Batch(RecordBatch):
 
     def values(self) -> Iterator[bytes | None]:
         count = self._checked_count()
-        index = 0
         plain = self._plain_v2()  # outside the try: a decompression error is its own
+        if values_v2 is not None:  # compiled: the values alone, no record objects
+            log_append = self.timestamp_type == 1
+            read = values_v2(plain, count, self.first_timestamp, self.max_timestamp, log_append)
+            if read is not None:
+                return iter(read)
+        return self._read_values(plain, count)
+
+    def _read_values(
+        self, plain: memoryview | bytes | bytearray, count: int
+    ) -> Iterator[bytes | None]:
+        """The values by aiokafka's reader: its errors as `_raw_records` words them."""
+        index = 0
         try:
             for raw in DefaultRecordBatch(plain):
                 yield raw.value

@@ -10,6 +10,10 @@ the pure-Python one below: the same answers, one per batch. Compiled, it costs a
 per record and every batch is skimmed; in Python it pays off only for large records
 (`SKIM_FROM_BYTES_PER_RECORD`).
 
+`values_v2`, compiled only (None without the extension), reads every record's value in the
+same walk: the `bytes` of each value and nothing else, for checks that read only values (the
+`json` policy), where aiokafka's reader would build a record object per record.
+
 The skim accepts only what is plainly well formed (every length within the buffer, every record
 exactly its declared length, the declared count, nothing after it); on anything else it returns
 None and the caller reads the batch with the C reader, whose error is the one answered.
@@ -28,10 +32,16 @@ __all__ = [
     "SKIM_FROM_BYTES_PER_RECORD",
     "python_skim_v2",
     "skim_v2",
+    "values_v2",
 ]
 
 SkimV2 = Callable[[bytes | bytearray | memoryview, int, int, int, bool], RecordScan | None]
 """(plain batch, record count, first timestamp, max timestamp, log append time) -> scan."""
+
+ValuesV2 = Callable[
+    [bytes | bytearray | memoryview, int, int, int, bool], list[bytes | None] | None
+]
+"""The same arguments -> every record's value, or None when the batch is not plainly well formed."""
 
 PYTHON_SKIM_FROM_BYTES_PER_RECORD = 16 * 1024
 """The pure-Python skim runs for batches whose records average at least this many bytes: there
@@ -139,19 +149,21 @@ def _header_key(view: memoryview, start: int, end: int) -> None:
         raise _Malformed from None
 
 
-def _compiled_skim() -> SkimV2 | None:
-    """The compiled skim, or None when it was not built (no C compiler where it was installed)."""
+def _compiled_skim() -> tuple[SkimV2, ValuesV2] | None:
+    """The compiled skim and value reader, or None when they were not built (no C compiler
+    where kvproxy was installed)."""
     try:
         from kvproxy.protocol.records import _skim  # noqa: PLC0415
     except ImportError:
         return None
-    return _skim.skim_v2
+    return _skim.skim_v2, _skim.values_v2
 
 
 _compiled = _compiled_skim()
 COMPILED: bool = _compiled is not None
 """Whether `skim_v2` is the compiled skim (the proxy says which at start-up)."""
-skim_v2: SkimV2 = python_skim_v2 if _compiled is None else _compiled
+skim_v2: SkimV2 = python_skim_v2 if _compiled is None else _compiled[0]
+values_v2: ValuesV2 | None = None if _compiled is None else _compiled[1]
 SKIM_FROM_BYTES_PER_RECORD = 0 if COMPILED else PYTHON_SKIM_FROM_BYTES_PER_RECORD
 """Batches whose records average at least this many bytes are skimmed: every batch when the
 skim is compiled."""

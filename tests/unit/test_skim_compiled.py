@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,12 @@ def compiled_skim() -> Callable[..., Any]:
     return _skim.skim_v2
 
 
+def compiled_values() -> Callable[..., Any]:
+    from kvproxy.protocol.records import _skim
+
+    return _skim.values_v2
+
+
 # ---- the build ----
 
 
@@ -51,6 +58,7 @@ def test_the_installed_package_has_the_compiled_skim_and_uses_it() -> None:
     assert skim.COMPILED
     assert skim.skim_v2 is _skim.skim_v2
     assert batch_v2.skim_v2 is _skim.skim_v2
+    assert batch_v2.values_v2 is _skim.values_v2
     assert batch_v2.SKIM_FROM_BYTES_PER_RECORD == 0  # every batch is skimmed
     source = ROOT / "protocol" / "records" / "_skim.c"
     assert Path(_skim.__file__).stat().st_mtime >= source.stat().st_mtime, (
@@ -110,16 +118,25 @@ def plain(*records: bytes) -> bytes:
 
 
 def agree(buffer: Any, count: int, first: int, max_ts: int, log_append: bool) -> Any:
-    """Both skims on the same input; their common answer."""
+    """Both skims on the same input; their common answer. The compiled value reader declines
+    exactly the batches the skims decline, and reads the others' values as aiokafka does."""
     expected = python_skim_v2(buffer, count, first, max_ts, log_append)
-    assert compiled_skim()(buffer, count, first, max_ts, log_append) == expected, (
-        bytes(buffer)[V2_HEADER_SIZE : V2_HEADER_SIZE + 80],
-        count,
-        first,
-        max_ts,
-        log_append,
-    )
+    shown = (bytes(buffer)[V2_HEADER_SIZE : V2_HEADER_SIZE + 80], count, first, max_ts, log_append)
+    assert compiled_skim()(buffer, count, first, max_ts, log_append) == expected, shown
+    values = compiled_values()(buffer, count, first, max_ts, log_append)
+    if expected is None:
+        assert values is None, shown
+    else:
+        assert values == reader_values(bytes(buffer), count), shown
     return expected
+
+
+def reader_values(batch: bytes, count: int) -> list[bytes | None]:
+    """The values aiokafka's C reader reads from an uncompressed batch (the count put in its
+    header, which `plain` leaves zero)."""
+    header = bytearray(batch[:V2_HEADER_SIZE])
+    header[V2_HEADER_SIZE - 4 :] = max(count, 0).to_bytes(4, "big")  # a negative one reads none
+    return [record.value for record in DefaultRecordBatch(bytes(header) + batch[V2_HEADER_SIZE:])]
 
 
 def test_a_plain_batch_gives_a_record_scan() -> None:
@@ -337,6 +354,7 @@ def test_the_skims_agree_on_kafka_log_segments(folder: str) -> None:
     for rb, scan in scans_of(segment_bytes(folder)):
         assert scan is not None, f"a batch Kafka wrote was declined: {rb.base_offset}"
         assert scan == reader_scan(rb) == rb.scan()
+        assert list(rb.values()) == [r.value for r in read_batch(rb.buffer)[0].records()]
         scanned += 1
     assert scanned
 
@@ -350,6 +368,7 @@ def test_the_skims_agree_on_golden_produce_requests() -> None:
                 if partition.records:
                     for rb, scan in scans_of(bytes(partition.records)):
                         assert scan == reader_scan(rb) == rb.scan()
+                        assert list(rb.values()) == [r.value for r in rb.records()]
                         scanned += 1
     assert scanned >= 10
 
@@ -363,6 +382,7 @@ def hide_compiled_skim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         batch_v2, "SKIM_FROM_BYTES_PER_RECORD", skim.PYTHON_SKIM_FROM_BYTES_PER_RECORD
     )
+    monkeypatch.setattr(batch_v2, "values_v2", None)
 
 
 def decision_batches() -> list[bytes]:
@@ -408,6 +428,29 @@ def test_the_proxy_decides_the_same_without_the_compiled_skim(
     hide_compiled_skim(monkeypatch)
     assert decisions(batches) == with_compiled
     assert any(rejected for verdicts, _ in with_compiled for rejected, _ in verdicts)
+
+
+def batch_values(batches: list[bytes]) -> list[Any]:
+    """Each batch's values as the checks that read only values get them, or the error raised."""
+    out: list[Any] = []
+    for batch in batches:
+        try:
+            rb = read_batch(batch)[0]
+            out.append(list(rb.values()))
+        except Exception as exc:
+            out.append((type(exc).__name__, str(exc)))
+    return out
+
+
+def test_values_are_the_same_without_the_compiled_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compressed, null keys and values, damaged batches: the same values or the same error."""
+    nulls = build_batch([(b"k", None, None, None), (None, b"", None, None)], codec=Codec.GZIP)
+    batches = [*decision_batches(), nulls]
+    with_compiled = batch_values(batches)
+    hide_compiled_skim(monkeypatch)
+    assert batch_values(batches) == with_compiled
+    assert any(isinstance(values, tuple) for values in with_compiled)  # some errors compared
+    assert [None, b""] in with_compiled
 
 
 def test_without_the_module_the_pure_python_skim_is_chosen() -> None:
