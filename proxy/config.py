@@ -27,6 +27,13 @@ from kvproxy.policies.producer_state import ProducerStateTracker
 from kvproxy.policies.topic_patterns import PatternError, compile_pattern
 from kvproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.sni_names import (
+    MAX_NODE_ID,
+    NODE_ID,
+    SniNames,
+    dns_name_problem,
+    normal_name,
+)
 from kvproxy.settings.addresses import parse_host_port
 from kvproxy.settings.loading import Section, read_document, report, validate
 from kvproxy.settings.rules import RULE_SECTIONS, RuleSections
@@ -64,6 +71,61 @@ class ListenerTls(Section):
     the time of the handshake (mutual TLS); when unset, client certificates are not asked for."""
 
 
+class ListenSni(Section):
+    """One TLS port for the bootstrap and every broker: the server name a client sends (SNI)
+    chooses which (`kvproxy.proxy.sni_names`)."""
+
+    host: str | None = None
+    """The address to bind; default `listen.host`."""
+    port: int = Field(ge=0, le=65535)
+    advertised_port: int | None = Field(default=None, ge=1, le=65535)
+    """The port answers to clients name (a load balancer's or an ingress's, e.g. 443); default
+    `port`."""
+    bootstrap: str
+    """The bootstrap's server name."""
+    brokers: str
+    """A broker's server name, with one `$(nodeId)`: "broker-$(nodeId).kafka.example.com"."""
+    without_sni: Literal["refuse", "bootstrap"] = "refuse"
+    """A client that sends no server name: refused with a TLS alert, or served the bootstrap."""
+    tls: ListenerTls | None = None
+    """Default `listen.tls`; one of the two is required."""
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_name(cls, name: str) -> str:
+        name = normal_name(name)
+        problem = dns_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{name!r} is not a DNS name: it {problem}")
+        return name
+
+    @field_validator("brokers")
+    @classmethod
+    def _brokers_pattern(cls, pattern: str) -> str:
+        pattern = NODE_ID.join(normal_name(part) for part in pattern.split(NODE_ID))
+        if pattern.count(NODE_ID) != 1:
+            raise ValueError(
+                f"{pattern!r} must hold {NODE_ID} exactly once (where the node id goes)"
+            )
+        problem = dns_name_problem(pattern.replace(NODE_ID, str(MAX_NODE_ID)))
+        if problem is not None:
+            raise ValueError(f"{pattern!r} does not make DNS names: with a node id it {problem}")
+        return pattern
+
+    @model_validator(mode="after")
+    def _names_apart(self) -> ListenSni:
+        if self.names.broker_of(self.bootstrap) is not None:
+            raise ValueError(
+                f"bootstrap {self.bootstrap!r} matches the brokers pattern {self.brokers!r}: "
+                "it would name a broker"
+            )
+        return self
+
+    @property
+    def names(self) -> SniNames:
+        return SniNames(self.bootstrap, self.brokers)
+
+
 class ListenConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=9192, ge=0, le=65535)
@@ -77,6 +139,16 @@ class ListenConfig(Section):
     `[lowest_node_id, lowest_node_id + max_brokers)` has no port."""
     max_brokers: int = Field(default=100, ge=1, le=10000)
     tls: ListenerTls | None = None
+    port_per_broker: bool = True
+    """The bootstrap port and a port per broker; false: only the SNI listener (`sni`)."""
+    sni: ListenSni | None = None
+
+    @property
+    def sni_tls(self) -> ListenerTls | None:
+        """The SNI listener's TLS: its own, or the port-per-broker listeners'."""
+        if self.sni is None:
+            return None
+        return self.sni.tls or self.tls
 
     @property
     def public_host(self) -> str:
@@ -139,7 +211,31 @@ class ListenConfig(Section):
                 f"port {self.port} falls inside the broker port range starting at "
                 f"{self.broker_port_base}"
             )
+        self._sni_fits()
         return self
+
+    def _sni_fits(self) -> None:
+        if self.sni is None:
+            if not self.port_per_broker:
+                raise ValueError(
+                    "port_per_broker: false needs sni: without either, no client could connect"
+                )
+            return
+        if self.sni_tls is None:
+            raise ValueError(
+                "sni needs TLS (the server name is read from the TLS handshake): set sni.tls "
+                "or listen.tls"
+            )
+        port = self.sni.port
+        if not self.port_per_broker or not port:
+            return
+        if port == self.port:
+            raise ValueError(f"sni.port {port} is the bootstrap's port (listen.port)")
+        if self.broker_port_base <= port < self.broker_port_base + self.max_brokers:
+            raise ValueError(
+                f"sni.port {port} falls inside the broker port range starting at "
+                f"{self.broker_port_base}"
+            )
 
 
 class UpstreamTls(Section):
