@@ -182,6 +182,12 @@ class ProxyMetrics:
             ["upstream"],
             registry=r,
         )
+        self.tls_handshake_failures = Counter(
+            "kvproxy_tls_handshake_failures",
+            "Failed TLS handshakes of clients, by listener (bootstrap, broker, sni) and reason",
+            ["listener", "reason"],
+            registry=r,
+        )
         self.reloads = Counter(
             "kvproxy_config_reloads", "Configuration reloads by result", ["result"], registry=r
         )

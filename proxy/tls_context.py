@@ -7,11 +7,15 @@ Shared by the relay and every command that talks to the cluster itself (`kvproxy
 from __future__ import annotations
 
 import ssl
+from typing import TYPE_CHECKING
 
 from kvproxy.proxy.config import ProxyConfig
 
+if TYPE_CHECKING:
+    from kvproxy.proxy.tls_accept import Acceptance
 
-def client_side_ssl(config: ProxyConfig) -> ssl.SSLContext | None:
+
+def client_side_ssl(config: ProxyConfig) -> ListenerContext | None:
     """The context of the proxy's listeners (`listen.tls`); None for plain TCP."""
     tls = config.listen.tls
     if tls is None:
@@ -38,9 +42,11 @@ class AlertingSSLObject(ssl.SSLObject):
     next bytes); a client that closes on the alert ends the connection itself, and one that
     does neither is closed by the loop's handshake timeout (60 s), as a client that never
     finishes its handshake always was. A failure with nothing to send (bytes that are not TLS at
-    all) is raised at once, as before."""
+    all) is raised at once, as before. Either way the failure is recorded on the connection's
+    acceptance (`kvproxy.proxy.tls_accept`) when it happens, so that it can be logged."""
 
     outgoing: ssl.MemoryBIO | None = None
+    acceptance: Acceptance | None = None
     _failure: ssl.SSLError | None = None
 
     def do_handshake(self) -> None:
@@ -51,6 +57,8 @@ class AlertingSSLObject(ssl.SSLObject):
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise
         except ssl.SSLError as exc:
+            if self.acceptance is not None:
+                self.acceptance.recorded(exc)
             if self.outgoing is None or not self.outgoing.pending:
                 raise
             self._failure = exc
@@ -59,9 +67,11 @@ class AlertingSSLObject(ssl.SSLObject):
 
 class ListenerContext(ssl.SSLContext):
     """The listeners' context: its sessions know their outgoing buffer (see
-    :class:`AlertingSSLObject`)."""
+    :class:`AlertingSSLObject`) and the acceptance they serve: the one set in `accepting`
+    while the loop's TLS protocol makes its SSL object."""
 
     sslobject_class = AlertingSSLObject
+    accepting: Acceptance | None = None
 
     def wrap_bio(  # type: ignore[override]
         self,
@@ -74,6 +84,7 @@ class ListenerContext(ssl.SSLContext):
         tls = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
         if isinstance(tls, AlertingSSLObject):
             tls.outgoing = outgoing
+            tls.acceptance = self.accepting
         return tls
 
 
