@@ -215,9 +215,10 @@ def _check(args: argparse.Namespace) -> int:
         print(f"  {line}")
     _print_rules(routing)
     routing.close()
-    if getattr(args, "connect", False):
-        return max(_check_cluster(config), _check_registry(config))
-    return 0
+    if not getattr(args, "connect", False):
+        return _check_certificate(config, node_ids=None)
+    cluster, node_ids = _check_cluster(config)
+    return max(cluster, _check_registry(config), _check_certificate(config, node_ids))
 
 
 _SERVE_ONLY_SECTIONS = frozenset(ProxyConfig.model_fields) - {
@@ -291,9 +292,10 @@ def _check_registry(config: ProxyConfig) -> int:
     return 1
 
 
-def _check_cluster(config: ProxyConfig) -> int:
+def _check_cluster(config: ProxyConfig) -> tuple[int, list[int] | None]:
     """What `serve` would do with the cluster's brokers: each node's proxy port, or why a node
-    has none. 0: every node has a port; 1: the cluster did not answer; 2: a node has no port."""
+    has none. 0: every node has a port; 1: the cluster did not answer; 2: a node has no port.
+    With the node ids the cluster named (None: it did not answer)."""
     import asyncio  # noqa: PLC0415
 
     from kvproxy.client.async_requests import fetch_broker_addresses  # noqa: PLC0415
@@ -325,7 +327,7 @@ def _check_cluster(config: ProxyConfig) -> int:
             "kvproxy: the cluster did not answer: serve would listen but not be ready",
             file=sys.stderr,
         )
-        return 1
+        return 1, None
     listen = config.listen
     ports, problems = listen.plan_ports(sorted(nodes))
     print(f"  cluster: {len(nodes)} broker(s)")
@@ -334,7 +336,38 @@ def _check_cluster(config: ProxyConfig) -> int:
             print(f"    node {node_id} at {host}:{port} -> {listen.public_host}:{ports[node_id]}")
     for problem in problems:
         print(f"kvproxy: {problem}", file=sys.stderr)
-    return 2 if problems else 0
+    return 2 if problems else 0, sorted(nodes)
+
+
+def _check_certificate(config: ProxyConfig, node_ids: list[int] | None) -> int:
+    """The SNI listener's certificate against its server names (every node's when the cluster
+    named them): 0 when it covers them all and is valid now, 1 when it lacks a name or is out
+    of its validity period, 2 when it cannot be read (serve would not start)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from kvproxy.commands.certificate_coverage import (  # noqa: PLC0415  (cryptography: only here)
+        certificate_coverage,
+        read_certificate,
+    )
+
+    sni, tls = config.listen.sni, config.listen.sni_tls
+    if sni is None or tls is None:
+        return 0
+    try:
+        certificate = read_certificate(tls.cert_file)
+    except (OSError, ValueError) as exc:
+        print(
+            f"kvproxy: cannot read the SNI listener's certificate {tls.cert_file}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    coverage = certificate_coverage(certificate, sni.names, node_ids, datetime.now(UTC))
+    print(f"  SNI listener certificate {tls.cert_file}:")
+    for line in coverage.lines:
+        print(f"    {line}")
+    for problem in coverage.problems:
+        print(f"kvproxy: the SNI listener's certificate {tls.cert_file} {problem}", file=sys.stderr)
+    return 1 if coverage.problems else 0
 
 
 def add_commands(subparsers: Any) -> None:

@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
+from kvproxy.cli import main
+from kvproxy.client import async_requests
 from kvproxy.commands.certificate_coverage import (
     Certificate,
     certificate_coverage,
@@ -194,3 +196,90 @@ def test_a_file_without_a_certificate_cannot_be_read(tmp_path: Path) -> None:
     trustme.CA().issue_cert("kafka.example.com").private_key_pem.write_to_path(str(path))
     with pytest.raises(ValueError):
         read_certificate(path)
+
+
+# ---- `kvproxy check` on a config with an SNI listener ----
+
+CONFIG = """\
+listen:
+  sni:
+    port: 9443
+    bootstrap: kafka.example.com
+    brokers: broker-$(nodeId).kafka.example.com
+    tls: {cert_file: server.pem, key_file: server.key}
+upstream: {bootstrap_servers: ["k:1"]}
+"""
+
+
+def run_check(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    identities: tuple[str, ...],
+    *arguments: str,
+) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of `kvproxy check -c kvproxy.yaml` beside a certificate
+    for `identities`."""
+    leaf = trustme.CA().issue_cert(*identities)
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    (tmp_path / "kvproxy.yaml").write_text(CONFIG)
+    monkeypatch.chdir(tmp_path)
+    code = main(["check", "-c", "kvproxy.yaml", *arguments])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_names_what_the_certificate_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_check(tmp_path, monkeypatch, capsys, ("*.kafka.example.com",))
+    assert code == 1
+    assert "  SNI listener certificate server.pem:\n" in out
+    assert err.splitlines() == [
+        "kvproxy: the SNI listener's certificate server.pem does not cover the bootstrap name "
+        "kafka.example.com"
+    ]
+
+
+def test_check_passes_a_certificate_covering_every_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    identities = ("kafka.example.com", "*.kafka.example.com")
+    code, out, err = run_check(tmp_path, monkeypatch, capsys, identities)
+    assert (code, err) == (0, "")
+    assert "    kafka.example.com (bootstrap): covered by kafka.example.com\n" in out
+    assert (
+        "    broker-$(nodeId).kafka.example.com (brokers): every broker covered by "
+        "*.kafka.example.com\n" in out
+    )
+
+
+def test_check_connect_names_the_broker_the_certificate_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def three_brokers(*_args: object, **_kwargs: object) -> dict[int, tuple[str, int]]:
+        return {node: (f"k{node}", 9092) for node in (1, 2, 3)}
+
+    monkeypatch.setattr(async_requests, "fetch_broker_addresses", three_brokers)
+    brokers = ("broker-1.kafka.example.com", "broker-2.kafka.example.com")
+    identities = ("kafka.example.com", *brokers)
+    code, out, err = run_check(tmp_path, monkeypatch, capsys, identities, "--connect")
+    assert code == 1
+    assert "2 of the cluster's 3 broker name(s) covered" in out
+    assert err.splitlines() == [
+        "kvproxy: the SNI listener's certificate server.pem does not cover "
+        "broker-3.kafka.example.com (node 3)"
+    ]
+
+
+def test_check_says_when_the_certificate_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "server.pem").write_text("not a certificate\n")
+    (tmp_path / "kvproxy.yaml").write_text(CONFIG)
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "-c", "kvproxy.yaml"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "kvproxy: cannot read the SNI listener's certificate server.pem: "
+    )
