@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,13 +90,16 @@ def java_client_argv(
     bootstrap: str,
     props: dict[str, str] | None = None,
     version: str = KAFKA_4,
+    jvm: Sequence[str] = (),
     **args: str | int,
 ) -> list[str]:
-    """`java ... KvproxyJavaClient command --bootstrap B --name value ... --prop k=v ...`."""
+    """`java ... KvproxyJavaClient command --bootstrap B --name value ... --prop k=v ...`;
+    `jvm`: more options of the JVM (system properties such as `-Djava.net.preferIPv4Stack=true`)."""
     classes = compiled(version)
     argv = [
         shutil.which("java") or "java",
         *JVM_OPTIONS,
+        *jvm,
         f"-Dlog4j2.configurationFile={classes / 'log4j2.properties'}",
         "-cp",
         f"{classes}:{kafka_classpath(version)}",
@@ -118,11 +121,12 @@ def run_java_client(
     *,
     props: dict[str, str] | None = None,
     version: str = KAFKA_4,
+    jvm: Sequence[str] = (),
     timeout: float = 180,
     **args: str | int,
 ) -> JavaRun:
     """Run one command to its end and return the JSON line it printed."""
-    argv = java_client_argv(command, bootstrap, props, version, **args)
+    argv = java_client_argv(command, bootstrap, props, version, jvm, **args)
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
     )

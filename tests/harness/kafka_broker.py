@@ -12,6 +12,7 @@ Usage::
         cluster.leader_of("t", 0)                    # node id leading partition 0
         cluster.node(2).kill()                       # kill -9
         cluster.node(2).start()                      # same ports, same log directory
+        cluster.add_broker()                         # broker 4 joins the running cluster
 
 The jars of each version are resolved once with Maven (``mvn dependency:copy-dependencies`` of
 ``kafka_jvm/pom.xml``) into ``$KVPROXY_KAFKA_CACHE`` (default ``~/.cache/kvproxy/kafka``); nothing
@@ -439,6 +440,33 @@ class KafkaCluster:
         self.node(node_id).start()
         self.wait_ready([node_id] if self.node(node_id).is_broker else None)
 
+    def add_broker(self) -> KafkaNode:
+        """A new broker joining the running cluster (a multi-broker one: the combined node is
+        the only voter of its own): the next node id, the same cluster id, controller quorum,
+        listeners and settings as the others; started and waited for until every broker's
+        Metadata names it."""
+        model = self.brokers[-1]
+        assert model.roles == "broker", "a broker joins a cluster with a separate controller"
+        node_id = max(node.node_id for node in self.brokers) + 1
+        if node_id == CONTROLLER_ID:
+            node_id += 1
+        node = KafkaNode(
+            self.version,
+            node_id,
+            "broker",
+            self.directory / f"node-{node_id}",
+            model.controller_port,
+            model.voters,
+            model.listeners,
+            model.properties,
+            model.format_arguments,
+        )
+        self.nodes.append(node)
+        node.write_config(self.cluster_id)
+        node.start()
+        self.wait_ready()
+        return node
+
     # -- topics through the Java-independent admin client (librdkafka) ------------------------
     def admin(self, **settings: str):  # type: ignore[no-untyped-def]
         from confluent_kafka.admin import AdminClient
@@ -452,16 +480,27 @@ class KafkaCluster:
         config: Mapping[str, str] | None = None,
         replication_factor: int | None = None,
         timeout: float = 30.0,
+        *,
+        replicas_on: Sequence[Sequence[int]] | None = None,
     ) -> str:
         """Create a topic (a fresh unique name unless given) and wait until every partition has a
-        leader in Metadata. Replication factor: the number of brokers, at most 3."""
+        leader in Metadata. Replication factor: the number of brokers, at most 3. `replicas_on`:
+        the brokers of each partition instead, its leader first (`[[4]]`: one partition on
+        broker 4); `partitions` and `replication_factor` are then ignored."""
         from confluent_kafka.admin import NewTopic
 
         name = name or f"t-{uuid.uuid4().hex[:12]}"
-        replicas = replication_factor or min(3, len(self.brokers))
+        settings = dict(config or {})
+        if replicas_on is None:
+            replicas = replication_factor or min(3, len(self.brokers))
+            new = NewTopic(name, partitions, replicas, config=settings)
+        else:
+            partitions = len(replicas_on)
+            assignment = [list(brokers) for brokers in replicas_on]
+            new = NewTopic(name, partitions, replica_assignment=assignment, config=settings)
         admin = self.admin()
         futures = admin.create_topics(
-            [NewTopic(name, partitions, replicas, config=dict(config or {}))],
+            [new],
             operation_timeout=timeout,
             request_timeout=timeout,
         )

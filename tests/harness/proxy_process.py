@@ -35,7 +35,14 @@ class ProxyProcess:
     starts: int = 0
 
     @classmethod
-    def in_front_of(cls, directory: Path, servers: list[str], workers: int = 1) -> ProxyProcess:
+    def in_front_of(
+        cls,
+        directory: Path,
+        servers: list[str],
+        workers: int = 1,
+        listen: dict[str, Any] | None = None,
+    ) -> ProxyProcess:
+        """`listen`: more settings of the listen section (the SNI listener's, for one)."""
         config = {
             "listen": {
                 "host": HOST,
@@ -43,6 +50,7 @@ class ProxyProcess:
                 "broker_port_base": free_port_range(10),
                 "lowest_node_id": 0,
                 "max_brokers": 10,
+                **(listen or {}),
             },
             "upstream": {"bootstrap_servers": servers},
             "shutdown": {"drain_timeout_ms": 2000},
