@@ -30,6 +30,8 @@ from kvproxy.proxy.fds import FdExhaustion
 from kvproxy.proxy.metadata_refresh import MetadataRefresh
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.timeout_sweep import sweep_timeouts
+from kvproxy.proxy.tls_accept import HandshakeFailures, serve_tls
+from kvproxy.proxy.tls_context import ListenerContext
 from kvproxy.proxy.upstream_dialer import UpstreamDialer
 
 if TYPE_CHECKING:
@@ -50,7 +52,7 @@ class Listeners:
         journal: Journal | None,
         new_connection: Callable[[int | None], ClientConnection],
         *,
-        client_ssl: ssl.SSLContext | None,
+        client_ssl: ListenerContext | None,
         upstream_ssl: ssl.SSLContext | None,
         reuse_port: bool,
         admin_connections: AdminConnections | None = None,
@@ -66,6 +68,8 @@ class Listeners:
         self._closing = False
         self.fds = FdExhaustion()
         """Running out of file descriptors, logged as such (not as an unreachable upstream)."""
+        self.handshake_failures = HandshakeFailures(metrics)
+        """Failed TLS handshakes of every TLS listener, logged and counted."""
         timeout = config.upstream.connect_timeout_ms / 1000
         self.brokers = BrokerDirectory(config.listen, bootstrap, self, metrics)
         self.readiness = ClusterReadiness(bootstrap, timeout, metrics, self.fds, journal)
@@ -102,19 +106,35 @@ class Listeners:
         async with self._lock:
             if node_id in self._servers:
                 return
-            loop = asyncio.get_running_loop()
-            server = await loop.create_server(
-                functools.partial(self._new_connection, node_id),
-                host=self._config.listen.host,
-                port=port(),
-                ssl=self._client_ssl,
-                reuse_address=True,
-                reuse_port=self._reuse_port,
-            )
+            server = await self._serve(node_id, port())
             self._servers[node_id] = server
             bound = server.sockets[0].getsockname()
             what = "bootstrap" if node_id is None else f"node {node_id}"
             log.info("listening for %s on %s:%s", what, bound[0], bound[1])
+
+    async def _serve(self, node_id: int | None, port: int) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        host = self._config.listen.host
+        if self._client_ssl is None:
+            return await loop.create_server(
+                functools.partial(self._new_connection, node_id),
+                host=host,
+                port=port,
+                reuse_address=True,
+                reuse_port=self._reuse_port,
+            )
+        return await serve_tls(
+            loop,
+            lambda node, _acceptance: self._new_connection(node),
+            host=host,
+            port=port,
+            context=self._client_ssl,
+            listener="bootstrap" if node_id is None else "broker",
+            node_id=node_id,
+            route=None,
+            failures=self.handshake_failures,
+            reuse_port=self._reuse_port,
+        )
 
     def is_open(self, node_id: int) -> bool:
         return node_id in self._servers
@@ -142,6 +162,7 @@ class Listeners:
         for server in self._servers.values():
             server.close()
         await self.connections.drain(drain_timeout)
+        self.handshake_failures.close()
         for server in self._servers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
