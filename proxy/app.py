@@ -138,8 +138,7 @@ async def serve(
 
 def _log_started(server: ProxyServer) -> None:
     """ "ready" only once the cluster has answered; otherwise why not, while listeners serve."""
-    listen = server.config.listen
-    where = f"bootstrap {listen.public_host}:{server.listeners.bootstrap_port}, {listen.port_rule}"
+    where = server.listeners.describe()
     if server.listeners.readiness.cluster_answered:
         log.info("kvproxy ready: %s", where)
     else:

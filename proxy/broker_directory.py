@@ -1,8 +1,10 @@
-"""Where each broker lives and which proxy port stands for it: the node directory.
+"""Where each broker lives and what clients are told for it: the node directory.
 
-The answers rewritten for clients (`kvproxy.proxy.relay_state.NodeDirectory`) name a broker by
-the proxy's public host and the port of that broker's listener; the directory claims that port
-for the node for the life of the process and opens its listener the first time a node is learnt.
+The answers rewritten for clients (`kvproxy.proxy.relay_state.NodeDirectory`) name a broker,
+for a connection that came through a port-per-broker listener, by the proxy's public host and
+the port of that broker's listener: the directory claims that port for the node for the life of
+the process and opens its listener the first time a node is learnt. For a connection that came
+through the SNI listener, every broker is named by its server name on the SNI listener's port.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from kvproxy.proxy.config import ListenConfig, NodePortError, shared_port_problem
 from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.listen_config import ListenConfig, NodePortError, shared_port_problem
 from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.rewrite import AddressFor, proxy_addresses, sni_addresses
 
 if TYPE_CHECKING:
     from kvproxy.proxy.listeners import Listeners
@@ -45,6 +48,20 @@ class BrokerDirectory:
         """Node ids the cluster named that have no port (each logged once)."""
         self._listener_failures: set[int] = set()
         """Node ids whose listener could not open (each logged once)."""
+        self._port_addresses = proxy_addresses(listen.public_host, self.port_or_none)
+        sni = listen.sni
+        self._sni_addresses = (
+            None
+            if sni is None
+            else sni_addresses(sni.names.name_of, lambda: sni.advertised_port or listeners.sni_port)
+        )
+
+    def addresses_for(self, listener: str) -> AddressFor:
+        """What answers to a connection of `listener` ("bootstrap", "broker", "sni") name each
+        node: its server name on the SNI port, or the proxy's host and the node's own port."""
+        if listener == "sni" and self._sni_addresses is not None:
+            return self._sni_addresses
+        return self._port_addresses
 
     @property
     def public_host(self) -> str:
@@ -83,21 +100,32 @@ class BrokerDirectory:
             return None
 
     def knows_nodes(self, nodes: dict[int, tuple[str, int]]) -> bool:
-        """True when every node is known at that address and has its listener open."""
+        """True when every node is known at that address and has its listener open (or has
+        none to open: no port-per-broker listeners, or a node with no port)."""
+        per_broker = self._listen.port_per_broker
         return all(
-            self._addresses.get(node_id) == address and self._listeners.is_open(node_id)
+            self._addresses.get(node_id) == address
+            and (not per_broker or self._listeners.is_open(node_id) or node_id in self._unmapped)
             for node_id, address in nodes.items()
         )
 
     async def learn_node(self, node_id: int, address: tuple[str, int]) -> None:
-        """Remember where node `node_id` lives and make sure its listener is open."""
+        """Remember where node `node_id` lives and make sure its listener is open (port per
+        broker; ProxyError when it has no port)."""
         self._addresses[node_id] = address
-        await self._listeners.open(node_id, lambda: self.port_for(node_id))
+        if self._listen.port_per_broker:
+            await self._listeners.open(node_id, lambda: self.port_for(node_id))
 
     async def learn_node_or_log(self, node_id: int, address: tuple[str, int]) -> None:
-        """As `learn_node`, for a node an answer to a client names: a listener that cannot
-        open (its port taken by another process) is logged once, and the answer still goes out,
-        so one broker's port never fails every client's Metadata request."""
+        """As `learn_node`, for a node the cluster names after start: a node with no port is
+        logged once and gets no listener (the SNI listener, when there is one, still serves it),
+        and a listener that cannot open (its port taken by another process) is logged once, and
+        the answer still goes out, so one broker's port never fails every client's Metadata
+        request."""
+        if self._listen.port_per_broker and self.port_or_none(node_id) is None:
+            if self._listen.sni is not None:
+                self._addresses[node_id] = address
+            return
         try:
             await self.learn_node(node_id, address)
         except (OSError, ProxyError) as exc:

@@ -14,9 +14,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from kvproxy.proxy.config import LimitsConfig
-from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.metrics import MAX_NODE_LABELS, ProxyMetrics
 from kvproxy.proxy.reasons import CloseReason
-from kvproxy.proxy.relay_state import REFUSAL_LOG_INTERVAL_S
+from kvproxy.proxy.relay_state import REFUSAL_LOG_INTERVAL_S, listener_words
 from kvproxy.proxy.upstream_dialer import UpstreamDialer
 
 if TYPE_CHECKING:
@@ -35,7 +35,11 @@ class ClientConnections:
         self._metrics = metrics
         self.upstreams = upstreams
         self._clients: set[ClientConnection] = set()
-        self._per_listener: collections.Counter[int | None] = collections.Counter()
+        self._per_listener: collections.Counter[tuple[str, int | None]] = collections.Counter()
+        """(listener, node) -> open connections: each port-per-broker port, and each node (and
+        the bootstrap) of the SNI listener, counts against `max_connections_per_listener`."""
+        self._node_labels: set[int] = set()
+        """Node ids `kvproxy_client_connections_accepted_total` labels by (bounded)."""
         self._per_client: collections.Counter[str] = collections.Counter()
         self._refused = 0
         """Connections refused since the last log line about them."""
@@ -53,7 +57,8 @@ class ClientConnections:
         """Count a new client connection; False (and counted as refused) when it would pass
         `limits.max_connections_per_listener` or `limits.max_connections_per_client`."""
         limits = self._limits
-        listener, host = client.node_id, client.client_host
+        listener, host = (client.listener, client.node_id), client.client_host
+        self._count_accepted(client)
         if (
             self._per_listener[listener] >= limits.max_connections_per_listener
             or self._per_client[host] >= limits.max_connections_per_client
@@ -68,6 +73,17 @@ class ClientConnections:
         self._metrics.client_connections.inc()
         return True
 
+    def _count_accepted(self, client: ClientConnection) -> None:
+        node_id = client.node_id
+        if node_id is None:
+            node = "bootstrap"
+        elif node_id in self._node_labels or len(self._node_labels) < MAX_NODE_LABELS:
+            self._node_labels.add(node_id)
+            node = str(node_id)
+        else:
+            node = "other"
+        self._metrics.client_connections_accepted.labels(client.listener, node).inc()
+
     def log_refusals(self, now: float, client: ClientConnection | None = None) -> None:
         """One line per `REFUSAL_LOG_INTERVAL_S` at most, however many connections a flood
         brings: the first refusal of a quiet period at once, the rest summed up later (the
@@ -76,15 +92,14 @@ class ClientConnections:
             return
         limits = self._limits
         if client is not None and self._refused == 1:
-            listener = "bootstrap" if client.node_id is None else f"node {client.node_id}"
             log.warning(
-                "refusing a connection from %s on the %s listener: %d open from that address "
+                "refusing a connection from %s on %s: %d open from that address "
                 "(limit %d), %d on the listener (limit %d)",
                 client.peer,
-                listener,
+                listener_words(client),
                 self._per_client[client.client_host],
                 limits.max_connections_per_client,
-                self._per_listener[client.node_id],
+                self._per_listener[client.listener, client.node_id],
                 limits.max_connections_per_listener,
             )
         else:
@@ -104,7 +119,7 @@ class ClientConnections:
         if client in self._clients:
             self._clients.discard(client)
             self._metrics.client_connections.dec()
-            self._forget(self._per_listener, client.node_id)
+            self._forget(self._per_listener, (client.listener, client.node_id))
             self._forget(self._per_client, client.client_host)
 
     @staticmethod

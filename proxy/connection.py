@@ -27,7 +27,7 @@ from kvproxy.proxy.fds import OutOfFileDescriptors
 from kvproxy.proxy.metrics import api_name
 from kvproxy.proxy.produce_exchange import ProduceExchange
 from kvproxy.proxy.reasons import CloseReason, PauseReason
-from kvproxy.proxy.relay_state import ConnectionState
+from kvproxy.proxy.relay_state import ConnectionState, arrival, listener_words
 from kvproxy.proxy.rewrite import unsupported_api_versions_answer
 from kvproxy.proxy.slots import Slot
 
@@ -49,7 +49,8 @@ class ClientConnection(asyncio.BufferedProtocol):
     def __init__(self, state: ConnectionState, node_id: int | None) -> None:
         self.state = state
         self.node_id = node_id
-        """The listener this connection came through: None for bootstrap, else the node id."""
+        """The node it serves: None for the bootstrap (SNI listener: as its handshake chose)."""
+        self.listener = "bootstrap" if node_id is None else "broker"  # or "sni": `arrival`
         self.metrics = state.metrics
         self._bytes_in = self.metrics.child(self.metrics.bytes, "client_in")
         self._bytes_out = self.metrics.child(self.metrics.bytes, "client_out")
@@ -78,6 +79,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         peer = self.transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.client_host = str(peer[0]) if peer else "?"
+        self.listener, self.node_id = arrival(self.transport, self.listener, self.node_id)
         if not self.state.connections.connection_opened(self):
             self._closing = True  # over a connection limit: nothing opened upstream
             self.transport.close()
@@ -257,7 +259,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Close both sides; `reason` (a bounded label) counts the close in the metrics."""
         if self._closing:
             return
-        log.log(level, "closing connection: %s", why)
+        log.log(level, "closing connection: %s (on %s)", why, listener_words(self))
         if reason is not None:
             self.metrics.closed.labels(reason).inc()
         self._closing = True

@@ -4,6 +4,9 @@ Port-per-broker: the bootstrap listener (`listen.port`) forwards to any live boo
 listener for upstream node N is `listen.broker_port_base + N mod listen.max_brokers` (or
 `+ N - listen.lowest_node_id` when that is set), opened the first time an answer names node N.
 
+SNI (`listen.sni`): one TLS port for the bootstrap and every broker, the node chosen by the
+server name the client sends (`kvproxy.proxy.sni_route`); both kinds can listen at once.
+
 `Listeners` opens and closes the listening sockets and puts together, each in a module of its
 own, what a `ClientConnection` is handed (`kvproxy.proxy.relay_state`) and what the server runs:
 `brokers` (the node directory), `connections` (the connection limits and the upstream connects),
@@ -29,9 +32,10 @@ from kvproxy.proxy.config import ProxyConfig
 from kvproxy.proxy.fds import FdExhaustion
 from kvproxy.proxy.metadata_refresh import MetadataRefresh
 from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.sni_route import SniRoute
 from kvproxy.proxy.timeout_sweep import sweep_timeouts
 from kvproxy.proxy.tls_accept import HandshakeFailures, serve_tls
-from kvproxy.proxy.tls_context import ListenerContext
+from kvproxy.proxy.tls_context import ListenerContext, listener_context
 from kvproxy.proxy.upstream_dialer import UpstreamDialer
 
 if TYPE_CHECKING:
@@ -90,11 +94,66 @@ class Listeners:
             connect_timeout_s=timeout,
         )
         self.connections = ClientConnections(config.limits, metrics, upstreams)
+        sni = config.listen.sni
+        self._sni_route = (
+            None if sni is None else SniRoute(sni, self.brokers, self.metadata.refresh)
+        )
+        self._sni_server: asyncio.Server | None = None
 
     async def open_bootstrap(self) -> None:
-        """Open the bootstrap listener, then a listener for every broker the cluster names now."""
-        await self.open(None, lambda: self._config.listen.port)
+        """Open the bootstrap listener and the SNI listener, then a listener for every broker
+        the cluster names now."""
+        if self._config.listen.port_per_broker:
+            await self.open(None, lambda: self._config.listen.port)
+        await self.open_sni()
         await self.metadata.refresh(strict=True)
+
+    async def open_sni(self) -> None:
+        """Open the SNI listener (`listen.sni`), if there is one."""
+        listen = self._config.listen
+        sni, tls = listen.sni, listen.sni_tls
+        if sni is None or tls is None or self._sni_route is None:
+            return
+        self._sni_server = await serve_tls(
+            asyncio.get_running_loop(),
+            lambda _node, _acceptance: self._new_connection(None),  # routed in the handshake
+            host=sni.host or listen.host,
+            port=sni.port,
+            context=listener_context(tls),
+            listener="sni",
+            node_id=None,
+            route=self._sni_route,
+            failures=self.handshake_failures,
+            reuse_port=self._reuse_port,
+        )
+        bound = self._sni_server.sockets[0].getsockname()
+        log.info(
+            "listening for the bootstrap (%s) and every broker (%s) by server name on %s:%s",
+            sni.bootstrap,
+            sni.brokers,
+            bound[0],
+            bound[1],
+        )
+
+    @property
+    def sni_port(self) -> int:
+        """The SNI listener's port (the bound one when `listen.sni.port` is 0)."""
+        if self._sni_server is None:
+            raise RuntimeError("the SNI listener is not open")
+        return int(self._sni_server.sockets[0].getsockname()[1])
+
+    def describe(self) -> str:
+        """Where clients connect, for the log line at start."""
+        listen = self._config.listen
+        where = []
+        if listen.port_per_broker:
+            where.append(
+                f"bootstrap {listen.public_host}:{self.bootstrap_port}, {listen.port_rule}"
+            )
+        if listen.sni is not None and self._sni_server is not None:
+            port = listen.sni.advertised_port or self.sni_port
+            where.append(f"SNI {listen.sni.bootstrap}:{port} (brokers {listen.sni.brokers}:{port})")
+        return "; ".join(where)
 
     async def open(self, node_id: int | None, port: Callable[[], int]) -> None:
         """Open the listener of `node_id` unless it is open (or the proxy is stopping).
@@ -146,7 +205,7 @@ class Listeners:
     @property
     def count(self) -> int:
         """Listeners open."""
-        return len(self._servers)
+        return len(self._servers) + (self._sni_server is not None)
 
     async def sweep(self) -> None:
         """Close idle and stalled client connections (`kvproxy.proxy.timeout_sweep`)."""
@@ -159,10 +218,13 @@ class Listeners:
     async def drain(self, drain_timeout: float) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close every client."""
         self._closing = True
-        for server in self._servers.values():
+        servers = [*self._servers.values(), *filter(None, [self._sni_server])]
+        for server in servers:
             server.close()
+        if self._sni_route is not None:
+            self._sni_route.stop()
         await self.connections.drain(drain_timeout)
         self.handshake_failures.close()
-        for server in self._servers.values():
+        for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)

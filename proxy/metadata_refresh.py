@@ -70,7 +70,7 @@ class MetadataRefresh:
             for node_id, address in sorted(nodes.items()):
                 if strict:
                     await self._brokers.learn_node(node_id, address)
-                elif self._brokers.port_or_none(node_id) is not None:
+                else:
                     await self._brokers.learn_node_or_log(node_id, address)
             self._readiness.answered(
                 f"the cluster answered: {len(nodes)} broker(s) at {host}:{port}"

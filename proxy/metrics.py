@@ -33,6 +33,8 @@ _LATENCY_BUCKETS: Final = (
 )  # fmt: skip
 _MAX_HTTP_REQUEST: Final = 8192
 LABEL_FLUSH_TIMEOUT_S: Final = 5.0
+MAX_NODE_LABELS: Final = 1_000
+"""Distinct node ids a metric labels by; connections to further nodes count under "other"."""
 """How long /metrics waits for the cluster's answer about topics counted just before."""
 
 
@@ -172,6 +174,14 @@ class ProxyMetrics:
         )
         self.client_connections = Gauge(
             "kvproxy_client_connections", "Open client connections", registry=r
+        )
+        self.client_connections_accepted = Counter(
+            "kvproxy_client_connections_accepted",
+            "Client connections accepted (TLS: once the handshake is done), by listener "
+            "(bootstrap, broker, sni) and node (bootstrap or the node id; 'other' beyond "
+            f"{MAX_NODE_LABELS} node ids)",
+            ["listener", "node"],
+            registry=r,
         )
         self.upstream_connections = Gauge(
             "kvproxy_upstream_connections", "Open connections to brokers", registry=r

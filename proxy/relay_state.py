@@ -9,6 +9,7 @@ that create connections.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -19,6 +20,7 @@ from kvproxy.proxy.decisions import ProduceDecisions
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.receive_memory import ReceiveWaiters
 from kvproxy.proxy.rejections import RejectionSink
+from kvproxy.proxy.rewrite import AddressFor
 
 if TYPE_CHECKING:
     from kvproxy.proxy.connection import ClientConnection
@@ -32,13 +34,27 @@ ResponseTap = Callable[[int, int, bytes], None]
 """Sees every answer as it leaves for a client: (api key, api version, frame). For tracing."""
 
 
+def arrival(
+    transport: asyncio.BaseTransport, listener: str, node_id: int | None
+) -> tuple[str, int | None]:
+    """The listener a connection came through and the node it serves: as its listener says, or
+    on the SNI listener the node its server name chose during the handshake."""
+    acceptance = getattr(transport.get_extra_info("ssl_object"), "acceptance", None)
+    if acceptance is not None and acceptance.listener == "sni":
+        return "sni", acceptance.node_id
+    return listener, node_id
+
+
+def listener_words(client: ClientConnection) -> str:
+    """ "the SNI listener (node 3)", "the SNI listener (bootstrap)", "the node 3 listener"."""
+    node = "bootstrap" if client.node_id is None else f"node {client.node_id}"
+    return f"the SNI listener ({node})" if client.listener == "sni" else f"the {node} listener"
+
+
 class NodeDirectory(Protocol):
     """Where the brokers are, as the answers rewritten for clients need it."""
 
-    @property
-    def public_host(self) -> str: ...
-
-    def port_or_none(self, node_id: int) -> int | None: ...
+    def addresses_for(self, listener: str) -> AddressFor: ...
 
     def knows_nodes(self, nodes: dict[int, tuple[str, int]]) -> bool: ...
 

@@ -42,9 +42,10 @@ NodeAddress = tuple[str, int]
 REWRITE_INLINE_BYTES: Final = 256 * 1024
 """Answers larger than this are decoded and encoded off the event loop (`rewrite_off_loop`):
 a few milliseconds of work at most is done on it for one answer."""
-PortFor = Callable[[int], int | None]
-"""Maps an upstream node id to the proxy port that stands for it; None: the node has none (the
-answer leaves it out, or names no coordinator)."""
+AddressFor = Callable[[int], NodeAddress | None]
+"""Maps an upstream node id to the address a client is told for it (chosen per connection by
+the listener it came through); None: the node has none (the answer leaves it out, or names no
+coordinator)."""
 
 T = TypeVar("T")
 
@@ -129,8 +130,23 @@ def unsupported_api_versions_answer(correlation_id: int) -> bytes:
     return encode_response(API_VERSIONS, 0, make_response(API_VERSIONS, 0, correlation_id, body))
 
 
+def proxy_addresses(host: str, port_for: Callable[[int], int | None]) -> AddressFor:
+    """Port per broker: every node at the proxy's public `host`, on its own port."""
+
+    def address_for(node_id: int) -> NodeAddress | None:
+        port = port_for(node_id)
+        return None if port is None else (host, port)
+
+    return address_for
+
+
+def sni_addresses(name_of: Callable[[int], str], port: Callable[[], int]) -> AddressFor:
+    """One port for every node (the SNI listener's), each node under its own server name."""
+    return lambda node_id: (name_of(node_id), port())
+
+
 def _rewrite_nodes(
-    nodes: tuple[Any, ...], host: str, port_for: PortFor, learned: dict[int, NodeAddress]
+    nodes: tuple[Any, ...], address_for: AddressFor, learned: dict[int, NodeAddress]
 ) -> tuple[Any, ...]:
     rewritten = []
     for node in nodes:
@@ -139,13 +155,13 @@ def _rewrite_nodes(
         if node_id < 0:
             rewritten.append(node)
             continue
-        port = port_for(node_id)
-        if port is None:
+        address = address_for(node_id)
+        if address is None:
             if hasattr(node, "error_code"):  # a coordinator: "not available", which clients retry
                 rewritten.append(_no_coordinator(node))
             continue  # a broker list: the node is left out, the others stay usable
         learned[node_id] = (node.host, int(node.port))
-        rewritten.append(dataclasses.replace(node, host=host, port=port))
+        rewritten.append(dataclasses.replace(node, host=address[0], port=address[1]))
     return tuple(rewritten)
 
 
@@ -205,8 +221,7 @@ def _rewrite_body(
     api_version: int,
     body: Any,
     *,
-    host: str,
-    port_for: PortFor,
+    address_for: AddressFor,
     learned: dict[int, NodeAddress],
 ) -> Any:
     if api_key == API_VERSIONS:
@@ -214,7 +229,7 @@ def _rewrite_body(
     first, rewriter = _REWRITERS[api_key]
     if api_version < first:
         return body
-    return rewriter(body, api_version, lambda nodes: _rewrite_nodes(nodes, host, port_for, learned))
+    return rewriter(body, api_version, lambda nodes: _rewrite_nodes(nodes, address_for, learned))
 
 
 def existing_topics(body: Any) -> Iterable[str]:
@@ -228,8 +243,7 @@ def rewrite_response(
     frame: bytes | memoryview,
     api_key: int,
     api_version: int,
-    host: str,
-    port_for: PortFor,
+    address_for: AddressFor,
     *,
     topics_seen: Callable[[Iterable[str]], None] | None = None,
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
@@ -243,7 +257,7 @@ def rewrite_response(
     response, existing = decode_answer(frame, api_key, api_version)
     if topics_seen is not None and existing:
         topics_seen(existing)
-    rewritten, learned = rewrite_decoded(response, api_key, api_version, host, port_for)
+    rewritten, learned = rewrite_decoded(response, api_key, api_version, address_for)
     if rewritten is None:
         return frame, learned
     return encode_answer(rewritten, api_key, api_version), learned
@@ -253,8 +267,7 @@ async def rewrite_off_loop(
     frame: bytes | memoryview,
     api_key: int,
     api_version: int,
-    host: str,
-    port_for: PortFor,
+    address_for: AddressFor,
     *,
     topics_seen: Callable[[Iterable[str]], None] | None,
     off_loop: OffLoop,
@@ -265,7 +278,7 @@ async def rewrite_off_loop(
     response, existing = await off_loop(lambda: decode_answer(frame, api_key, api_version))
     if topics_seen is not None and existing:
         topics_seen(existing)
-    rewritten, learned = rewrite_decoded(response, api_key, api_version, host, port_for)
+    rewritten, learned = rewrite_decoded(response, api_key, api_version, address_for)
     if rewritten is None:
         return frame, learned
     done = rewritten
@@ -282,12 +295,12 @@ def decode_answer(
 
 
 def rewrite_decoded(
-    response: Response, api_key: int, api_version: int, host: str, port_for: PortFor
+    response: Response, api_key: int, api_version: int, address_for: AddressFor
 ) -> tuple[Response | None, dict[int, NodeAddress]]:
     """The answer with proxy addresses (None: unchanged) and the node addresses it named."""
     learned: dict[int, NodeAddress] = {}
     body = _rewrite_body(
-        api_key, api_version, response.body, host=host, port_for=port_for, learned=learned
+        api_key, api_version, response.body, address_for=address_for, learned=learned
     )
     if body is response.body:
         return None, learned

@@ -62,7 +62,7 @@ def normal_name(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class SniNames:
     """The bootstrap's server name and the brokers' pattern (both lower-case, validated by
-    `kvproxy.proxy.config.ListenSni`)."""
+    `kvproxy.proxy.listen_config.ListenSni`)."""
 
     bootstrap: str
     brokers: str

@@ -10,16 +10,20 @@ import ssl
 from typing import TYPE_CHECKING
 
 from kvproxy.proxy.config import ProxyConfig
+from kvproxy.proxy.listen_config import ListenerTls
 
 if TYPE_CHECKING:
     from kvproxy.proxy.tls_accept import Acceptance
 
 
 def client_side_ssl(config: ProxyConfig) -> ListenerContext | None:
-    """The context of the proxy's listeners (`listen.tls`); None for plain TCP."""
+    """The context of the proxy's port-per-broker listeners (`listen.tls`); None for plain TCP."""
     tls = config.listen.tls
-    if tls is None:
-        return None
+    return None if tls is None else listener_context(tls)
+
+
+def listener_context(tls: ListenerTls) -> ListenerContext:
+    """A listener's context: its certificate chain and, for mutual TLS, the clients' CA."""
     context = ListenerContext(ssl.PROTOCOL_TLS_SERVER)  # as create_default_context(CLIENT_AUTH)
     password = tls.key_password.get_secret_value() if tls.key_password is not None else None
     context.load_cert_chain(str(tls.cert_file), str(tls.key_file), password)

@@ -136,8 +136,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                     payload,
                     slot.api_key,
                     slot.api_version,
-                    nodes.public_host,
-                    nodes.port_or_none,
+                    nodes.addresses_for(self._client.listener),
                     topics_seen=self._client.metrics.topic_labels.seen,
                 )
             except (ProtocolError, ProxyError) as exc:
@@ -186,8 +185,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                     payload,
                     slot.api_key,
                     slot.api_version,
-                    nodes.public_host,
-                    nodes.port_or_none,
+                    nodes.addresses_for(client.listener),
                     topics_seen=client.metrics.topic_labels.seen,
                     off_loop=client.state.decisions.off_loop,
                 )

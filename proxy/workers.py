@@ -76,11 +76,28 @@ def check_config(config: ProxyConfig, count: int) -> None:
             "--workers needs an upstream cluster: each worker would start its own embedded "
             "broker (upstream.embedded is for one process)"
         )
-    if config.listen.port == 0:
+    listen = config.listen
+    if listen.port_per_broker and listen.port == 0:
         raise WorkersError(
             "--workers needs a fixed listen.port: with port 0 each worker would listen on a "
             "different port"
         )
+    if listen.sni is not None and listen.sni.port == 0:
+        raise WorkersError(
+            "--workers needs a fixed listen.sni.port: with port 0 each worker would listen on a "
+            "different port"
+        )
+
+
+def shared_ports(config: ProxyConfig) -> str:
+    """The listeners every worker shares, in words."""
+    listen = config.listen
+    where = []
+    if listen.port_per_broker:
+        where.append(f"bootstrap {listen.public_host}:{listen.port}, {listen.port_rule}")
+    if listen.sni is not None:
+        where.append(f"SNI port {listen.sni.port} ({listen.sni.bootstrap}, {listen.sni.brokers})")
+    return "; ".join(where)
 
 
 class _Worker:
@@ -343,12 +360,10 @@ async def supervise(config: ProxyConfig, settings: WorkerSettings) -> None:
             except OSError as exc:
                 log.error("metrics endpoint %s:%s unavailable: %s", metrics.host, metrics.port, exc)
         log.info(
-            "kvproxy workers started: %d sharing bootstrap %s:%s, %s (each says when it is "
-            "ready; /readyz on the metrics port sums them up)",
+            "kvproxy workers started: %d sharing %s (each says when it is ready; /readyz on the "
+            "metrics port sums them up)",
             settings.count,
-            config.listen.public_host,
-            config.listen.port,
-            config.listen.port_rule,
+            shared_ports(config),
         )
         await stop.wait()
         log.info("stopping: SIGTERM to every worker, each drains its in-flight requests")

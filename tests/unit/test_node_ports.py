@@ -23,9 +23,10 @@ from kvproxy.protocol.messages import (
     encode_response,
     make_response,
 )
-from kvproxy.proxy.config import ListenConfig, NodePortError, parse_config
+from kvproxy.proxy.config import parse_config
 from kvproxy.proxy.errors import ProxyError
-from kvproxy.proxy.rewrite import rewrite_response
+from kvproxy.proxy.listen_config import ListenConfig, NodePortError
+from kvproxy.proxy.rewrite import proxy_addresses, rewrite_response
 from kvproxy.proxy.server import ProxyServer
 
 DEFAULT = ListenConfig()
@@ -93,7 +94,9 @@ def _metadata_v1(*node_ids: int) -> bytes:
 
 def test_a_node_without_a_port_is_left_out_of_metadata_and_not_learned() -> None:
     ports = {1: 9001, 2: 9002}
-    frame, learned = rewrite_response(_metadata_v1(1, 2, 101), METADATA, 1, "proxy", ports.get)
+    frame, learned = rewrite_response(
+        _metadata_v1(1, 2, 101), METADATA, 1, proxy_addresses("proxy", ports.get)
+    )
     brokers = decode_response(frame, METADATA, 1).body.brokers
     assert [(b.node_id, b.host, b.port) for b in brokers] == [
         (1, "proxy", 9001),
@@ -112,7 +115,9 @@ def test_a_coordinator_without_a_port_is_answered_not_available() -> None:
         port=i32(9092),
     )
     answer = encode_response(FIND_COORDINATOR, 2, make_response(FIND_COORDINATOR, 2, 9, body))
-    frame, learned = rewrite_response(answer, FIND_COORDINATOR, 2, "proxy", {1: 9001}.get)
+    frame, learned = rewrite_response(
+        answer, FIND_COORDINATOR, 2, proxy_addresses("proxy", {1: 9001}.get)
+    )
     rewritten = decode_response(frame, FIND_COORDINATOR, 2).body
     assert rewritten.error_code == ErrorCode.coordinator_not_available  # clients retry it
     assert (rewritten.node_id, rewritten.host, rewritten.port) == (-1, "", -1)

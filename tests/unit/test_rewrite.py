@@ -25,6 +25,7 @@ from kvproxy.proxy.rewrite import (
     PRODUCE_MAX_VERSION,
     needs_rewrite,
     offered_range,
+    proxy_addresses,
     rewrite_response,
     trim_api_versions,
     unsupported_api_versions_answer,
@@ -38,13 +39,16 @@ def port_for(node_id: int) -> int:
     return 20_000 + node_id
 
 
+ADDRESSES = proxy_addresses(PROXY_HOST, port_for)
+
+
 def frame_of(api_key: int, version: int, body: Any, correlation_id: int = 42) -> bytes:
     return encode_response(api_key, version, make_response(api_key, version, correlation_id, body))
 
 
 def rewrite(api_key: int, version: int, body: Any) -> tuple[bytes, Any, dict[int, tuple[str, int]]]:
     original = frame_of(api_key, version, body)
-    out, learned = rewrite_response(original, api_key, version, PROXY_HOST, port_for)
+    out, learned = rewrite_response(original, api_key, version, ADDRESSES)
     response = decode_response(out, api_key, version)
     assert response.header.correlation_id == 42
     return out, response.body, learned
@@ -229,7 +233,7 @@ def test_metadata_answers_tell_which_topics_exist() -> None:
     )
     seen: list[str] = []
     out, _ = rewrite_response(
-        frame_of(METADATA, 12, body), METADATA, 12, PROXY_HOST, port_for, topics_seen=seen.extend
+        frame_of(METADATA, 12, body), METADATA, 12, ADDRESSES, topics_seen=seen.extend
     )
     assert seen == ["orders", "electing"]
     decoded = decode_response(out, METADATA, 12).body.topics
@@ -267,7 +271,7 @@ def test_find_coordinator_v3_error_answer_is_left_alone() -> None:
         port=i32(-1),
     )
     original = frame_of(FIND_COORDINATOR, 3, body)
-    out, learned = rewrite_response(original, FIND_COORDINATOR, 3, PROXY_HOST, port_for)
+    out, learned = rewrite_response(original, FIND_COORDINATOR, 3, ADDRESSES)
     assert out is original
     assert learned == {}
 
@@ -372,7 +376,7 @@ def test_produce_v10_node_endpoints() -> None:
 
 def test_produce_v10_without_endpoints_is_the_same_bytes_object() -> None:
     original = frame_of(PRODUCE, 10, _produce_v10(()))
-    out, learned = rewrite_response(original, PRODUCE, 10, PROXY_HOST, port_for)
+    out, learned = rewrite_response(original, PRODUCE, 10, ADDRESSES)
     assert out is original
     assert learned == {}
 
@@ -389,7 +393,7 @@ def test_a_produce_answer_naming_no_broker_is_passed_on_undecoded(
 
     monkeypatch.setattr(rewrite_module, "decode_response", no_decoding)
     original = frame_of(PRODUCE, 10, _produce_v10(()))
-    out, learned = rewrite_response(original, PRODUCE, 10, PROXY_HOST, port_for)
+    out, learned = rewrite_response(original, PRODUCE, 10, ADDRESSES)
     assert out is original
     assert learned == {}
 
@@ -444,7 +448,7 @@ def test_fetch_v16_node_endpoints() -> None:
 
 def test_fetch_v16_without_endpoints_is_the_same_bytes_object() -> None:
     original = frame_of(FETCH, 16, _fetch_v16(()))
-    out, learned = rewrite_response(original, FETCH, 16, PROXY_HOST, port_for)
+    out, learned = rewrite_response(original, FETCH, 16, ADDRESSES)
     assert out is original
     assert learned == {}
 
@@ -462,4 +466,6 @@ def test_a_node_outside_the_port_range_raises_what_port_for_raises() -> None:
         brokers=(MetadataResponseBroker(node_id=i32(999), host="h", port=i32(1)),), topics=()
     )
     with pytest.raises(OutOfRange):
-        rewrite_response(frame_of(METADATA, 0, body), METADATA, 0, PROXY_HOST, narrow)
+        rewrite_response(
+            frame_of(METADATA, 0, body), METADATA, 0, proxy_addresses(PROXY_HOST, narrow)
+        )
