@@ -18,7 +18,6 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
 from kvproxy.cli import main
-from kvproxy.client import async_requests
 from kvproxy.commands.certificate_coverage import (
     Certificate,
     certificate_coverage,
@@ -26,6 +25,7 @@ from kvproxy.commands.certificate_coverage import (
     read_certificate,
 )
 from kvproxy.proxy.sni_names import SniNames
+from tests.harness.stub_upstream import run_stub_cluster
 
 NAMES = SniNames("kafka.example.com", "broker-$(nodeId).kafka.example.com")
 NOW = datetime.datetime.now(datetime.UTC)
@@ -217,13 +217,14 @@ def run_check(
     capsys: pytest.CaptureFixture[str],
     identities: tuple[str, ...],
     *arguments: str,
+    config: str = CONFIG,
 ) -> tuple[int, str, str]:
     """Exit code, stdout and stderr of `kvproxy check -c kvproxy.yaml` beside a certificate
     for `identities`."""
     leaf = trustme.CA().issue_cert(*identities)
     leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
     leaf.private_key_pem.write_to_path(str(tmp_path / "server.key"))
-    (tmp_path / "kvproxy.yaml").write_text(CONFIG)
+    (tmp_path / "kvproxy.yaml").write_text(config)
     monkeypatch.chdir(tmp_path)
     code = main(["check", "-c", "kvproxy.yaml", *arguments])
     out, err = capsys.readouterr()
@@ -258,15 +259,16 @@ def test_check_passes_a_certificate_covering_every_name(
 def test_check_connect_names_the_broker_the_certificate_lacks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def three_brokers(*_args: object, **_kwargs: object) -> dict[int, tuple[str, int]]:
-        return {node: (f"k{node}", 9092) for node in (1, 2, 3)}
-
-    monkeypatch.setattr(async_requests, "fetch_broker_addresses", three_brokers)
     brokers = ("broker-1.kafka.example.com", "broker-2.kafka.example.com")
     identities = ("kafka.example.com", *brokers)
-    code, out, err = run_check(tmp_path, monkeypatch, capsys, identities, "--connect")
+    with run_stub_cluster(node_ids=(1, 2, 3)) as cluster:
+        config = CONFIG.replace('"k:1"', f'"{cluster.bootstrap}"')
+        code, out, err = run_check(
+            tmp_path, monkeypatch, capsys, identities, "--connect", config=config
+        )
     assert code == 1
-    assert "2 of the cluster's 3 broker name(s) covered" in out
+    assert "  cluster: 3 broker(s)\n" in out
+    assert "    broker-$(nodeId).kafka.example.com (brokers): 2 of the cluster's 3 broker" in out
     assert err.splitlines() == [
         "kvproxy: the SNI listener's certificate server.pem does not cover "
         "broker-3.kafka.example.com (node 3)"
