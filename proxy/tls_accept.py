@@ -288,14 +288,21 @@ def _address(peername: Any) -> str:
 
 def escape_server_name(name: str) -> str:
     """A client's server name for a log line: every byte outside printable ASCII (and the
-    backslash) as `\\xNN`, cut to 255 characters."""
-    escaped = "".join(
+    backslash) as `\\xNN`; cut (between escapes, marked "...") to 255 characters."""
+    pieces = [
         chr(byte) if 0x20 <= byte < 0x7F and byte != 0x5C else f"\\x{byte:02x}"
         for byte in name.encode("utf-8", "surrogateescape")
-    )
-    if len(escaped) > SERVER_NAME_LOG_CHARS:
-        return escaped[: SERVER_NAME_LOG_CHARS - 3] + "..."
-    return escaped
+    ]
+    escaped = "".join(pieces)
+    if len(escaped) <= SERVER_NAME_LOG_CHARS:
+        return escaped
+    kept, length = [], 0
+    for piece in pieces:
+        length += len(piece)
+        if length > SERVER_NAME_LOG_CHARS - len("..."):
+            break
+        kept.append(piece)
+    return "".join(kept) + "..."
 
 
 @dataclass(frozen=True, slots=True)
