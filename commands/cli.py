@@ -18,6 +18,7 @@ from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import skim
 from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
+from kvproxy.proxy.listen_config import ListenConfig
 from kvproxy.proxy.signals import queue_sighup
 from kvproxy.settings.audit_file import read_audit_file
 from kvproxy.settings.loading import ConfigError, read_document
@@ -162,10 +163,7 @@ def describe(config: ProxyConfig) -> list[str]:
     )
     limits = config.limits
     return [
-        f"bootstrap listener: {listen.host}:{listen.port}"
-        + (" (TLS)" if listen.tls else "")
-        + f", advertised as {listen.public_host}",
-        f"broker listeners: {listen.port_rule}",
+        *_describe_listeners(listen),
         f"upstream: {source}" + (" (TLS)" if upstream.tls else ""),
         f"limits: frames up to {limits.max_frame_bytes} bytes, "
         f"{limits.max_in_flight_requests} requests in flight per connection, "
@@ -177,6 +175,29 @@ def describe(config: ProxyConfig) -> list[str]:
         f"shutdown: drain in-flight requests for up to {config.shutdown.drain_timeout_ms} ms",
         *_describe_registry(config),
     ]
+
+
+def _describe_listeners(listen: ListenConfig) -> list[str]:
+    """The port-per-broker listeners and the SNI listener, as `serve` would open them."""
+    lines = []
+    if listen.port_per_broker:
+        lines += [
+            f"bootstrap listener: {listen.host}:{listen.port}"
+            + (" (TLS)" if listen.tls else "")
+            + f", advertised as {listen.public_host}",
+            f"broker listeners: {listen.port_rule}",
+        ]
+    else:
+        lines.append("port-per-broker listeners: none (listen.port_per_broker: false)")
+    sni = listen.sni
+    if sni is not None:
+        advertised = sni.advertised_port or sni.port
+        lines.append(
+            f"SNI listener: {sni.host or listen.host}:{sni.port} (TLS), bootstrap {sni.bootstrap}"
+            f":{advertised}, brokers {sni.brokers}:{advertised}, without a server name: "
+            + ("the bootstrap" if sni.without_sni == "bootstrap" else "refused")
+        )
+    return lines
 
 
 def _describe_registry(config: ProxyConfig) -> list[str]:
@@ -329,11 +350,15 @@ def _check_cluster(config: ProxyConfig) -> tuple[int, list[int] | None]:
         )
         return 1, None
     listen = config.listen
-    ports, problems = listen.plan_ports(sorted(nodes))
+    ports, problems = listen.plan_ports(sorted(nodes)) if listen.port_per_broker else ({}, [])
     print(f"  cluster: {len(nodes)} broker(s)")
+    sni = listen.sni
     for node_id, (host, port) in sorted(nodes.items()):
-        if node_id in ports:
-            print(f"    node {node_id} at {host}:{port} -> {listen.public_host}:{ports[node_id]}")
+        proxied = [f"{listen.public_host}:{ports[node_id]}"] if node_id in ports else []
+        if sni is not None:
+            proxied.append(f"{sni.names.name_of(node_id)}:{sni.advertised_port or sni.port}")
+        if proxied:
+            print(f"    node {node_id} at {host}:{port} -> {', '.join(proxied)}")
     for problem in problems:
         print(f"kvproxy: {problem}", file=sys.stderr)
     return 2 if problems else 0, sorted(nodes)
