@@ -314,6 +314,19 @@ class HandshakeFailure:
     reason: str
     words: str
 
+    def fields(self) -> dict[str, object]:
+        """The line's structured fields (`--log-format json`)."""
+        return {
+            "listener": self.listener,
+            "node": self.node_id,
+            "peer": self.peer,
+            "server_name": None
+            if self.server_name is None
+            else escape_server_name(self.server_name),
+            "reason": self.reason,
+            "detail": self.words,
+        }
+
     def describe(self) -> str:
         node = "" if self.node_id is None else f" (node {self.node_id})"
         name = "none" if self.server_name is None else f"'{escape_server_name(self.server_name)}'"
@@ -351,7 +364,11 @@ class HandshakeFailures:
             window.unlogged += 1
             window.last = failure
             return
-        log.warning("TLS handshake failed %s", failure.describe())
+        log.warning(
+            "TLS handshake failed %s",
+            failure.describe(),
+            extra={"event": "tls_handshake_failed", **failure.fields()},
+        )
         self._open_window(key)
 
     def close(self) -> None:
@@ -375,6 +392,11 @@ class HandshakeFailures:
             key[0],
             key[1],
             window.last.describe(),
+            extra={
+                "event": "tls_handshake_failures_not_logged",
+                "times": window.unlogged,
+                **window.last.fields(),
+            },
         )
         if reopen:
             self._open_window(key)

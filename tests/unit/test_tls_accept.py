@@ -432,3 +432,12 @@ def test_the_count_not_logged_is_logged_when_the_interval_ends(
         "name none: unknown_ca (words)",
     ]
     assert len(lines(caplog)) == 3
+    first, _, summary = (r.__dict__ for r in caplog.records if r.getMessage() in lines(caplog))
+    assert {key: first[key] for key in ("event", "listener", "node", "peer", "reason")} == {
+        "event": "tls_handshake_failed",
+        "listener": "broker",
+        "node": 2,
+        "peer": "10.0.0.0:1",
+        "reason": "unknown_ca",
+    }
+    assert (summary["event"], summary["times"]) == ("tls_handshake_failures_not_logged", 3)
