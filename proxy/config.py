@@ -101,12 +101,12 @@ class LimitsConfig(Section):
     max_in_flight_requests: int = Field(default=100, ge=1)
     write_buffer_high_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_connections_per_listener: int = Field(default=10_000, ge=1)
-    """Open client connections per listening port (bootstrap and each broker port). Each one
-    holds an upstream connection, two sockets and their buffers (tens of KiB at rest, up to
-    `write_buffer_high_bytes` each way), so 10,000 stays within the file descriptors and memory of
-    an ordinary host while being far above what a fleet of producers and consumers opens (one
-    connection per client per broker). Beyond it a new connection is closed at once, before the
-    proxy opens anything upstream."""
+    """Open client connections per listening port (bootstrap and each broker port; on the SNI
+    listener, the bootstrap and each node). Each one holds an upstream connection, two sockets
+    and their buffers (tens of KiB at rest, up to `write_buffer_high_bytes` each way), so 10,000
+    stays within the file descriptors and memory of an ordinary host while being far above what a
+    fleet of producers and consumers opens (one connection per client per broker). Beyond it a
+    new connection is closed at once, before the proxy opens anything upstream."""
     max_connections_per_client: int = Field(default=1_000, ge=1)
     """Open client connections from one IP address, over all listeners. One misbehaving host
     (a connection leak, a reconnect loop) should not take every slot of a listener: a tenth of the
