@@ -9,18 +9,15 @@ name at all, ends in the TLS alert `unrecognized_name`, counted by reason.
 
 from __future__ import annotations
 
-import socket
 import ssl
-import struct
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from kvproxy.protocol.messages import METADATA, decode_response
 from tests.harness.proxy import RunningProxy, proxy_config, run_proxy
-from tests.harness.requests import metadata_request
+from tests.harness.sni_raw import metadata_brokers, sni_connect
 from tests.harness.tls import TlsFiles, make_tls_files
 from tests.harness.upstream import Upstream
 
@@ -54,40 +51,6 @@ def sni_port(proxy: RunningProxy) -> int:
     return proxy.call(read())
 
 
-def connect(port: int, name: str | None, tls: TlsFiles) -> ssl.SSLSocket:
-    """A TLS connection to the SNI port sending `name` (None: no server name)."""
-    context = ssl.create_default_context(cafile=str(tls.ca))
-    if name is None:
-        context.check_hostname = False  # nothing to check it against; the chain still is
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    try:
-        return context.wrap_socket(sock, server_hostname=name)
-    except BaseException:
-        sock.close()
-        raise
-
-
-def ask(sock: ssl.SSLSocket, payload: bytes) -> bytes:
-    sock.sendall(struct.pack(">i", len(payload)) + payload)
-    (size,) = struct.unpack(">i", read_exactly(sock, 4))
-    return read_exactly(sock, size)
-
-
-def read_exactly(sock: ssl.SSLSocket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "the proxy closed the connection"
-        data += chunk
-    return bytes(data)
-
-
-def metadata_brokers(sock: ssl.SSLSocket, version: int) -> list[tuple[int, str, int]]:
-    answer = ask(sock, metadata_request(version, 7))
-    body = decode_response(answer, METADATA, version).body
-    return [(int(b.node_id), str(b.host), int(b.port)) for b in body.brokers]
-
-
 def sample(proxy: RunningProxy, name: str, **labels: str) -> float:
     async def read() -> float:
         return proxy.server.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -104,7 +67,7 @@ def wait_for_sample(proxy: RunningProxy, name: str, expected: float, **labels: s
 
 def refused(port: int, name: str | None, tls: TlsFiles) -> ssl.SSLError:
     with pytest.raises(ssl.SSLError) as caught:
-        connect(port, name, tls).close()
+        sni_connect(port, name, tls.ca).close()
     return caught.value
 
 
@@ -114,7 +77,7 @@ def test_the_bootstrap_name_answers_every_broker_by_its_name_on_the_sni_port(
 ) -> None:
     with sni_proxy(upstream, tls) as proxy:
         port = sni_port(proxy)
-        with connect(port, BOOTSTRAP, tls) as sock:
+        with sni_connect(port, BOOTSTRAP, tls.ca) as sock:
             brokers = metadata_brokers(sock, version)
     assert brokers == [(upstream.node_id, broker_name(upstream.node_id), port)]
 
@@ -123,7 +86,7 @@ def test_a_broker_name_reaches_that_node(upstream: Upstream, tls: TlsFiles) -> N
     with sni_proxy(upstream, tls) as proxy:
         port = sni_port(proxy)
         node = str(upstream.node_id)
-        with connect(port, broker_name(upstream.node_id).upper(), tls) as sock:
+        with sni_connect(port, broker_name(upstream.node_id).upper(), tls.ca) as sock:
             brokers = metadata_brokers(sock, 12)
         assert brokers == [(upstream.node_id, broker_name(upstream.node_id), port)]
         accepted = "kvproxy_client_connections_accepted_total"
@@ -159,7 +122,7 @@ def test_a_client_without_a_name_gets_the_bootstrap_when_configured(
 ) -> None:
     with sni_proxy(upstream, tls, sni={"without_sni": "bootstrap"}) as proxy:
         port = sni_port(proxy)
-        with connect(port, None, tls) as sock:
+        with sni_connect(port, None, tls.ca) as sock:
             brokers = metadata_brokers(sock, 12)
     assert brokers == [(upstream.node_id, broker_name(upstream.node_id), port)]
 
@@ -170,7 +133,7 @@ def test_without_port_per_broker_only_the_sni_port_listens(
 ) -> None:
     with sni_proxy(upstream, tls, port_per_broker=False, sni={"advertised_port": 443}) as proxy:
         assert proxy.stats().listeners == 1
-        with connect(sni_port(proxy), broker_name(upstream.node_id), tls) as sock:
+        with sni_connect(sni_port(proxy), broker_name(upstream.node_id), tls.ca) as sock:
             brokers = metadata_brokers(sock, 1)
         assert brokers == [(upstream.node_id, broker_name(upstream.node_id), 443)]
         assert proxy.stats().listeners == 1  # a node learnt opens no port of its own
