@@ -18,6 +18,7 @@ import pytest
 import uvloop
 
 from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.server import ProxyServer
 from kvproxy.proxy.tls_accept import (
     Acceptance,
     HandshakeFailure,
@@ -28,6 +29,8 @@ from kvproxy.proxy.tls_accept import (
     serve_tls,
 )
 from kvproxy.proxy.tls_context import ListenerContext
+from tests.harness.proxy import proxy_config
+from tests.harness.tansu import free_port
 from tests.harness.tls import TlsFiles, make_tls_files
 from tests.harness.tls_clients import ClientCerts, write_client_certs
 
@@ -441,3 +444,40 @@ def test_the_count_not_logged_is_logged_when_the_interval_ends(
         "reason": "unknown_ca",
     }
     assert (summary["event"], summary["times"]) == ("tls_handshake_failures_not_logged", 3)
+
+
+def test_the_proxy_s_tls_listener_counts_failures_and_stop_closes_it(
+    run: Callable[[Awaitable[None]], None], caplog: pytest.LogCaptureFixture, material: Material
+) -> None:
+    """`Listeners` wiring: the bootstrap listener of a TLS proxy accepts through serve_tls, and
+    `ProxyServer.stop` closes it (nothing listens at the cluster's address: no broker needed)."""
+    tls = {
+        "cert_file": str(material.server.server_cert),
+        "key_file": str(material.server.server_key),
+        "client_ca_file": str(material.clients.ca),
+    }
+    config = proxy_config(
+        f"127.0.0.1:{free_port()}", listen={"tls": tls}, metrics={"enabled": False}
+    )
+
+    async def main() -> None:
+        server = ProxyServer(config)
+        await server.start()
+        try:
+            port = server.listeners.bootstrap_port
+            peer, _ = await attempt(port, material.client_context(), "localhost")
+            deadline = time.monotonic() + 10
+            labels = {"listener": "bootstrap", "reason": "no_client_certificate"}
+            while not server.metrics.registry.get_sample_value(FAILURES, labels):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        finally:
+            await server.stop(drain_timeout=0.1)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port)).close()
+        assert lines(caplog) == [
+            f"TLS handshake failed on the bootstrap listener from {peer}, server name "
+            "'localhost': no_client_certificate (peer did not return a certificate)"
+        ]
+
+    run(main())
