@@ -42,12 +42,13 @@ bootstrap, or a Refusal (reason label, e.g. "no_matching_name", "unknown_node", 
 AppProtocol: TypeAlias = Callable[[int | None, "Acceptance"], asyncio.BaseProtocol]
 """Makes the app protocol of an accepted connection: (the listener's node, its acceptance)."""
 
-REASONS: Final = (
+REASONS: Final = frozenset({
     "no_client_certificate", "unknown_ca", "expired", "not_yet_valid", "bad_certificate",
     "no_matching_name", "unknown_node", "no_sni", "not_tls", "protocol_version",
     "no_shared_cipher", "timeout", "closed", "other",
-)  # fmt: skip
-"""The reason labels of `kvproxy_tls_handshake_failures_total` (a bounded set)."""
+})  # fmt: skip
+"""The reason labels of `kvproxy_tls_handshake_failures_total` (a bounded set: a route's
+refusal with another label counts as `other`)."""
 
 LOG_INTERVAL_S: Final = 10.0
 """At most one log line per listener and reason in this time; the others are counted."""
@@ -244,7 +245,9 @@ def failure_reason(
     """(reason label, OpenSSL's words or what happened) of a failed handshake: what the route
     refused, else the handshake's first SSLError, else how the connection ended."""
     if refusal is not None:
-        return refusal.reason, "refused by the server name's route"
+        if refusal.reason in REASONS:
+            return refusal.reason, "refused by the server name's route"
+        return "other", f"refused by the server name's route ({refusal.reason})"
     if failure is None and isinstance(ended, ssl.SSLError):
         failure = ended
     if failure is not None:
@@ -269,7 +272,8 @@ def _ssl_reason(failure: ssl.SSLError) -> str:
 
 
 def _openssl_words(failure: ssl.SSLError) -> str:
-    """ "certificate verify failed: certificate has expired", without CPython's frame."""
+    """What OpenSSL said ("certificate verify failed: certificate has expired"), without the
+    bracketed code and CPython's source line around it."""
     words = getattr(failure, "verify_message", None)
     if words:
         return f"certificate verify failed: {words}"

@@ -26,6 +26,7 @@ from kvproxy.proxy.tls_accept import (
     Refusal,
     Route,
     escape_server_name,
+    failure_reason,
     serve_tls,
 )
 from kvproxy.proxy.tls_context import ListenerContext
@@ -382,6 +383,18 @@ def test_server_names_are_escaped_byte_by_byte() -> None:
     assert escape_server_name("\udcff") == "\\xff"  # an undecodable byte, as surrogateescape
     cut = escape_server_name("a" * 250 + "\x01" * 10)
     assert cut == "a" * 250 + "..."
+
+
+def test_reasons_are_a_bounded_set() -> None:
+    assert failure_reason(Refusal("unknown_node"), None, None) == (
+        "unknown_node",
+        "refused by the server name's route",
+    )
+    assert failure_reason(Refusal("made up"), None, None) == (
+        "other",
+        "refused by the server name's route (made up)",
+    )
+    assert failure_reason(None, None, RuntimeError("odd")) == ("other", "odd")
 
 
 def test_a_burst_of_failures_makes_one_line_then_a_count(
