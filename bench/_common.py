@@ -13,6 +13,11 @@ HAProxy's, and HAProxy relays to that listener's real port: a client bootstrappe
 sent back to HAProxy by every Metadata answer, so all its requests pass through it, while direct
 and kvproxy clients keep using the first listener. Tansu advertises one address, so it has no
 floor.
+
+`upstream("kafka", floor=True, uvloop_relay=True)` adds a third listener, UVLOOP, in front of
+which runs bench/uvloop_relay.py: a Python relay on uvloop that reads nothing either. HAProxy stays
+the floor the goals are measured against; the relay says how much of the gap between HAProxy and
+kvproxy is the event loop and Python's I/O, and how much is kvproxy's own work per request.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import uvloop
 from confluent_kafka.admin import AdminClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,14 +52,20 @@ from tests.harness.proxy import free_port_range  # noqa: E402
 from tests.harness.tansu import TansuServer, create_topic, free_port, run_tansu  # noqa: E402
 
 __all__ = [
+    "HAPROXY",
+    "KVPROXY",
     "ROOT",
+    "SIDE_NAMES",
     "UPSTREAMS",
+    "UVLOOP_RELAY",
     "BrokerUnderTest",
     "FloorRow",
     "HAProxyProcess",
     "ProxyProcess",
     "RelayProcess",
+    "UvloopRelayProcess",
     "add_upstream_option",
+    "add_uvloop_relay_option",
     "against_floor",
     "alternate",
     "create_topic",
@@ -66,9 +78,11 @@ __all__ = [
     "median",
     "metadata_brokers",
     "print_floor",
+    "relay_sides",
     "run_tansu",
     "start_haproxy",
     "start_proxy",
+    "start_uvloop_relay",
     "tansu",
     "upstream",
     "write_results",
@@ -106,7 +120,8 @@ class BrokerUnderTest:
     """The broker a benchmark measures against: where clients reach it, what it is, its process.
 
     `label` names it in printed tables ("Kafka" or "Tansu"), `version` in the results file;
-    `floor` is HAProxy in front of it when asked for and the broker can have one."""
+    `floor` is HAProxy in front of it and `uvloop_relay` the Python relay, when asked for and the
+    broker can have them."""
 
     kind: str
     label: str
@@ -114,6 +129,7 @@ class BrokerUnderTest:
     bootstrap: str
     process: psutil.Process
     floor: HAProxyProcess | None = None
+    uvloop_relay: UvloopRelayProcess | None = None
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the broker process so far."""
@@ -145,42 +161,62 @@ def add_upstream_option(parser: Any) -> None:
     )
 
 
+def add_uvloop_relay_option(parser: Any) -> None:
+    """`--no-uvloop-relay` on a benchmark's argument parser (the relay runs by default)."""
+    parser.add_argument(
+        "--no-uvloop-relay",
+        dest="uvloop_relay",
+        action="store_false",
+        help="leave out the uvloop side (bench/uvloop_relay.py, a Python relay reading nothing)",
+    )
+
+
 FLOOR_LISTENER = "FLOOR"
 """The broker listener HAProxy relays to; its advertised port is HAProxy's."""
+UVLOOP_LISTENER = "UVLOOP"
+"""The broker listener the uvloop relay relays to; its advertised port is the relay's."""
 
 
 @contextlib.contextmanager
-def upstream(kind: str = "kafka", *, floor: bool = False) -> Iterator[BrokerUnderTest]:
+def upstream(
+    kind: str = "kafka", *, floor: bool = False, uvloop_relay: bool = False
+) -> Iterator[BrokerUnderTest]:
     """A fresh broker on loopback for one benchmark: Apache Kafka KAFKA_4 (one combined KRaft
     node, log directory in a temporary directory removed afterwards) or Tansu in memory.
 
     `floor`: HAProxy in front of Kafka on a second listener (the module docstring), checked to be
-    what Metadata names through it; Tansu gets none (it advertises one address), which is said.
+    what Metadata names through it; `uvloop_relay`: bench/uvloop_relay.py the same way on a
+    third. Tansu gets neither (it advertises one address), which is said.
     """
     if kind == "kafka":
-        floor_port = free_port()
-        listeners = [Listener("PLAINTEXT")]
-        if floor:
-            listeners.append(Listener(FLOOR_LISTENER, advertised_port=floor_port))
+        ports = {FLOOR_LISTENER: free_port(), UVLOOP_LISTENER: free_port()}
+        relays = {FLOOR_LISTENER: floor, UVLOOP_LISTENER: uvloop_relay}
+        listeners = [Listener("PLAINTEXT")] + [
+            Listener(name, advertised_port=ports[name]) for name in relays if relays[name]
+        ]
         with contextlib.ExitStack() as stack:
             cluster = stack.enter_context(run_kafka(KAFKA_4, listeners=tuple(listeners)))
             node = cluster.brokers[0]
             assert node.proc is not None
-            relay = None
+            broker = BrokerUnderTest(
+                "kafka", "Kafka", KAFKA_4, cluster.bootstrap, psutil.Process(node.proc.pid)
+            )
             if floor:
                 backend = f"{HOST}:{node.ports[FLOOR_LISTENER]}"
-                relay = stack.enter_context(start_haproxy(floor_port, backend))
-                named = {(host, port) for _, host, port in metadata_brokers(floor_port)}
-                if named != {(HOST, floor_port)}:
-                    raise RuntimeError(f"Metadata through HAProxy names {named}, not HAProxy")
-            yield BrokerUnderTest(
-                "kafka", "Kafka", KAFKA_4, cluster.bootstrap, psutil.Process(node.proc.pid), relay
-            )
+                broker.floor = stack.enter_context(start_haproxy(ports[FLOOR_LISTENER], backend))
+                _check_named_alone(broker.floor, "HAProxy")
+            if uvloop_relay:
+                backend = f"{HOST}:{node.ports[UVLOOP_LISTENER]}"
+                port = ports[UVLOOP_LISTENER]
+                broker.uvloop_relay = stack.enter_context(start_uvloop_relay(port, backend))
+                _check_named_alone(broker.uvloop_relay, "the uvloop relay")
+            yield broker
     elif kind == "tansu":
-        if floor:
+        if floor or uvloop_relay:
             print(
-                "haproxy variant left out: Tansu advertises one address (its own), so Metadata "
-                "cannot send clients back through HAProxy; run with --upstream kafka for the floor",
+                "haproxy and uvloop variants left out: Tansu advertises one address (its own), so "
+                "Metadata cannot send clients back through a relay; run with --upstream kafka for "
+                "the floor",
                 flush=True,
             )
         with tansu() as server:
@@ -192,14 +228,35 @@ def upstream(kind: str = "kafka", *, floor: bool = False) -> Iterator[BrokerUnde
         raise ValueError(f"unknown upstream {kind!r}: one of {', '.join(UPSTREAMS)}")
 
 
+def relay_sides(broker: BrokerUnderTest, proxy: ProxyProcess) -> dict[str, RelayProcess]:
+    """The relays a benchmark's sides go through, by side name, in the order they alternate:
+    HAProxy ("haproxy") and the uvloop relay ("uvloop") when the broker has them, then kvproxy
+    ("proxy"). The side "direct" goes through none."""
+    relays: dict[str, RelayProcess] = {}
+    if broker.floor is not None:
+        relays["haproxy"] = broker.floor
+    if broker.uvloop_relay is not None:
+        relays["uvloop"] = broker.uvloop_relay
+    relays["proxy"] = proxy
+    return relays
+
+
+def _check_named_alone(relay: RelayProcess, name: str) -> None:
+    """Stop unless Metadata asked through `relay` names the relay's port alone (so every request
+    of a client bootstrapped there passes through it)."""
+    named = {(host, port) for _, host, port in metadata_brokers(relay.port)}
+    if named != {(HOST, relay.port)}:
+        raise RuntimeError(f"Metadata through {name} names {named}, not {name}")
+
+
 @dataclass
 class RelayProcess:
-    """A process in front of the broker (kvproxy, HAProxy), where clients reach it, and its CPU
-    and memory over it and its child processes (psutil counts every thread of a process)."""
+    """A process in front of the broker (kvproxy, HAProxy, the uvloop relay), where clients reach
+    it, and its CPU and memory over it and its child processes (psutil counts every thread of a
+    process)."""
 
     process: subprocess.Popen[bytes]
     port: int
-    config_path: Path
     _ps: psutil.Process = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -236,16 +293,26 @@ class RelayProcess:
 
 @dataclass
 class ProxyProcess(RelayProcess):
-    """A running `kvproxy serve` and where clients reach it."""
+    """A running `kvproxy serve` and where clients reach it (its log beside its config)."""
+
+    config_path: Path
 
 
 @dataclass
 class HAProxyProcess(RelayProcess):
     """A running HAProxy in TCP mode (the floor) and where clients reach it."""
 
+    config_path: Path
+
+
+@dataclass
+class UvloopRelayProcess(RelayProcess):
+    """A running bench/uvloop_relay.py (the floor of a Python proxy) and where clients reach it."""
+
 
 def _answers_api_versions(port: int) -> bool:
-    """True when a relay (kvproxy, HAProxy) passes an ApiVersions v0 request on and answers it."""
+    """True when a relay (kvproxy, HAProxy, the uvloop relay) passes an ApiVersions v0 request
+    on and answers it."""
     request = struct.pack(">hhih", 18, 0, 1, 5) + b"bench"
     try:
         with socket.create_connection((HOST, port), timeout=2) as sock:
@@ -344,14 +411,18 @@ def haproxy_binary() -> str:
 
 
 def floor_settings(broker: BrokerUnderTest) -> dict[str, str] | None:
-    """For a results file: HAProxy's version and configuration, when the broker has the floor."""
-    if broker.floor is None:
-        return None
-    shown = subprocess.run(
-        [haproxy_binary(), "-v"], capture_output=True, text=True, timeout=30, check=False
-    )
-    version = shown.stdout.splitlines()[0] if shown.stdout else "?"
-    return {"haproxy": version, "config": broker.floor.config_path.read_text()}
+    """For a results file: HAProxy's version and configuration when the broker has the floor,
+    and the uvloop relay's uvloop version when it has that."""
+    settings = {}
+    if broker.floor is not None:
+        shown = subprocess.run(
+            [haproxy_binary(), "-v"], capture_output=True, text=True, timeout=30, check=False
+        )
+        version = shown.stdout.splitlines()[0] if shown.stdout else "?"
+        settings = {"haproxy": version, "config": broker.floor.config_path.read_text()}
+    if broker.uvloop_relay is not None:
+        settings["uvloop_relay"] = f"bench/uvloop_relay.py, uvloop {uvloop.__version__}"
+    return settings or None
 
 
 @contextlib.contextmanager
@@ -363,27 +434,51 @@ def start_haproxy(
     with tempfile.TemporaryDirectory(prefix="kvbench-haproxy-") as tmp:
         config = Path(tmp) / "haproxy.cfg"
         config.write_text(haproxy_config(port, server))
-        log_path = Path(tmp) / "haproxy.log"
         command = [haproxy_binary(), "-db", "-f", str(config)]
-        with log_path.open("wb") as log_file:
-            process = subprocess.Popen(command, stdout=log_file, stderr=log_file)
+        with _relay_process("haproxy", command, port, Path(tmp), ready_timeout) as process:
+            yield HAProxyProcess(process, port, config)
+
+
+@contextlib.contextmanager
+def start_uvloop_relay(
+    port: int, server: str, *, ready_timeout: float = 20.0
+) -> Iterator[UvloopRelayProcess]:
+    """bench/uvloop_relay.py on HOST:`port` relaying to `server` (host:port), ready once an
+    ApiVersions request passes through it; SIGTERM (then SIGKILL) on exit."""
+    script = ROOT / "bench" / "uvloop_relay.py"
+    command = [sys.executable, str(script), "--port", str(port), "--upstream", server]
+    with (
+        tempfile.TemporaryDirectory(prefix="kvbench-uvloop-") as tmp,
+        _relay_process("the uvloop relay", command, port, Path(tmp), ready_timeout) as process,
+    ):
+        yield UvloopRelayProcess(process, port)
+
+
+@contextlib.contextmanager
+def _relay_process(
+    name: str, command: list[str], port: int, directory: Path, ready_timeout: float
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`command` run with its output in `directory`, yielded once an ApiVersions request passes
+    through `port` (its output in the error when it does not); SIGTERM, then SIGKILL, on exit."""
+    log_path = directory / "relay.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=log_file, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + ready_timeout
+            while not _answers_api_versions(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{name} did not start:\n" + log_path.read_text(errors="replace")
+                    )
+                time.sleep(0.1)
+            yield process
+        finally:
+            process.terminate()
             try:
-                relay = HAProxyProcess(process, port, config)
-                deadline = time.monotonic() + ready_timeout
-                while not _answers_api_versions(port):
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(
-                            "haproxy did not start:\n" + log_path.read_text(errors="replace")
-                        )
-                    time.sleep(0.1)
-                yield relay
-            finally:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
 
 
 def metadata_brokers(port: int) -> list[tuple[int, str, int]]:
@@ -408,16 +503,26 @@ def metadata_brokers(port: int) -> list[tuple[int, str, int]]:
     return brokers
 
 
+KVPROXY = "kvproxy"
+HAPROXY = "HAProxy"
+UVLOOP_RELAY = "uvloop relay"
+SIDE_NAMES = {"proxy": KVPROXY, "haproxy": HAPROXY, "uvloop": UVLOOP_RELAY}
+"""The names in the against-the-floor rows of the benchmarks' sides."""
+
+
 @dataclass(frozen=True)
 class FloorRow:
-    """kvproxy against HAProxy on one figure from the same run: both readings, how they compare
-    (kvproxy / HAProxy, or kvproxy - HAProxy for latencies), round by round, and the goal."""
+    """One side against a floor on one figure from the same run (kvproxy against HAProxy, the
+    goals; kvproxy against the uvloop relay; the uvloop relay against HAProxy): both readings, how
+    they compare (measured / floor, or measured - floor for latencies), round by round, the goal."""
 
     figure: str
-    haproxy: float
-    kvproxy: float
+    measured: str
+    floor: str
+    measured_reading: float
+    floor_reading: float
     comparison: str
-    """"ratio" (kvproxy / HAProxy) or "difference" (kvproxy - HAProxy)."""
+    """"ratio" (measured / floor) or "difference" (measured - floor)."""
     value: float
     per_round: tuple[float, ...]
     goal: str | None
@@ -426,22 +531,24 @@ class FloorRow:
 
 def against_floor(
     figure: str,
-    haproxy: Sequence[float],
-    kvproxy: Sequence[float],
+    floor_readings: Sequence[float],
+    measured_readings: Sequence[float],
     *,
     at_most: float | None = None,
     at_least: float | None = None,
+    measured: str = KVPROXY,
+    floor: str = HAPROXY,
 ) -> FloorRow:
-    """kvproxy's median over HAProxy's median of one figure, with the ratio of each round's pair
-    (the runs of one round were measured next to each other)."""
-    pairs = zip(kvproxy, haproxy, strict=True)
+    """The measured side's median over the floor's median of one figure, with the ratio of each
+    round's pair (the runs of one round were measured next to each other)."""
+    pairs = zip(measured_readings, floor_readings, strict=True)
     return _floor_row(
         figure,
-        median(haproxy),
-        median(kvproxy),
+        (measured, floor),
+        (median(measured_readings), median(floor_readings)),
         comparison="ratio",
-        value=median(kvproxy) / median(haproxy),
-        per_round=[k / h for k, h in pairs],
+        value=median(measured_readings) / median(floor_readings),
+        per_round=[m / f for m, f in pairs],
         at_most=at_most,
         at_least=at_least,
     )
@@ -449,19 +556,21 @@ def against_floor(
 
 def floor_difference(
     figure: str,
-    haproxy: float,
-    kvproxy: float,
+    floor_reading: float,
+    measured_reading: float,
     per_round: Sequence[float],
     *,
     at_most: float | None = None,
+    measured: str = KVPROXY,
+    floor: str = HAPROXY,
 ) -> FloorRow:
-    """kvproxy - HAProxy of one figure (a latency percentile), with the differences per round."""
+    """Measured - floor of one figure (a latency percentile), with the differences per round."""
     return _floor_row(
         figure,
-        haproxy,
-        kvproxy,
+        (measured, floor),
+        (measured_reading, floor_reading),
         comparison="difference",
-        value=kvproxy - haproxy,
+        value=measured_reading - floor_reading,
         per_round=per_round,
         at_most=at_most,
         at_least=None,
@@ -470,8 +579,8 @@ def floor_difference(
 
 def _floor_row(
     figure: str,
-    haproxy: float,
-    kvproxy: float,
+    sides: tuple[str, str],
+    readings: tuple[float, float],
     *,
     comparison: str,
     value: float,
@@ -487,7 +596,7 @@ def _floor_row(
     else:
         goal, met = None, None
     rounds = tuple(per_round)
-    return FloorRow(figure, haproxy, kvproxy, comparison, value, rounds, goal, met)
+    return FloorRow(figure, *sides, *readings, comparison, value, rounds, goal, met)
 
 
 def _reading(value: float) -> str:
@@ -497,24 +606,27 @@ def _reading(value: float) -> str:
 def floor_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Lines of a table of FloorRow fields (as written to a results file)."""
     lines = [
-        f"{'':44}{'HAProxy':>9}{'kvproxy':>9}{'compared':>10}{'goal':>9}{'met':>5}  per round",
+        f"{'':44}{'measured / floor':24}{'floor':>9}{'measured':>9}{'compared':>10}{'goal':>9}"
+        f"{'met':>5}  per round",
     ]
     for row in rows:
         difference = row["comparison"] == "difference"
+        sides = f"{row['measured']} {'-' if difference else '/'} {row['floor']}"
         value = f"{row['value']:+.3f}" if difference else f"{row['value']:.2f}x"
         rounds = " ".join(f"{x:+.3f}" if difference else f"{x:.2f}" for x in row["per_round"])
         met = "-" if row["met"] is None else ("yes" if row["met"] else "NO")
         lines.append(
-            f"{row['figure']:44}{_reading(row['haproxy']):>9}{_reading(row['kvproxy']):>9}"
-            f"{value:>10}{row['goal'] or '-':>9}{met:>5}  {rounds}".rstrip()
+            f"{row['figure']:44}{sides:24}{_reading(row['floor_reading']):>9}"
+            f"{_reading(row['measured_reading']):>9}{value:>10}{row['goal'] or '-':>9}{met:>5}"
+            f"  {rounds}".rstrip()
         )
     return lines
 
 
 def print_floor(rows: Sequence[FloorRow]) -> None:
     """The against-the-floor table of one benchmark."""
-    print("\nagainst the floor (HAProxy TCP mode, same run; compared = kvproxy / HAProxy, or")
-    print("kvproxy - HAProxy in ms for latencies)")
+    print("\nagainst the floor (HAProxy TCP mode; the uvloop relay: a Python relay on uvloop; same")
+    print("run; compared = measured / floor, or measured - floor in ms for latencies)")
     print("\n".join(floor_table([asdict(row) for row in rows])))
 
 

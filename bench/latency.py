@@ -18,11 +18,14 @@ delivered. Any error fails the benchmark.
 A third side, `haproxy`, produces through HAProxy in TCP mode (the floor: a relay that reads
 nothing, bench/_common.py) on a second listener of the broker that advertises HAProxy's port, so
 every request passes through it (Kafka only: Tansu advertises one address, so with `--upstream
-tansu` it is left out).
+tansu` it is left out). A fourth, `uvloop`, produces through bench/uvloop_relay.py, a Python relay
+on uvloop that reads nothing either, wired the same way on a third listener (`--no-uvloop-relay`
+leaves it out): what a Python proxy on the same event loop adds before it does any work.
 
 The sides are interleaved to be fair under noise: slices of `--seconds / --slices` seconds
-(default 3 slices of 10 s per side, 30 s each), direct, haproxy, then proxy, each slice preceded by
-a warm-up second whose records are not counted. The producers stay connected for the whole run.
+(default 3 slices of 10 s per side, 30 s each), direct, haproxy, uvloop, then proxy, each
+preceded by a warm-up second whose records are not counted. The producers stay connected for the
+whole run.
 
 A second, shorter part measures the floor: one raw Produce request (one 1 KiB record) at a time on
 one connection, send to answer, `--round-trips` of them per side (default 3,000, after 200 not
@@ -34,11 +37,12 @@ How to read it: p50/p99/p99.9 of each side over all its slices, and the added la
 direct at each percentile); targets (docs/benchmarks.md, "Results against the targets"): added
 p50 <= 0.2 ms, added p99 <= 1 ms. Against the floor: kvproxy minus HAProxy at p50 and p99 of the
 paced slices (goals <= +0.1 ms and <= +0.5 ms), per slice beside, and the same for one request at
-a time (no goal). `achieved` is the measured produce() rate and `send lag` how
+a time (no goal); then the same differences for kvproxy minus the uvloop relay and the relay minus
+HAProxy (no goal). `achieved` is the measured produce() rate and `send lag` how
 late the calls were against their schedule (a late record is measured from its actual call).
 
     .venv/bin/python bench/latency.py [--rate 5000] [--seconds 30] [--slices 3] [--warmup 1]
-        [--record-bytes 1024] [--quick] [--upstream kafka|tansu]
+        [--record-bytes 1024] [--quick] [--upstream kafka|tansu] [--no-uvloop-relay]
 """
 
 from __future__ import annotations
@@ -60,12 +64,15 @@ from confluent_kafka import KafkaError, Message, Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    SIDE_NAMES,
     FloorRow,
     add_upstream_option,
+    add_uvloop_relay_option,
     floor_difference,
     floor_settings,
     median,
     print_floor,
+    relay_sides,
     start_proxy,
     upstream,
     write_results,
@@ -235,6 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--quick", action="store_true", help="3 slices of 1 s: a smoke run")
     add_upstream_option(parser)
+    add_uvloop_relay_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup = 3.0, 0.3
@@ -242,13 +250,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     slice_seconds = args.seconds / args.slices
     began = time.monotonic()
 
-    with upstream(args.upstream, floor=True) as server, start_proxy(server.bootstrap) as proxy:
+    with (
+        upstream(args.upstream, floor=True, uvloop_relay=args.uvloop_relay) as server,
+        start_proxy(server.bootstrap) as proxy,
+    ):
         broker = server.bootstrap
         url = metrics_url(proxy)
         floor_relay = floor_settings(server)
-        bootstraps = {"direct": broker, "proxy": proxy.bootstrap}
-        if server.floor is not None:
-            bootstraps = {"direct": broker, "haproxy": server.floor.bootstrap, **bootstraps}
+        relays = relay_sides(server, proxy)
+        bootstraps = {"direct": broker} | {side: r.bootstrap for side, r in relays.items()}
         producers: dict[str, PacedProducer] = {}
         slices: dict[str, list[dict[str, Any]]] = {side: [] for side in bootstraps}
         pooled: dict[str, list[float]] = {side: [] for side in bootstraps}
@@ -265,8 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             accepted_before = metric(url, "kvproxy_produce_records_total", {"outcome": "accepted"})
             for index in range(args.slices):
                 for side, producer in producers.items():
-                    cpu_before, clock_before = proxy.cpu_seconds(), time.perf_counter()
-                    floor_before = server.floor.cpu_seconds() if server.floor else 0.0
+                    cpu_before = {name: r.cpu_seconds() for name, r in relays.items()}
+                    clock_before = time.perf_counter()
                     result = producer.paced(args.rate, slice_seconds, args.warmup)
                     clock = time.perf_counter() - clock_before
                     latencies = result.pop("latencies")
@@ -274,11 +284,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     figures = {
                         **result,
                         **{f"{k}_ms": v for k, v in percentiles_ms(latencies).items()},
-                        "proxy_cpu_share": (proxy.cpu_seconds() - cpu_before) / clock,
                     }
-                    if server.floor is not None:
-                        floor_cpu = server.floor.cpu_seconds() - floor_before
-                        figures["haproxy_cpu_share"] = floor_cpu / clock
+                    for name, relay in relays.items():  # "proxy_cpu_share", "haproxy_...", ...
+                        used = relay.cpu_seconds() - cpu_before[name]
+                        figures[f"{name}_cpu_share"] = used / clock
                     slices[side].append(figures)
                     print(
                         f"  slice {index + 1}/{args.slices} {side:7}: "
@@ -337,10 +346,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "one_at_a_time_added_ms": unloaded_added,
     }
     floor = floor_rows(overall, slices, unloaded) if "haproxy" in slices else []
-    if floor:
-        summary["haproxy_cpu_share_during_haproxy_slices"] = median(
-            [s["haproxy_cpu_share"] for s in slices["haproxy"]]
-        )
+    for side in ("haproxy", "uvloop"):
+        if side in slices:
+            summary[f"{side}_cpu_share_during_{side}_slices"] = median(
+                [s[f"{side}_cpu_share"] for s in slices[side]]
+            )
     settings = {
         "rate": args.rate,
         "seconds_per_side": args.seconds,
@@ -362,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"({' / '.join(f'{n:,}' for n in samples.values())} records)"
     )
     shown = {"direct": f"direct to {server.label}", "haproxy": "through HAProxy"}
-    shown["proxy"] = "through kvproxy"
+    shown |= {"uvloop": "via uvloop relay", "proxy": "through kvproxy"}
     for side in overall:
         print(f"{shown[side]:16}" + "".join(f"{overall[side][k]:9.3f}" for k in PERCENTILES))
     print(f"{'added':16}" + "".join(f"{added[k]:9.3f}" for k in PERCENTILES))
@@ -383,13 +393,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"records/request : {per_request['direct']:.2f} direct, "
         + (f"{per_request['haproxy']:.2f} through HAProxy, " if floor else "")
+        + (f"{per_request['uvloop']:.2f} through the uvloop relay, " if "uvloop" in slices else "")
         + f"{per_request['proxy']:.2f} through the proxy (librdkafka batches what queues up)"
     )
     print(f"proxy CPU       : {proxy_share:.2f} of a core during the proxy slices")
-    if floor:
+    cpu_shown = {"haproxy": "HAProxy CPU     :", "uvloop": "uvloop relay CPU:"}
+    for side in [side for side in cpu_shown if side in slices]:
         print(
-            f"HAProxy CPU     : {summary['haproxy_cpu_share_during_haproxy_slices']:.2f} of a core "
-            "during the haproxy slices"
+            f"{cpu_shown[side]} {summary[f'{side}_cpu_share_during_{side}_slices']:.2f} of a core "
+            f"during the {side} slices"
         )
     print(f"\none request at a time ({len(trips['direct']):,} per side, 1 KiB record, raw client)")
     print(f"{'ms':16}{'p50':>9}{'p99':>9}{'p99.9':>9}")
@@ -420,26 +432,39 @@ def floor_rows(
     unloaded: dict[str, dict[str, float]],
 ) -> list[FloorRow]:
     """kvproxy minus HAProxy at p50 and p99: paced (per slice beside, the goals), then one
-    request at a time (no goal: a reading of what each relay adds when nothing is queued)."""
-    rows = [
-        floor_difference(
-            f"latency, paced: {k} ms",
-            overall["haproxy"][k],
-            overall["proxy"][k],
-            [
-                p[f"{k}_ms"] - h[f"{k}_ms"]
-                for h, p in zip(slices["haproxy"], slices["proxy"], strict=True)
-            ],
-            at_most=FLOOR_GOALS_MS[k],
-        )
-        for k in FLOOR_GOALS_MS
-    ]
-    rows += [
-        floor_difference(
-            f"latency, one at a time: {k} ms", unloaded["haproxy"][k], unloaded["proxy"][k], []
-        )
-        for k in FLOOR_GOALS_MS
-    ]
+    request at a time (no goal: a reading of what each relay adds when nothing is queued); with
+    the uvloop relay, kvproxy minus the relay and the relay minus HAProxy the same way (no goal)."""
+    pairs = [("proxy", "haproxy")]
+    if "uvloop" in slices:
+        pairs += [("proxy", "uvloop"), ("uvloop", "haproxy")]
+    rows = []
+    for measured, floor in pairs:
+        names = {"measured": SIDE_NAMES[measured], "floor": SIDE_NAMES[floor]}
+        goals = FLOOR_GOALS_MS if floor == "haproxy" and measured == "proxy" else {}
+        rows += [
+            floor_difference(
+                f"latency, paced: {k} ms",
+                overall[floor][k],
+                overall[measured][k],
+                [
+                    m[f"{k}_ms"] - f[f"{k}_ms"]
+                    for f, m in zip(slices[floor], slices[measured], strict=True)
+                ],
+                at_most=goals.get(k),
+                **names,
+            )
+            for k in FLOOR_GOALS_MS
+        ]
+        rows += [
+            floor_difference(
+                f"latency, one at a time: {k} ms",
+                unloaded[floor][k],
+                unloaded[measured][k],
+                [],
+                **names,
+            )
+            for k in FLOOR_GOALS_MS
+        ]
     return rows
 
 

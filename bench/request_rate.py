@@ -12,23 +12,28 @@ benchmark.
 A third side, `haproxy`, sends the same load through HAProxy in TCP mode (the floor: a relay that
 reads nothing, bench/_common.py) on a second listener of the broker that advertises HAProxy's
 port, so the leader's address the client is given is HAProxy's (Kafka only: Tansu advertises one
-address, so with `--upstream tansu` it is left out).
+address, so with `--upstream tansu` it is left out). A fourth, `uvloop`, sends it through
+bench/uvloop_relay.py, a Python relay on uvloop that reads nothing either, wired the same way on a
+third listener (`--no-uvloop-relay` leaves it out): kvproxy's CPU per request over the relay's
+is what kvproxy's own work per request costs beyond the event loop and Python's I/O, and the
+relay's over HAProxy's what those cost beyond HAProxy's.
 
-Direct, haproxy and proxied runs alternate (fixed duration each, default 10 s) after an unmeasured
-`--warmup` run of each; the figures are medians of 3 rounds. How to read it: `ratio` = proxied
-requests/s / direct requests/s, target >= 0.8 (docs/benchmarks.md, "Results against the targets");
-`proxy CPU` is the proxy's user+system CPU seconds per 100,000 requests (HAProxy's the same way,
-over all its threads), `broker CPU` the broker's, for scale. Against the floor: kvproxy's median
-CPU per request over HAProxy's (goal <= 2), and each round's pair; requests per CPU second is the
-other way to read the same figure. The broker is Apache Kafka 4.4.0 (one KRaft node) unless
-`--upstream tansu` asks for Tansu. `client CPU` is the load generator's share of a core: well below
-1 means it waits on the server, so the server side sets the figure. One client process is the
-default: on a 2-core machine, more processes only take CPU from the servers (four processes
-measured a lower direct rate than one, on Tansu).
+Direct, haproxy, uvloop and proxied runs alternate (fixed duration each, default 10 s) after an
+unmeasured `--warmup` run of each; the figures are medians of 3 rounds. How to read it: `ratio` =
+proxied requests/s / direct requests/s, target >= 0.8 (docs/benchmarks.md, "Results against the
+targets"); `proxy CPU` is the proxy's user+system CPU seconds per 100,000 requests (HAProxy's and
+the uvloop relay's the same way, over all their threads), `broker CPU` the broker's, for scale.
+Against the floor: kvproxy's median CPU per request over HAProxy's (goal <= 2), and each round's
+pair, then kvproxy over the uvloop relay and the relay over HAProxy (no goal); requests per CPU
+second is the other way to read the same figure. The broker is Apache Kafka 4.4.0 (one KRaft node)
+unless `--upstream tansu` asks for Tansu. `client CPU` is the load generator's share of a core:
+well below 1 means it waits on the server, so the server side sets the figure. One client process
+is the default: on a 2-core machine, more processes only take CPU from the servers (four
+processes measured a lower direct rate than one, on Tansu).
 
     .venv/bin/python bench/request_rate.py [--seconds 10] [--rounds 3] [--connections 4]
         [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--warmup 3] [--quick]
-        [--upstream kafka|tansu]
+        [--upstream kafka|tansu] [--no-uvloop-relay]
 
 The raw client (`run_load`, `ProduceTemplate`, `AnswerCheck`, ...) is shared with
 bench/latency.py and bench/connections.py.
@@ -63,14 +68,17 @@ from kio.static.primitive import i16, i32, i32Timedelta
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    SIDE_NAMES,
     FloorRow,
     ProxyProcess,
     add_upstream_option,
+    add_uvloop_relay_option,
     against_floor,
     alternate,
     floor_settings,
     median,
     print_floor,
+    relay_sides,
     start_proxy,
     upstream,
     write_results,
@@ -531,21 +539,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds per side")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s: a smoke run")
     add_upstream_option(parser)
+    add_uvloop_relay_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds, args.warmup = 2.0, 1, 1.0
     began = time.monotonic()
 
-    with upstream(args.upstream, floor=True) as server, start_proxy(server.bootstrap) as proxy:
+    with (
+        upstream(args.upstream, floor=True, uvloop_relay=args.uvloop_relay) as server,
+        start_proxy(server.bootstrap) as proxy,
+    ):
         broker = server.bootstrap
         url = metrics_url(proxy)
         broker_process = server.process
         floor_relay = floor_settings(server)
-        bootstraps = {"direct": broker, "proxy": proxy.bootstrap}
-        relays = {"proxy": proxy}
-        if server.floor is not None:
-            bootstraps = {"direct": broker, "haproxy": server.floor.bootstrap, **bootstraps}
-            relays["haproxy"] = server.floor
+        relays = relay_sides(server, proxy)
+        bootstraps = {"direct": broker} | {side: r.bootstrap for side, r in relays.items()}
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side in bootstraps}
 
         def one_run(side: str, round_index: int, seconds: float = args.seconds) -> float:
@@ -585,6 +594,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "broker_cpu_s_per_100k": broker_cpu / result.answered * 100_000,
             }
             if relay is not None:  # "proxy_cpu_..." for kvproxy, "haproxy_cpu_..." for HAProxy
+                # and "uvloop_cpu_..." for the uvloop relay
                 figures[f"{side}_cpu_seconds"] = relay_cpu
                 figures[f"{side}_cpu_s_per_100k"] = relay_cpu / result.answered * 100_000
                 figures["requests_per_cpu_s"] = (
@@ -630,12 +640,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "proxy_requests_per_cpu_s": median([r["requests_per_cpu_s"] for r in runs["proxy"]]),
     }
     floor = floor_rows(runs) if "haproxy" in runs else []
-    if floor:
-        summary["haproxy_requests_per_s"] = median(rates["haproxy req/s"])
-        summary["haproxy_cpu_s_per_100k_requests"] = floor[0].haproxy
-        summary["haproxy_requests_per_cpu_s"] = median(
-            [r["requests_per_cpu_s"] for r in runs["haproxy"]]
-        )
+    for side in ("haproxy", "uvloop"):
+        if side in runs:
+            summary[f"{side}_requests_per_s"] = median(rates[f"{side} req/s"])
+            summary[f"{side}_cpu_s_per_100k_requests"] = median(
+                [r[f"{side}_cpu_s_per_100k"] for r in runs[side]]
+            )
+            summary[f"{side}_requests_per_cpu_s"] = median(
+                [r["requests_per_cpu_s"] for r in runs[side]]
+            )
     settings = {
         "seconds": args.seconds,
         "rounds": args.rounds,
@@ -657,6 +670,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'direct to ' + server.label:16}: {direct:10,.0f} requests/s (median of {args.rounds})")
     if floor:
         print(f"through HAProxy : {summary['haproxy_requests_per_s']:10,.0f} requests/s")
+    if "uvloop" in runs:
+        print(f"through uvloop relay: {summary['uvloop_requests_per_s']:6,.0f} requests/s")
     print(f"through kvproxy : {proxied:10,.0f} requests/s")
     print(
         f"ratio           : {proxied / direct:10.2f}   (target >= 0.8; per round: "
@@ -667,10 +682,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"proxy CPU       : {cpu_per_100k:10.2f} s per 100k requests, "
         f"{summary['proxy_requests_per_cpu_s']:,.0f} requests per CPU second"
     )
-    if floor:
+    shown = {"haproxy": "HAProxy CPU     :", "uvloop": "uvloop relay CPU:"}
+    for side in [side for side in shown if side in runs]:
         print(
-            f"HAProxy CPU     : {summary['haproxy_cpu_s_per_100k_requests']:10.2f} s per 100k "
-            f"requests, {summary['haproxy_requests_per_cpu_s']:,.0f} requests per CPU second"
+            f"{shown[side]} {summary[f'{side}_cpu_s_per_100k_requests']:10.2f} s per 100k "
+            f"requests, {summary[f'{side}_requests_per_cpu_s']:,.0f} requests per CPU second"
         )
     print(
         f"{server.label + ' CPU':16}: {broker_per_100k['direct']:10.2f} s per 100k requests "
@@ -699,20 +715,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def floor_rows(runs: dict[str, list[dict[str, Any]]]) -> list[FloorRow]:
-    """kvproxy against HAProxy in the same run: CPU per request (the goal) and requests/s."""
-    return [
+    """kvproxy against HAProxy in the same run: CPU per request (the goal) and requests/s; with
+    the uvloop relay, kvproxy against it and it against HAProxy, the same two figures."""
+    cpu = "request rate: CPU s per 100k requests"
+    rate = "request rate: requests/s"
+    rows = [
         against_floor(
-            "request rate: CPU s per 100k requests",
+            cpu,
             [r["haproxy_cpu_s_per_100k"] for r in runs["haproxy"]],
             [r["proxy_cpu_s_per_100k"] for r in runs["proxy"]],
             at_most=CPU_PER_REQUEST_GOAL,
         ),
         against_floor(
-            "request rate: requests/s",
+            rate,
             [r["requests_per_s"] for r in runs["haproxy"]],
             [r["requests_per_s"] for r in runs["proxy"]],
         ),
     ]
+    if "uvloop" not in runs:
+        return rows
+    for measured, floor in (("proxy", "uvloop"), ("uvloop", "haproxy")):
+        names = {"measured": SIDE_NAMES[measured], "floor": SIDE_NAMES[floor]}
+        rows += [
+            against_floor(
+                cpu,
+                [r[f"{floor}_cpu_s_per_100k"] for r in runs[floor]],
+                [r[f"{measured}_cpu_s_per_100k"] for r in runs[measured]],
+                **names,
+            ),
+            against_floor(
+                rate,
+                [r["requests_per_s"] for r in runs[floor]],
+                [r["requests_per_s"] for r in runs[measured]],
+                **names,
+            ),
+        ]
+    return rows
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ minute); `--only NAME ...` runs some of them. Benchmarks 1, 2 and 3 run against 
 4.4.0 unless `--upstream tansu` is given (it is passed on to them); 7 always runs against Kafka,
 5 and 6 against Tansu. At the end, the rows of 1, 2 and 3 that compare kvproxy with HAProxy in
 TCP mode (the floor, measured in the same run; Kafka only) are gathered into one table, "against
-the floor", printed and added to the report.
+the floor", printed and added to the report (with the rows of 2 and 3 that compare kvproxy
+with the uvloop relay and the relay with HAProxy).
 
     .venv/bin/python bench/run_all.py [--quick] [--only engine latency] [--upstream kafka|tansu]
 """
@@ -36,10 +37,12 @@ BENCHMARKS = (
 )
 WITH_UPSTREAM = {"throughput", "request_rate", "latency"}
 """The benchmarks that take `--upstream` (the others start Tansu); they measure the floor too."""
-FLOOR_TITLE = "Against the floor (HAProxy TCP mode)"
+FLOOR_TITLE = "Against the floor (HAProxy TCP mode; the uvloop relay)"
 FLOOR_NOTE = (
-    "compared = kvproxy / HAProxy (kvproxy - HAProxy in ms for latencies) from the same run; "
-    "per round: the same for each round's (or slice's) pair of runs"
+    "compared = measured / floor (measured - floor in ms for latencies) from the same run: "
+    "kvproxy against HAProxy (the goals), kvproxy against the uvloop relay (bench/uvloop_relay.py, "
+    "a Python relay reading nothing) and the relay against HAProxy; per round: the same for each "
+    "round's (or slice's) pair of runs"
 )
 
 
