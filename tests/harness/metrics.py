@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.proxy import RunningProxy
 
 
-def scrape(proxy: RunningProxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+class ServesMetrics(Protocol):
+    """A proxy in this process (RunningProxy) or a `kvproxy serve` process (ProxyProcess)."""
+
+    @property
+    def metrics_url(self) -> str: ...
+
+
+def scrape(proxy: ServesMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample on /metrics, keyed by (name, sorted labels)."""
     with urllib.request.urlopen(f"{proxy.metrics_url}/metrics", timeout=5) as answer:
         assert answer.status == 200

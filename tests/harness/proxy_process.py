@@ -65,6 +65,11 @@ class ProxyProcess:
         return f"{HOST}:{self.config['listen']['port']}"
 
     @property
+    def metrics_url(self) -> str:
+        metrics = self.config["metrics"]
+        return f"http://{metrics['host']}:{metrics['port']}"
+
+    @property
     def ports(self) -> set[int]:
         """The bootstrap port and every broker listener port the proxy may open."""
         listen = self.config["listen"]
