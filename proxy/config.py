@@ -2,10 +2,11 @@
 
 The proxy's own sections (upstream, limits, metrics, ...) are here, `listen` in
 `kvproxy.proxy.listen_config`; what the audit reads from the same file too (how it is read and
-reported, `errors`, the policy sections) is in `settings`. Every key has a default and unknown keys are errors, so a typo is reported instead
-of ignored. The policy sections (`defaults`, `topics`) are kept as data here and turned into
-policy chains by `kvproxy.policies.config.build_routing`, which reports their errors;
-`load_config_and_rules` reports the errors of both at once, each with the line of the file it is
+reported, `errors`, the policy sections) is in `settings`. Every key has a default and unknown
+keys are errors, so a typo is reported instead of ignored. The policy sections (`defaults`,
+`topics`) are kept as data here and turned into policy chains by
+`kvproxy.policies.config.build_routing`, which reports their errors; `load_config_and_rules`
+reports the errors of both at once, each with the line of the file it is
 on. `docs/configuration.md` documents every key.
 """
 
