@@ -20,10 +20,20 @@ from tests.harness.requests import metadata_request
 __all__ = ["exchange", "metadata_brokers", "sni_connect"]
 
 
-def sni_connect(port: int, name: str | None, ca: Path, host: str = "127.0.0.1") -> ssl.SSLSocket:
+def sni_connect(
+    port: int,
+    name: str | None,
+    ca: Path,
+    *,
+    client_cert: tuple[Path, Path] | None = None,
+    host: str = "127.0.0.1",
+) -> ssl.SSLSocket:
     """A TLS connection to `port` sending `name` (None: no server name, the chain still
-    verified); ssl.SSLError when the handshake fails (the proxy's alert)."""
+    verified), with `client_cert` (certificate, key) for mutual TLS; ssl.SSLError when the
+    handshake fails (the proxy's alert)."""
     context = ssl.create_default_context(cafile=str(ca))
+    if client_cert is not None:
+        context.load_cert_chain(*client_cert)
     if name is None:
         context.check_hostname = False  # nothing to check it against
     sock = socket.create_connection((host, port), timeout=10)

@@ -137,3 +137,48 @@ def test_without_port_per_broker_only_the_sni_port_listens(
             brokers = metadata_brokers(sock, 1)
         assert brokers == [(upstream.node_id, broker_name(upstream.node_id), 443)]
         assert proxy.stats().listeners == 1  # a node learnt opens no port of its own
+
+
+@pytest.mark.upstreams("tansu")
+def test_a_node_the_proxy_has_not_seen_is_served_on_the_retry(
+    upstream: Upstream, tls: TlsFiles
+) -> None:
+    """As a broker added to the cluster, or one only another worker has seen: the first client
+    is refused, the proxy asks the cluster, and the client's retry reaches the node."""
+    node = upstream.node_id
+    with sni_proxy(upstream, tls) as proxy:
+
+        async def forget() -> None:
+            proxy.server.listeners.brokers._addresses.clear()  # as if never named to it
+
+        proxy.call(forget())
+        port = sni_port(proxy)
+        error = refused(port, broker_name(node), tls)
+        assert "UNRECOGNIZED_NAME" in str(error.reason), error
+        deadline = time.monotonic() + 10
+        while node not in proxy.nodes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with sni_connect(port, broker_name(node), tls.ca) as sock:
+            assert metadata_brokers(sock, 12) == [(node, broker_name(node), port)]
+
+
+@pytest.mark.upstreams("tansu")
+def test_mutual_tls_on_the_sni_listener(upstream: Upstream, tls: TlsFiles) -> None:
+    """`sni.tls.client_ca_file`: a client without a certificate is refused and counted; one
+    with a certificate of that CA is served."""
+    own = {
+        "cert_file": str(tls.server_cert),
+        "key_file": str(tls.server_key),
+        "client_ca_file": str(tls.ca),
+    }
+    with sni_proxy(upstream, tls, sni={"tls": own}) as proxy:
+        port = sni_port(proxy)
+        with pytest.raises((ssl.SSLError, OSError)), sni_connect(port, BOOTSTRAP, tls.ca) as sock:
+            metadata_brokers(sock, 12)  # TLS 1.3: the refusal comes after the handshake
+        failures = "kvproxy_tls_handshake_failures_total"
+        reason = "no_client_certificate"
+        assert wait_for_sample(proxy, failures, 1, listener="sni", reason=reason) == 1
+        client_cert = (tls.client_cert, tls.client_key)
+        with sni_connect(port, BOOTSTRAP, tls.ca, client_cert=client_cert) as sock:
+            brokers = metadata_brokers(sock, 12)
+        assert brokers == [(upstream.node_id, broker_name(upstream.node_id), port)]
