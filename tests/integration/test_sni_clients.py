@@ -31,6 +31,7 @@ from tests.harness.java_client import run_java_client
 from tests.harness.kafka_broker import KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.kcat import run_kcat
 from tests.harness.metrics import scrape
+from tests.harness.processes import wait_until
 from tests.harness.proxy_process import ProxyProcess
 from tests.harness.sni import (
     BOOTSTRAP_NAME,
@@ -46,6 +47,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("sni_clients"), pytest.
 
 PARTITIONS = 3
 ACCEPTED = "kvproxy_client_connections_accepted_total"
+FAILURES = "kvproxy_tls_handshake_failures_total"
 KEYLESS = "Compacted topic cannot accept message without key in topic partition {}-0"
 
 
@@ -74,6 +76,11 @@ class Stage:
                 by_name = dict(labels)
                 counts[by_name["listener"], by_name["node"]] = int(count)
         return counts
+
+    def handshake_failures(self, reason: str) -> float:
+        """Failed handshakes on the SNI listener the proxy counted so far for `reason`."""
+        samples = scrape(self.proxy)
+        return samples.get((FAILURES, (("listener", "sni"), ("reason", reason))), 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +231,35 @@ def test_kcat_produces_consumes_and_lists_the_names(stage: Stage) -> None:
     assert refused.stderr.decode().splitlines() == [
         "% Delivery failed for message: Broker: Broker failed to validate record"
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("nothing.kafka.localhost", "no_matching_name"),
+        ("broker-77.kafka.localhost", "unknown_node"),
+    ],
+)
+def test_kcat_naming_nothing_the_proxy_serves_gets_a_tls_alert(
+    stage: Stage, name: str, reason: str
+) -> None:
+    """A name that matches no pattern, and a broker the cluster does not have: the handshake
+    ends with the alert `unrecognized_name` (no connection to any broker), logged with the name
+    and counted by reason."""
+    before = stage.handshake_failures(reason)
+    options = stage.sni.kcat()
+    options[1] = f"{name}:{stage.sni.port}"
+    done = run_kcat([*options, "-L", "-m", "3"])
+    assert done.returncode == 1, done
+    assert (
+        "SSL handshake failed: error:0A000458:SSL routines::tlsv1 unrecognized name: "
+        "SSL alert number 112"
+    ) in done.stderr.decode(), done.stderr
+    logged = f"server name '{name}': {reason} (refused by the server name's route)"
+    wait_until(
+        lambda: logged in stage.proxy.log.read_text(), f"the proxy's log line of the {reason}"
+    )
+    assert stage.handshake_failures(reason) > before
 
 
 # ---- kafka-python ----
