@@ -333,6 +333,9 @@ def test_java_client_produces_consumes_and_is_refused(stage: Stage) -> None:
     read = Counter(value for member in members for _key, value, _p, _o in member["records"])
     assert read == Counter(values)
 
+    nodes = java("nodes", stage)["nodes"]
+    assert {n: f"{host}:{port}" for n, host, port in nodes} == stage.names()
+
     [refused] = java("produce", stage, topic=stage.compacted, values="no key", null_key="true")[
         "results"
     ]

@@ -15,6 +15,7 @@ import java.util.Set;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 
+import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -22,6 +23,7 @@ import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.metrics.KafkaMetric;
@@ -53,6 +55,7 @@ import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
  *       partition's position reaches its end offset, commit, and report records, assignments and
  *       the committed offsets.
  *   <li>{@code versions}: the highest Produce version this client can send.
+ *   <li>{@code nodes}: the brokers the Admin client's describeCluster names (id, host, port).
  * </ul>
  *
  * <p>{@link TelemetryReporter} is not part of the client: it is a broker's metrics reporter,
@@ -88,12 +91,25 @@ public final class KvproxyJavaClient {
             case "versions":
                 out = "{\"produce_latest\":" + ApiKeys.PRODUCE.latestVersion() + "}";
                 break;
+            case "nodes":
+                out = nodes(props);
+                break;
             default:
                 throw new IllegalArgumentException("unknown command " + command);
         }
         if (out != null) {
             System.out.println(out);
             System.out.flush();
+        }
+    }
+
+    private static String nodes(Properties props) throws Exception {
+        try (Admin admin = Admin.create(props)) {
+            List<String> nodes = new ArrayList<>();
+            for (Node node : admin.describeCluster().nodes().get()) {
+                nodes.add("[" + node.id() + "," + quote(node.host()) + "," + node.port() + "]");
+            }
+            return "{\"nodes\":[" + String.join(",", nodes) + "]}";
         }
     }
 
