@@ -44,6 +44,15 @@ def accepted_by_worker(metrics_port: int) -> dict[tuple[str, str], float]:
     return found
 
 
+def ready(metrics_port: int) -> bool:
+    """The supervisor's /readyz: every worker has started its listeners and is ready."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{metrics_port}/readyz", timeout=10) as answer:
+            return bool(answer.status == 200)
+    except OSError:  # not listening yet, or 503 (urllib's HTTPError is an OSError)
+        return False
+
+
 def test_two_workers_share_the_sni_port(upstream: Upstream, tmp_path: Path) -> None:
     node = upstream.node_id
     broker = BROKER_NAMES.replace("$(nodeId)", str(node))
@@ -60,12 +69,13 @@ def test_two_workers_share_the_sni_port(upstream: Upstream, tmp_path: Path) -> N
         )
         try:
             proxy.start()
+            metrics_port = proxy.config["metrics"]["port"]
+            wait_until(lambda: ready(metrics_port), "both workers listening (/readyz)", 90)
             wait_for_sni(SniEndpoint(port, tls.ca))
             for index in range(CONNECTIONS):
                 name = BOOTSTRAP_NAME if index % 2 else broker
                 with sni_connect(port, name, tls.ca) as sock:
                     assert metadata_brokers(sock, 12) == [(node, broker, port)]
-            metrics_port = proxy.config["metrics"]["port"]
 
             def counted() -> dict[tuple[str, str], float] | None:
                 found = accepted_by_worker(metrics_port)
