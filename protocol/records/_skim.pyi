@@ -8,7 +8,6 @@ def skim_v2(
     log_append_time: bool,
     /,
 ) -> RecordScan | None: ...
-
 def values_v2(
     plain: bytes | bytearray | memoryview,
     count: int,
