@@ -625,8 +625,11 @@ def floor_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def print_floor(rows: Sequence[FloorRow]) -> None:
     """The against-the-floor table of one benchmark."""
-    print("\nagainst the floor (HAProxy TCP mode; the uvloop relay: a Python relay on uvloop; same")
-    print("run; compared = measured / floor, or measured - floor in ms for latencies)")
+    floors = "HAProxy TCP mode"
+    if any(UVLOOP_RELAY in (row.measured, row.floor) for row in rows):
+        floors += "; the uvloop relay: a Python relay reading nothing"
+    print(f"\nagainst the floor ({floors}; same run)")
+    print("compared = measured / floor, or measured - floor in ms for latencies")
     print("\n".join(floor_table([asdict(row) for row in rows])))
 
 
