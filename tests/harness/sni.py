@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tests.harness.metrics import ServesMetrics, scrape
 from tests.harness.processes import wait_until
 from tests.harness.proxy_process import HOST, ProxyProcess
 from tests.harness.tansu import free_port
@@ -33,6 +35,7 @@ __all__ = [
     "CERTIFICATE_NAMES",
     "JAVA_IPV4",
     "SniEndpoint",
+    "accepted_connections",
     "sni_proxy",
     "wait_for_sni",
 ]
@@ -99,10 +102,11 @@ class SniEndpoint:
 
 
 def sni_proxy(
-    directory: Path, servers: list[str], tls: TlsFiles
+    directory: Path, servers: list[str], tls: TlsFiles, listen: dict[str, Any] | None = None
 ) -> tuple[ProxyProcess, SniEndpoint]:
     """`kvproxy serve` (not started) in front of `servers` with an SNI listener on a free port
-    beside its plain port-per-broker listeners, and that listener as clients see it."""
+    beside its plain port-per-broker listeners (`listen`: more settings of the listen section,
+    its `tls` for one), and that listener as clients see it."""
     port = free_port()
     sni = {
         "port": port,
@@ -110,7 +114,7 @@ def sni_proxy(
         "brokers": BROKER_NAMES,
         "tls": {"cert_file": str(tls.server_cert), "key_file": str(tls.server_key)},
     }
-    proxy = ProxyProcess.in_front_of(directory, servers, listen={"sni": sni})
+    proxy = ProxyProcess.in_front_of(directory, servers, listen={**(listen or {}), "sni": sni})
     return proxy, SniEndpoint(port, tls.ca)
 
 
@@ -128,3 +132,14 @@ def wait_for_sni(endpoint: SniEndpoint, timeout: float = 30) -> None:
         return False
 
     wait_until(handshake, f"a TLS handshake on the SNI port {endpoint.port}", timeout)
+
+
+def accepted_connections(proxy: ServesMetrics) -> Counter[tuple[str, str]]:
+    """Client connections the proxy accepted so far, by (listener, node)
+    (`kvproxy_client_connections_accepted_total`)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for (name, labels), count in scrape(proxy).items():
+        if name == "kvproxy_client_connections_accepted_total":
+            by_name = dict(labels)
+            counts[by_name["listener"], by_name["node"]] = int(count)
+    return counts
