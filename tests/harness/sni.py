@@ -102,11 +102,10 @@ class SniEndpoint:
 
 
 def sni_proxy(
-    directory: Path, servers: list[str], tls: TlsFiles, listen: dict[str, Any] | None = None
+    directory: Path, servers: list[str], tls: TlsFiles
 ) -> tuple[ProxyProcess, SniEndpoint]:
     """`kvproxy serve` (not started) in front of `servers` with an SNI listener on a free port
-    beside its plain port-per-broker listeners (`listen`: more settings of the listen section,
-    its `tls` for one), and that listener as clients see it."""
+    beside its plain port-per-broker listeners, and that listener as clients see it."""
     port = free_port()
     sni = {
         "port": port,
@@ -114,7 +113,7 @@ def sni_proxy(
         "brokers": BROKER_NAMES,
         "tls": {"cert_file": str(tls.server_cert), "key_file": str(tls.server_key)},
     }
-    proxy = ProxyProcess.in_front_of(directory, servers, listen={**(listen or {}), "sni": sni})
+    proxy = ProxyProcess.in_front_of(directory, servers, listen={"sni": sni})
     return proxy, SniEndpoint(port, tls.ca)
 
 
