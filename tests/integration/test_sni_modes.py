@@ -7,7 +7,8 @@ What a user sees: a confluent-kafka client bootstrapped at the port-per-broker b
 port>`; both produce, and each reads the other's records; the proxy counts their connections under
 each listener. With SASL inside (the proxy's upstream the SASL_PLAINTEXT listener), the right
 credentials produce and consume through the SNI port, and a wrong password gets the same
-authentication error, Kafka's words, through the SNI port as through the port-per-broker one.
+authentication error, Kafka's words, through the SNI port as through the port-per-broker one
+(confluent-kafka with PLAIN and SCRAM-SHA-256; the Java client with SCRAM-SHA-256).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from typing import Any
 
 import pytest
 
+from tests.harness.java_client import run_java_client
 from tests.harness.kafka_broker import KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.kafka_security import (
     SECURE_LISTENERS,
     broker_properties,
+    java_properties,
     librdkafka_settings,
     scram_format_arguments,
 )
@@ -34,6 +37,7 @@ from tests.harness.proxy_process import HOST, ProxyProcess
 from tests.harness.sni import (
     BOOTSTRAP_NAME,
     BROKER_NAMES,
+    JAVA_IPV4,
     SniEndpoint,
     accepted_connections,
     sni_proxy,
@@ -242,3 +246,42 @@ def test_wrong_password_through_the_sni_port_is_the_same_authentication_error(
         by_port.fatal(),
     )
     assert not by_name.retriable()
+
+
+def java_produce(
+    bootstrap: str, sni: SniEndpoint, topic: str, password: str, values: list[str]
+) -> list[dict[str, Any]]:
+    """The Java client's SCRAM-SHA-256 producer inside TLS (trusting kvproxy's CA, host names
+    verified): what became of each value."""
+    props = {**sni.java(), **java_properties("SCRAM-SHA-256", password, ca=sni.ca)}
+    run = run_java_client(
+        "produce", bootstrap, props=props, jvm=JAVA_IPV4, topic=topic, values="\n".join(values)
+    )
+    results: list[dict[str, Any]] = run.result["results"]
+    return results
+
+
+def test_java_client_through_the_sni_port_as_through_the_port_per_broker_listener(
+    secured: Secured, sasl_proxy: tuple[RunningProxy, SniEndpoint]
+) -> None:
+    """The right password produces and consumes through the SNI port; a wrong one is the same
+    SaslAuthenticationException, with Kafka's message, through either listener."""
+    proxy, sni = sasl_proxy
+    topic = secured.cluster.create_topic()
+    values = ["java-0", "java-1"]
+    produced = java_produce(sni.bootstrap, sni, topic, "alice-secret", values)
+    assert [(r.get("error"), r.get("partition")) for r in produced] == [(None, 0)] * len(values)
+    props = {**sni.java(), **java_properties("SCRAM-SHA-256", "alice-secret", ca=sni.ca)}
+    group = f"sni-modes-{uuid.uuid4().hex[:8]}"
+    consumed = run_java_client(
+        "consume", sni.bootstrap, props=props, jvm=JAVA_IPV4, topic=topic, group=group
+    ).result["members"]
+    assert [value for member in consumed for _key, value, _p, _o in member["records"]] == values
+
+    [by_name] = java_produce(sni.bootstrap, sni, topic, "wrong", ["never stored"])
+    [by_port] = java_produce(proxy.bootstrap, sni, topic, "wrong", ["never stored"])
+    refused = {
+        "class": "org.apache.kafka.common.errors.SaslAuthenticationException",
+        "message": KAFKA_MESSAGES["SCRAM-SHA-256"],
+    }
+    assert by_name["error"] == by_port["error"] == refused
