@@ -10,7 +10,8 @@ restarting the proxy; a name the proxy does not serve gets a TLS alert, never a 
 confluent-kafka and kcat (librdkafka), kafka-python, the Java client (kafka-clients 4.4.0).
 
 One cluster (three brokers and a controller) and one `kvproxy serve` serve the module; the broker
-added by the last test stays until the module ends.
+added by the last tests (confluent-kafka's first, then kcat's, kafka-python's and the Java
+client's, each adding it if it is not there yet) stays until the module ends.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tests.harness.sni import (
     CERTIFICATE_NAMES,
     JAVA_IPV4,
     SniEndpoint,
+    accepted_connections,
     sni_proxy,
     wait_for_sni,
 )
@@ -46,7 +48,6 @@ from tests.harness.tls import make_tls_files
 pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("sni_clients"), pytest.mark.timeout(300)]
 
 PARTITIONS = 3
-ACCEPTED = "kvproxy_client_connections_accepted_total"
 FAILURES = "kvproxy_tls_handshake_failures_total"
 KEYLESS = "Compacted topic cannot accept message without key in topic partition {}-0"
 
@@ -70,12 +71,16 @@ class Stage:
 
     def accepted(self) -> Counter[tuple[str, str]]:
         """Client connections the proxy accepted so far, by (listener, node)."""
-        counts: Counter[tuple[str, str]] = Counter()
-        for (name, labels), count in scrape(self.proxy).items():
-            if name == ACCEPTED:
-                by_name = dict(labels)
-                counts[by_name["listener"], by_name["node"]] = int(count)
-        return counts
+        return accepted_connections(self.proxy)
+
+    def added_broker_topic(self) -> str:
+        """A fresh topic of one partition led by broker 4, the broker added to the running
+        cluster (added here if no test has added it yet)."""
+        if all(node.node_id != 4 for node in self.cluster.brokers):
+            assert self.cluster.add_broker().node_id == 4
+        topic = self.cluster.create_topic(replicas_on=[[4]])
+        assert self.cluster.leader_of(topic) == 4
+        return topic
 
     def handshake_failures(self, reason: str) -> float:
         """Failed handshakes on the SNI listener the proxy counted so far for `reason`."""
@@ -349,7 +354,8 @@ def test_java_client_produces_consumes_and_is_refused(stage: Stage) -> None:
     )
 
 
-# ---- a broker added to the running cluster (last: the cluster keeps it) ----
+# ---- a broker added to the running cluster (last: the cluster keeps it; confluent-kafka's test
+# adds it, the others add it if they run alone) ----
 
 
 def test_a_broker_added_later_is_reached_through_the_same_port(stage: Stage) -> None:
@@ -361,10 +367,7 @@ def test_a_broker_added_later_is_reached_through_the_same_port(stage: Stage) -> 
     producer = Producer({**stage.sni.librdkafka(), "acks": "all", "message.timeout.ms": 30000})
     assert named_brokers(producer) == stage.names()
 
-    added = stage.cluster.add_broker()
-    assert added.node_id == 4
-    topic = stage.cluster.create_topic(replicas_on=[[4]])
-    assert stage.cluster.leader_of(topic) == 4
+    topic = stage.added_broker_topic()  # the broker is added here (the first of these tests)
 
     errors: list[Any] = []
     for value in values_for(0):
@@ -377,3 +380,78 @@ def test_a_broker_added_later_is_reached_through_the_same_port(stage: Stage) -> 
     assert confluent_consume(stage.sni, topic, 1) == {0: values_for(0)}
     assert ("sni", "4") in stage.accepted() - before
     assert stage.proxy.starts == 1 and stage.proxy.proc is process and process.poll() is None
+
+
+def test_kcat_reaches_the_added_broker_through_the_same_port(stage: Stage) -> None:
+    topic = stage.added_broker_topic()
+    before = stage.accepted()
+    lines = b"".join(value + b"\n" for value in values_for(0))
+    done = run_kcat([*stage.sni.kcat(), "-P", "-t", topic, "-p", "0"], input_bytes=lines)
+    assert done.returncode == 0, done
+    done = run_kcat(
+        [*stage.sni.kcat(), "-C", "-t", topic, "-o", "beginning", "-e", "-q"], timeout=60
+    )
+    assert done.returncode == 0, done
+    assert done.stdout.splitlines() == values_for(0)
+
+    listed = run_kcat([*stage.sni.kcat(), "-L", "-t", topic])
+    assert listed.returncode == 0, listed
+    text = listed.stdout.decode()
+    brokers = dict(re.findall(r"^\s+broker (\d+) at (\S+)", text, re.MULTILINE))
+    assert {int(n): address for n, address in brokers.items()} == stage.names(range(1, 5)), text
+    assert re.findall(r"^\s+partition 0, leader (\d+),", text, re.MULTILINE) == ["4"], text
+    assert ("sni", "4") in stage.accepted() - before  # broker 4 through the SNI port
+
+
+def test_kafka_python_reaches_the_added_broker_through_the_same_port(stage: Stage) -> None:
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = stage.added_broker_topic()
+    before = stage.accepted()
+    producer = KafkaProducer(**stage.sni.kafka_python(), acks="all", retries=0)
+    try:
+        sent = [producer.send(topic, key=b"k", value=value, partition=0) for value in values_for(0)]
+        producer.flush(30)
+        assert [future.get(timeout=30).offset for future in sent] == [0, 1, 2]
+    finally:
+        producer.close(10)
+
+    consumer = KafkaConsumer(**stage.sni.kafka_python(), enable_auto_commit=False)
+    read: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        consumer.seek_to_beginning()
+        deadline = time.monotonic() + 60
+        while len(read) < len(sent) and time.monotonic() < deadline:
+            for messages in consumer.poll(timeout_ms=500).values():
+                read += [message.value for message in messages]
+    finally:
+        consumer.close()
+    assert read == values_for(0)
+
+    admin = KafkaAdminClient(**stage.sni.kafka_python())
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    named = {b["broker_id"]: f"{b['host']}:{b['port']}" for b in cluster["brokers"]}
+    assert named == stage.names(range(1, 5))
+    assert ("sni", "4") in stage.accepted() - before  # broker 4 through the SNI port
+
+
+def test_java_client_reaches_the_added_broker_through_the_same_port(stage: Stage) -> None:
+    topic = stage.added_broker_topic()
+    before = stage.accepted()
+    values = [f"java-{n}" for n in range(3)]
+    results = java("produce", stage, topic=topic, values="\n".join(values))["results"]
+    assert [r.get("error") for r in results] == [None] * len(values)
+    assert {r["partition"] for r in results} == {0}
+
+    group = f"sni-{uuid.uuid4().hex[:8]}"
+    members = java("consume", stage, topic=topic, group=group)["members"]
+    read = [value for member in members for _key, value, _p, _o in member["records"]]
+    assert read == values
+
+    nodes = java("nodes", stage)["nodes"]
+    assert {n: f"{host}:{port}" for n, host, port in nodes} == stage.names(range(1, 5))
+    assert ("sni", "4") in stage.accepted() - before  # broker 4 through the SNI port
