@@ -4,7 +4,8 @@ It starts the embedded development broker and kvproxy in front of it, produces a
 records through the proxy with aiokafka, and shows which broker addresses the client was given
 (only the proxy's). Then it sends what the broker would store without a word — a null key to a
 compacted topic, a batch whose CRC no longer matches its bytes, a payment in a currency a custom
-policy refuses — and prints the answers a client receives from kvproxy.
+policy refuses, invoices without a valid schema id (checked against a stand-in schema registry the
+demo serves) — and prints the answers a client receives from kvproxy.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, 
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
+from kvproxy.commands.demo_registry import DemoSchema, serve_demo_registry
+from kvproxy.policies.config import DEFAULT_POLICIES
 from kvproxy.protocol.error_codes import error_name
 from kvproxy.protocol.framing import FrameDecoder, frame
 from kvproxy.protocol.messages import PRODUCE, decode_response, encode_request, make_request
@@ -35,6 +38,12 @@ from kvproxy.proxy.server import ProxyServer
 DEMO_TOPIC = "kvproxy-demo"
 COMPACTED_TOPIC = "customers"
 PAYMENTS_TOPIC = "payments"
+INVOICES_TOPIC = "invoices"
+INVOICE_SCHEMA = DemoSchema(
+    schema_id=1,
+    subject=f"{INVOICES_TOPIC}-value",
+    schema='{"type": "record", "name": "Invoice", "fields": [{"name": "amount", "type": "long"}]}',
+)
 TANSU_NODE_ID = 111
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """Where `examples/` lives when kvproxy runs from its source tree (as `make demo` does)."""
@@ -58,7 +67,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def demo_config() -> ProxyConfig:
+def demo_config(registry_url: str) -> ProxyConfig:
     broker_port = _free_port()
     return parse_config(
         {
@@ -83,8 +92,13 @@ def demo_config() -> ProxyConfig:
                             }
                         },
                     ],
-                }
+                },
+                {
+                    "match": INVOICES_TOPIC,
+                    "policies": [*DEFAULT_POLICIES, {"schema": {"value": "required"}}],
+                },
             ],
+            "schema_registry": {"url": registry_url},
         },
         "demo",
     )
@@ -175,14 +189,25 @@ async def _create_topics(bootstrap: str) -> None:
             [
                 NewTopic(COMPACTED_TOPIC, 1, 1, topic_configs={"cleanup.policy": "compact"}),
                 NewTopic(PAYMENTS_TOPIC, 1, 1),
+                NewTopic(INVOICES_TOPIC, 1, 1),
             ]
         )
     finally:
         await admin.close()
 
 
+def _with_schema_id(schema_id: int, payload: bytes) -> bytes:
+    """A value in Confluent's wire format: magic byte 0, the id in 4 bytes, the payload."""
+    return b"\x00" + schema_id.to_bytes(4, "big") + payload
+
+
 async def _demo(keep_running: bool) -> None:
-    config = demo_config()
+    with serve_demo_registry(INVOICE_SCHEMA) as registry_url:
+        await _demo_with_registry(keep_running, registry_url)
+
+
+async def _demo_with_registry(keep_running: bool, registry_url: str) -> None:
+    config = demo_config(registry_url)
     async with running_proxy(config, REPO_ROOT) as server:
         _print_addresses(server)
         host, port = server.listeners.brokers.public_host, server.listeners.bootstrap_port
@@ -205,7 +230,24 @@ async def _demo(keep_running: bool) -> None:
                 PAYMENTS_TOPIC,
                 build_batch([(b"p-1", b'{"amount": 5, "currency": "GBP"}', (), None)]),
             ),
+            (
+                f"three invoices to {INVOICES_TOPIC!r} (schema policy): schema id "
+                f"{INVOICE_SCHEMA.schema_id}, no schema id, schema id 99 (unknown)",
+                INVOICES_TOPIC,
+                build_batch(
+                    [
+                        (b"i-1", _with_schema_id(INVOICE_SCHEMA.schema_id, b"\x0a"), (), None),
+                        (b"i-2", b'{"amount": 5}', (), None),
+                        (b"i-3", _with_schema_id(99, b"\x0a"), (), None),
+                    ]
+                ),
+            ),
         ]
+        print(
+            f"\nschema registry: {registry_url}, a stand-in the demo serves (not a real schema "
+            f"registry): it holds schema {INVOICE_SCHEMA.schema_id} under "
+            f"{INVOICE_SCHEMA.subject!r} and answers the proxy's lookups"
+        )
         print("\nWhat the broker would store without a word, through kvproxy (Produce v9):")
         for label, topic, batch in cases:
             print(f"  {label}")

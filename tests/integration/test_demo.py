@@ -42,6 +42,16 @@ def test_demo_sends_records_through_kvproxy() -> None:
     assert (
         'kvproxy_policy_rejections_total{code="44",policy="currency",topic="payments"} 1.0' in out
     )
+    # The schema policy, against the stand-in registry the demo serves, said to be one.
+    assert "a stand-in the demo serves (not a real schema registry)" in out
+    assert (
+        "three invoices to 'invoices' (schema policy): schema id 1, no schema id, schema id 99 "
+        "(unknown)\n    -> INVALID_RECORD (87): One or more records have been rejected due to 2 "
+        "record errors" in out
+    )
+    assert "record 1: no schema id: magic byte 0x7b, expected 0x00\n" in out
+    assert "record 2: unknown schema id 99\n" in out
+    assert 'kvproxy_policy_rejections_total{code="87",policy="schema",topic="invoices"} 1.0' in out
 
 
 def test_embedded_broker_stops_on_exit() -> None:
