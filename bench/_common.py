@@ -96,6 +96,7 @@ RECORD_LEVEL_RULE = """\
 topics:
   - match: "{pattern}"
     compacted: true
+    default_policies: drop
     policies:
       - compacted_key
       - {{max_record_bytes: {{limit: 1048576}}}}

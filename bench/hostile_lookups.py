@@ -91,7 +91,8 @@ def run(delay: float) -> dict[str, Any]:
         opener = threading.Thread(target=_open_gates_later, args=(registry, delay, stop))
         opener.start()
         rules = "topics:\n" + "".join(
-            f'  - match: "{topic}"\n    policies: [crc, {{schema: {{value: required}}}}]\n'
+            f'  - match: "{topic}"\n    default_policies: drop\n'
+            "    policies: [crc, {schema: {value: required}}]\n"
             for topic in (HOSTILE_TOPIC, INNOCENT_TOPIC)
         )
         extra = f"schema_registry: {{url: '{registry.url}', timeout_ms: 600000}}\n"

@@ -111,7 +111,8 @@ def scenario_registry(args: argparse.Namespace) -> dict[str, Any]:
         batch = build_batch([(b"k", value, None, None)])
         frames = [framed(produce_request(REGISTRY_TOPIC, [batch]), 1)]
         rules = (
-            f'topics:\n  - match: "{REGISTRY_TOPIC}"\n    policies: [crc, {{schema: '
+            f'topics:\n  - match: "{REGISTRY_TOPIC}"\n    default_policies: drop\n'
+            "    policies: [crc, {schema: "
             "{value: required, validate_payload: true}}]\n"
         )
         extra = f"schema_registry: {{url: '{registry.url}', timeout_ms: 5000}}\n"

@@ -284,6 +284,7 @@ def _print_rules(routing: TopicRouting) -> None:
             f"    {pattern}: mode {rule.mode.value}, compacted {compacted}"
             + (f", settings: {settings}" if settings else "")
             + f", policies: {names}"
+            + (f"; {rule.defaults_summary}" if rule.defaults_summary else "")
         )
 
 

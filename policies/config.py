@@ -6,14 +6,19 @@ topics:
   - match: orders                 # exact name, glob (orders.*) or /regex/ (fullmatch)
     compacted: true
     config: {message.timestamp.type: LogAppendTime, max.message.bytes: 2097152}
-    policies: [crc, {max_record_bytes: {limit: 1048576}}]
+    policies: [{max_record_bytes: {limit: 1048576}}]   # added to the defaults' policies
   - match: "logs.*"
     mode: warn                     # policies inherited from defaults
   - match: payments
-    policies: [{custom: {class: "examples.policies:CurrencyPolicy", config: {allowed: [EUR]}}}]
+    default_policies: drop         # only the policies listed here
+    policies: [crc, {custom: {class: "examples.policies:CurrencyPolicy", config: {allowed: [EUR]}}}]
 ```
-First match wins; `defaults` covers the rest. What is wrong with the sections is reported all at
-once: one `PolicyConfigError` whose `problems` say where and why, e.g.
+First match wins; `defaults` covers the rest. An entry's `policies` are added to the defaults'
+(a policy named in both runs with the entry's options) unless it says `default_policies: drop`:
+a check a broker makes is dropped only where the file says so.
+
+What is wrong with the sections is reported all at once: one `PolicyConfigError` whose
+`problems` say where and why, e.g.
 `topics[0].policies[1]: unknown policy 'jsn' (did you mean 'json'?)`.
 """
 
@@ -61,7 +66,10 @@ DEFAULT_POLICIES: tuple[str, ...] = ("batch_integrity", "crc", "timestamps", "co
 DEFAULT_DEFAULTS: Mapping[str, Any] = {"mode": "enforce", "policies": list(DEFAULT_POLICIES)}
 
 _DEFAULTS_KEYS = frozenset({"mode", "policies"})
-_TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies"})
+_TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies", "default_policies"})
+_DEFAULT_POLICIES_VALUES = ("keep", "drop")
+"""`default_policies:` of a topic entry: the defaults' policies run too (keep, the default), or
+only the entry's own (drop)."""
 _CACHE_LIMIT = 10_000
 """Topics whose rule `TopicRouting` remembers, the least recently used dropped first. A name that
 cannot be a topic (`kvproxy.protocol.topics`) is never matched nor kept: clients choose names."""
@@ -87,10 +95,25 @@ class TopicRule:
     needs: frozenset[str] = frozenset()
     """The `TopicConfig` fields its policies read and `config` leaves unknown: what the proxy
     asks the cluster for (nothing when the mode is off)."""
+    dropped_defaults: tuple[str, ...] | None = None
+    """The defaults' policies an entry with `default_policies: drop` does not run; None when the
+    defaults' policies run (or for the defaults themselves)."""
+    is_default: bool = False
 
     @property
     def policy_names(self) -> tuple[str, ...]:
         return self.chain.names
+
+    @property
+    def defaults_summary(self) -> str:
+        """Whether the defaults' policies run under this rule, as `kvproxy check` says it (nothing
+        for the defaults themselves, nor for a rule whose mode is off: it runs nothing)."""
+        if self.is_default or self.mode is Mode.OFF:
+            return ""
+        if self.dropped_defaults is None:
+            return "default policies kept"
+        dropped = ", ".join(self.dropped_defaults) or "none, the entry lists them all"
+        return f"default policies dropped (default_policies: drop): {dropped}"
 
 
 class TopicRouting:
@@ -291,7 +314,8 @@ def _build_defaults(
     specs = defaults.get("policies", list(DEFAULT_POLICIES))
     policies = _build_policies(where, specs, context, problems, targets)
     chain = PolicyChain(policies, mode)
-    rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=_needs(chain))
+    needs = _needs(chain)
+    rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=needs, is_default=True)
     return rule, specs
 
 
@@ -340,17 +364,64 @@ def _build_topic(
         compacted = config.compacted
     elif isinstance(compacted, bool):
         config = TopicConfig(compacted=compacted).over(config)
-    if "policies" in entry:
-        policies = _build_policies(where, entry["policies"], context, problems, targets)
-    else:  # the defaults' problems, if any, are reported where the defaults name them
-        policies = _build_policies(("defaults",), default_specs, context, problems, targets)
-    if matcher is None or mode is None or len(problems.found) > before:
+    keep = _keeps_defaults(where, entry.get("default_policies", "keep"), problems)
+    own = _build_policies(where, entry.get("policies", []), context, problems, targets)
+    # the defaults' problems, if any, are reported where the defaults name them
+    inherited = _build_policies(("defaults",), default_specs, context, problems, targets)
+    policies, dropped = _merge(inherited, own, keep=keep)
+    if matcher is None or mode is None or keep is None or len(problems.found) > before:
         for policy in policies:
             policy.close()
         return None
     chain = PolicyChain(policies, mode)
     needs = _needs(chain, config)
-    return TopicRule(pattern, mode, compacted, chain, matcher, config=config, needs=needs)
+    return TopicRule(
+        pattern,
+        mode,
+        compacted,
+        chain,
+        matcher,
+        config=config,
+        needs=needs,
+        dropped_defaults=dropped,
+    )
+
+
+def _keeps_defaults(where: KeyPath, value: Any, problems: _Problems) -> bool | None:
+    """`default_policies:`: True for keep, False for drop, None when it is neither."""
+    if value in _DEFAULT_POLICIES_VALUES:
+        return bool(value == "keep")
+    problems.add(
+        where,
+        f"default_policies must be keep or drop, not {short_repr(value)}",
+        ("default_policies",),
+    )
+    return None
+
+
+def _merge(
+    inherited: list[RecordsPolicy], own: list[RecordsPolicy], *, keep: bool | None
+) -> tuple[list[RecordsPolicy], tuple[str, ...] | None]:
+    """A topic's policies: the defaults', each one the entry names again replaced in its place by
+    the entry's (whose options win), then the entry's others; with `keep` false, the entry's only.
+    Also the names of the defaults' policies `default_policies: drop` leaves out (None when they
+    are kept). The defaults' policies not used are closed."""
+    named = {policy.name: policy for policy in reversed(own)}  # the first of a name
+    if keep is False:
+        for policy in inherited:
+            policy.close()
+        return own, tuple(dict.fromkeys(p.name for p in inherited if p.name not in named))
+    merged: list[RecordsPolicy] = []
+    placed: set[int] = set()
+    for default in inherited:
+        replacement = named.get(default.name)
+        if replacement is not None:
+            default.close()
+        policy = default if replacement is None else replacement
+        if id(policy) not in placed:
+            placed.add(id(policy))
+            merged.append(policy)
+    return [*merged, *(p for p in own if id(p) not in placed)], None
 
 
 def _topic_config(where: KeyPath, section: Any, problems: _Problems) -> TopicConfig:

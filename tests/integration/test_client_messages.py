@@ -126,9 +126,13 @@ def stage(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "invoices": topic("invoices"),
     }
     rules = [
-        {"match": topics["orders"], "policies": ["json"]},
-        {"match": topics["invoices"], "policies": ["json"]},
-        {"match": topics["payments"], "policies": ["batch_integrity", "crc", CURRENCY]},
+        {"match": topics["orders"], "default_policies": "drop", "policies": ["json"]},
+        {"match": topics["invoices"], "default_policies": "drop", "policies": ["json"]},
+        {
+            "match": topics["payments"],
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", CURRENCY],
+        },
     ]
     journal = tmp_path_factory.mktemp("journal")
     handler = _Records()

@@ -102,7 +102,7 @@ def test_idempotent_confluent_kafka_batches_all_reach_the_dead_letter_topic(
 
     with run_proxy(
         upstream.bootstrap,
-        topics=[{"match": topic, "policies": ["json"]}],
+        topics=[{"match": topic, "default_policies": "drop", "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
         producer = None
@@ -145,7 +145,7 @@ def test_idempotent_kafka_python_batches_all_reach_the_dead_letter_topic(
     failed: list[bytes | None] = []
     with run_proxy(
         upstream.bootstrap,
-        topics=[{"match": topic, "policies": ["json"]}],
+        topics=[{"match": topic, "default_policies": "drop", "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
         for rows in rounds:
@@ -186,7 +186,7 @@ def test_transactional_batches_reach_the_dead_letter_topic_outside_the_transacti
     outcomes: list[str] = []
     with run_proxy(
         upstream.bootstrap,
-        topics=[{"match": topic, "policies": ["json"]}],
+        topics=[{"match": topic, "default_policies": "drop", "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
         for number, rows in enumerate(rounds):
@@ -264,7 +264,7 @@ def test_a_batch_the_proxy_had_no_memory_to_decompress_is_retried_and_stored_onc
     failed: list[Any] = []
     with run_proxy(
         upstream.bootstrap,
-        topics=[{"match": topic, "policies": ["json"]}],
+        topics=[{"match": topic, "default_policies": "drop", "policies": ["json"]}],
         quarantine={"dir": str(tmp_path / "journal"), "dead_letter_suffix": ".dlq"},
     ) as proxy:
         producer = Producer(

@@ -182,7 +182,13 @@ def test_a_costly_request_is_checked_off_the_loop_while_others_are_answered(
     gated, other = make_topic(), make_topic()
     config = proxy_config(
         tansu.bootstrap,
-        topics=[{"match": gated, "policies": [{"custom": {"class": class_path}}]}],
+        topics=[
+            {
+                "match": gated,
+                "default_policies": "drop",
+                "policies": [{"custom": {"class": class_path}}],
+            }
+        ],
     )
     with run_proxy(config=config) as proxy:
         results: dict[str, Any] = {}

@@ -53,7 +53,11 @@ def registry() -> Iterator[TestRegistry]:
 
 def _rules(*topics: str) -> list[dict[str, Any]]:
     return [
-        {"match": topic, "policies": ["batch_integrity", "crc", {"schema": {"value": "required"}}]}
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", {"schema": {"value": "required"}}],
+        }
         for topic in topics
     ]
 

@@ -66,7 +66,9 @@ def test_a_registry_pattern_that_backtracks_is_answered_invalid_record(
     hostile = framed + json.dumps("a" * 60 + "!").encode()
     valid = framed + json.dumps("a" * 60).encode()
     schema_check = {"value": "required", "validate_payload": True}
-    rules = [{"match": topic, "policies": ["crc", {"schema": schema_check}]}]
+    rules = [
+        {"match": topic, "default_policies": "drop", "policies": ["crc", {"schema": schema_check}]}
+    ]
     section = {"url": registry.url, "timeout_ms": 2000}
     with run_proxy(tansu.bootstrap, topics=rules, schema_registry=section) as proxy:
         refused = produce(
@@ -90,7 +92,9 @@ def test_a_registry_pattern_re2_cannot_run_refuses_its_records(
     schema_id = registry.register(f"{topic}-value", json.dumps(schema), "JSON")
     value = b"\x00" + struct.pack(">I", schema_id) + b'"aaaa"'
     schema_check = {"value": "required", "validate_payload": True}
-    rules = [{"match": topic, "policies": ["crc", {"schema": schema_check}]}]
+    rules = [
+        {"match": topic, "default_policies": "drop", "policies": ["crc", {"schema": schema_check}]}
+    ]
     section = {"url": registry.url, "timeout_ms": 2000}
     with run_proxy(tansu.bootstrap, topics=rules, schema_registry=section) as proxy:
         refused = produce(

@@ -94,8 +94,12 @@ def stage(kafka: KafkaCluster) -> Iterator[Stage]:
         "payments": kafka.create_topic(),
     }
     rules = [
-        {"match": topics["orders"], "policies": ["json"]},
-        {"match": topics["payments"], "policies": ["batch_integrity", "crc", CURRENCY]},
+        {"match": topics["orders"], "default_policies": "drop", "policies": ["json"]},
+        {
+            "match": topics["payments"],
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", CURRENCY],
+        },
     ]
     with run_proxy(kafka.bootstrap_servers, topics=rules) as proxy:
         yield Stage(kafka, proxy, topics)

@@ -229,7 +229,13 @@ def test_too_many_records_are_refused_before_any_is_decoded(
     config = proxy_config(
         tansu.bootstrap,
         limits={"max_records_per_request": 10},
-        topics=[{"match": guarded, "policies": [{"custom": {"class": exploding}}]}],
+        topics=[
+            {
+                "match": guarded,
+                "default_policies": "drop",
+                "policies": [{"custom": {"class": exploding}}],
+            }
+        ],
     )
     with run_proxy(config=config) as proxy:
         values = [b"v%d" % n for n in range(11)]

@@ -62,7 +62,11 @@ def test_closed_connections_and_crashes_are_counted(
     )
     good, crashy = make_topic(1), make_topic(1)
     topics = [
-        {"match": crashy, "policies": [{"custom": {"class": "crashing_policy:Crash"}}]},
+        {
+            "match": crashy,
+            "default_policies": "drop",
+            "policies": [{"custom": {"class": "crashing_policy:Crash"}}],
+        },
         {"match": good, **JSON_ONLY},
     ]
     cwd = os.getcwd()

@@ -304,7 +304,7 @@ def test_reject_request_fails_every_partition(upstream: Upstream, make_topic: An
 
 def test_warn_mode_stores_the_bad_record_and_counts_it(upstream: Upstream, make_topic: Any) -> None:
     topic = make_topic(1)
-    topics = [{"match": topic, "mode": "warn", "policies": ["json"]}]
+    topics = [{"match": topic, "mode": "warn", "default_policies": "drop", "policies": ["json"]}]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json"))])
         assert answers[(topic, 0)].error_code == 0
@@ -316,7 +316,7 @@ def test_off_mode_stores_the_bad_record_and_counts_nothing(
     upstream: Upstream, make_topic: Any
 ) -> None:
     topic = make_topic(1)
-    topics = [{"match": topic, "mode": "off", "policies": ["json"]}]
+    topics = [{"match": topic, "mode": "off", "default_policies": "drop", "policies": ["json"]}]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json"))])
         assert answers[(topic, 0)].error_code == 0
@@ -484,7 +484,9 @@ def test_producer_state_sequence_gap_and_epoch_regression(
 
 def test_acks_policy_refuses_acks_1_on_its_topic_only(upstream: Upstream, make_topic: Any) -> None:
     strict, relaxed = make_topic(1), make_topic(1)
-    topics = [{"match": strict, "policies": [{"acks": {"allowed": [-1]}}]}]
+    topics = [
+        {"match": strict, "default_policies": "drop", "policies": [{"acks": {"allowed": [-1]}}]}
+    ]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         answers = produce(
             proxy.host,

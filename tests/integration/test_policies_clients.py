@@ -128,7 +128,13 @@ def test_confluent_kafka_gets_the_policy_error_and_the_good_record_is_consumed(
 ) -> None:
     topic = make_topic(2)
     policies, bad, good, expected = _case(policy, tmp_path)
-    topics = [{"match": topic, "policies": ["batch_integrity", "crc", *policies]}]
+    topics = [
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", *policies],
+        }
+    ]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         bad_error, good_error = confluent_send(proxy.bootstrap, topic, bad, good)
         assert bad_error is not None and bad_error.code() == expected, bad_error
@@ -179,7 +185,13 @@ def test_confluent_kafka_compression_policy_per_topic(upstream: Upstream, make_t
     from confluent_kafka import KafkaError, Producer
 
     strict, relaxed = make_topic(1), make_topic(1)
-    topics = [{"match": strict, "policies": [{"compression": {"allowed": ["none"]}}]}]
+    topics = [
+        {
+            "match": strict,
+            "default_policies": "drop",
+            "policies": [{"compression": {"allowed": ["none"]}}],
+        }
+    ]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = Producer(
             {
@@ -208,7 +220,9 @@ def test_confluent_kafka_acks_policy_refuses_acks_1(upstream: Upstream, make_top
     from confluent_kafka import KafkaError, Producer
 
     strict, relaxed = make_topic(1), make_topic(1)
-    topics = [{"match": strict, "policies": [{"acks": {"allowed": [-1]}}]}]
+    topics = [
+        {"match": strict, "default_policies": "drop", "policies": [{"acks": {"allowed": [-1]}}]}
+    ]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = Producer(
             {"bootstrap.servers": proxy.bootstrap, "acks": 1, "message.timeout.ms": 5000}
@@ -232,7 +246,7 @@ def test_confluent_kafka_five_records_two_bad_all_five_fail(
 
     topic = make_topic(1)
     values = [b"[0]", b"nope", b"[2]", b"nah", b"[4]"]
-    topics = [{"match": topic, "policies": ["json"]}]
+    topics = [{"match": topic, "default_policies": "drop", "policies": ["json"]}]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = Producer(
             {
@@ -287,7 +301,7 @@ def test_kafka_python_json_policy_one_request(upstream: Upstream, make_topic: An
     from kafka.errors import InvalidRecordError
 
     topic = make_topic(2)
-    topics = [{"match": topic, "policies": ["json"]}]
+    topics = [{"match": topic, "default_policies": "drop", "policies": ["json"]}]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=LINGER_MS, retries=0)
         try:
@@ -379,7 +393,7 @@ async def test_aiokafka_json_policy(upstream: Upstream, make_topic: Any) -> None
     from aiokafka.errors import UnknownError
 
     topic = make_topic(2)
-    topics = [{"match": topic, "policies": ["json"]}]
+    topics = [{"match": topic, "default_policies": "drop", "policies": ["json"]}]
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         error, good = await _aiokafka_send(
             proxy.bootstrap, topic, {"value": b"nope"}, {"value": b"[1, 2]"}

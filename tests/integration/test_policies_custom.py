@@ -27,7 +27,13 @@ GBP_MESSAGE = "currency GBP is not allowed; allowed: EUR, USD"
 
 
 def _payments(topic: str) -> list[dict[str, Any]]:
-    return [{"match": topic, "policies": ["batch_integrity", "crc", CURRENCY]}]
+    return [
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", CURRENCY],
+        }
+    ]
 
 
 @pytest.mark.parametrize(
@@ -160,7 +166,13 @@ def test_crashing_custom_policy_fails_closed_and_the_proxy_keeps_serving(
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(CRASHY))
     monkeypatch.chdir(tmp_path)
     topic = make_topic(2)
-    topics = [{"match": topic, "policies": [{"custom": {"class": f"{module}:Crashy"}}]}]
+    topics = [
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": [{"custom": {"class": f"{module}:Crashy"}}],
+        }
+    ]
     with run_proxy(tansu.bootstrap, topics=topics) as proxy:
         answers = produce(
             proxy.host,

@@ -26,7 +26,13 @@ def _installed() -> Iterator[None]:
 
 
 def _chat(topic: str) -> list[dict[str, Any]]:
-    return [{"match": topic, "policies": ["batch_integrity", "crc", {POLICY: {"word": "spam"}}]}]
+    return [
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", {POLICY: {"word": "spam"}}],
+        }
+    ]
 
 
 def _policy(proxy: Any, topic: str) -> Any:

@@ -58,7 +58,7 @@ class NotEnoughReplicasFirst:
 
 def flaky(topic: str, times: int) -> list[dict[str, Any]]:
     policy = {"class": f"{__name__}:NotEnoughReplicasFirst", "config": {"times": times}}
-    return [{"match": topic, "policies": [{"custom": policy}]}]
+    return [{"match": topic, "default_policies": "drop", "policies": [{"custom": policy}]}]
 
 
 async def test_retriable_errors_are_retried_as_usual(
@@ -164,7 +164,9 @@ async def test_a_refusal_without_record_errors_fails_the_whole_batch(
     upstream: Upstream, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic()
-    acks_one = [{"match": topic, "policies": [{"acks": {"allowed": [1]}}]}]
+    acks_one = [
+        {"match": topic, "default_policies": "drop", "policies": [{"acks": {"allowed": [1]}}]}
+    ]
     with run_proxy(upstream.bootstrap, topics=acks_one) as proxy:
         outcomes = await send_ten(proxy.bootstrap, topic, acks="all")
     assert all(isinstance(o, ProduceFailedError) for o in outcomes), outcomes
@@ -258,7 +260,13 @@ async def test_a_transactional_resilient_producer_with_run_transaction(
 
 def old_format(topic: str) -> list[dict[str, Any]]:
     """kvproxy answering as a broker whose topic keeps message format 1 (no producer ids)."""
-    return [{"match": topic, "policies": [{"message_format": {"topic_magic": 1}}]}]
+    return [
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": [{"message_format": {"topic_magic": 1}}],
+        }
+    ]
 
 
 async def test_requested_idempotence_gives_way_to_a_topic_that_cannot_store_it(

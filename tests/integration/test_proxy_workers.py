@@ -44,7 +44,7 @@ START_TIMEOUT_S = 90.0
 DRAIN_TIMEOUT_MS = 2000
 TOO_BIG_TOPICS = "too-big-*"
 """Topics whose records may not exceed 10 bytes (key + value + headers)."""
-TOO_BIG_RULE = {"policies": [{"max_record_bytes": {"limit": 10}}]}
+TOO_BIG_RULE = {"default_policies": "drop", "policies": [{"max_record_bytes": {"limit": 10}}]}
 MSG_SIZE_TOO_LARGE = 10
 """Kafka's MESSAGE_TOO_LARGE, as confluent-kafka reports it (KafkaError.MSG_SIZE_TOO_LARGE)."""
 

@@ -565,7 +565,7 @@ def test_warn_mode_stores_the_record_and_journals_it_as_warned(
     journal_dir = tmp_path / "journal"
     with run_proxy(
         tansu.bootstrap,
-        topics=[{"match": topic, "mode": "warn", "policies": ["json"]}],
+        topics=[{"match": topic, "mode": "warn", "default_policies": "drop", "policies": ["json"]}],
         quarantine=journal_settings(journal_dir, dead_letter_suffix=".dlq"),
     ) as proxy:
         answers = produce(proxy.host, proxy.port, 9, [(topic, 0, batch(b"not json", b"{}"))])

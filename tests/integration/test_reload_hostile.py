@@ -92,7 +92,10 @@ def test_signals_during_a_reload_make_one_more_reload_not_one_each(
     results: list[str] = []
     with run_proxy(tansu.bootstrap) as proxy:
         base = proxy.config.model_dump(mode="json", include={"listen", "upstream"})
-        rules = [{"match": f"topic-{n}", "policies": ["crc"]} for n in range(TOPIC_RULES)]
+        rules = [
+            {"match": f"topic-{n}", "default_policies": "drop", "policies": ["crc"]}
+            for n in range(TOPIC_RULES)
+        ]
         config.write_text(yaml.safe_dump({**base, "topics": rules}))
         reloader = ConfigReloader(proxy.server, config, poll_interval=0, on_result=results.append)
 

@@ -36,7 +36,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) ->
 
 def dev_config(path: Path, journal: Path, port: int, topic: str, *, json_only: bool) -> Path:
     """The README's development file, with a journal, ports of its own and (or not) a rule."""
-    rules = [{"match": topic, "policies": ["json"]}] if json_only else []
+    rules = (
+        [{"match": topic, "default_policies": "drop", "policies": ["json"]}] if json_only else []
+    )
     path.write_text(
         yaml.safe_dump(
             {

@@ -18,7 +18,10 @@ from tests.harness.proxy import run_proxy
 from tests.harness.reload import reload_once
 from tests.harness.schema_registry import TestRegistry
 
-SCHEMA_RULE = "topics:\n  - {match: orders, policies: [{schema: {value: required}}]}\n"
+SCHEMA_RULE = (
+    "topics:\n  - {match: orders, default_policies: drop, "
+    "policies: [{schema: {value: required}}]}\n"
+)
 
 
 @pytest.fixture
@@ -136,7 +139,9 @@ def test_a_reload_cannot_add_a_registry_to_a_running_proxy(tansu: Broker, tmp_pa
             {
                 **base,
                 "schema_registry": {"url": "http://127.0.0.1:9"},
-                "topics": [{"match": "orders", "policies": [{"schema": {}}]}],
+                "topics": [
+                    {"match": "orders", "default_policies": "drop", "policies": [{"schema": {}}]}
+                ],
             }
         )
         config.write_text(text)

@@ -60,7 +60,13 @@ def registry() -> Iterator[TestRegistry]:
 
 def _rules(topic: str, **options: Any) -> list[dict[str, Any]]:
     schema = {"value": "required", "validate_payload": True, **options}
-    return [{"match": topic, "policies": ["batch_integrity", "crc", {"schema": schema}]}]
+    return [
+        {
+            "match": topic,
+            "default_policies": "drop",
+            "policies": ["batch_integrity", "crc", {"schema": schema}],
+        }
+    ]
 
 
 def _registry_section(registry: TestRegistry, **options: Any) -> dict[str, Any]:

@@ -109,7 +109,11 @@ def write_config(path: Path, bootstrap: str, quarantine: Path) -> int:
         "metrics": {"port": 0},
         "quarantine": {"dir": str(quarantine)},
         "topics": [
-            {"match": "soak-*", "policies": ["batch_integrity", "crc", "timestamps", "json"]}
+            {
+                "match": "soak-*",
+                "default_policies": "drop",
+                "policies": ["batch_integrity", "crc", "timestamps", "json"],
+            }
         ],
     }
     path.write_text(yaml.safe_dump(config))

@@ -66,7 +66,9 @@ def check(summary: dict[str, Any], rows: list[dict[str, Any]], expected: dict[st
 
 
 def test_audit_of_a_kafka_log_directory_running_and_stopped(spark: Any, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "topics:\n  - {match: orders, policies: [json]}\n")
+    config = write_config(
+        tmp_path, "topics:\n  - {match: orders, default_policies: drop, policies: [json]}\n"
+    )
     with run_kafka(KAFKA_4, directory=tmp_path / "kafka") as cluster:
         folders = fill(cluster)
         data = cluster.node(1).directory / "data"

@@ -25,7 +25,9 @@ def test_the_plugin_policy_by_name_yields_its_violations(spark: Any, tmp_path: P
     )
     write_segment(tmp_path / "logs", "chat", 0, parts)
     config = write_config(
-        tmp_path, f"topics:\n  - {{match: chat, policies: [{{{POLICY}: {{word: spam}}}}]}}\n"
+        tmp_path,
+        "topics:\n  - {match: chat, default_policies: drop, "
+        f"policies: [{{{POLICY}: {{word: spam}}}}]}}\n",
     )
 
     summary, rows = audit(

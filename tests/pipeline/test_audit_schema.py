@@ -52,6 +52,7 @@ def rule_config(url: str, on_error: str = "reject") -> str:
         f"schema_registry:\n  url: {url}\n  timeout_ms: 10000\n  on_error: {on_error}\n"
         "topics:\n"
         "  - match: orders\n"
+        "    default_policies: drop\n"
         "    policies: [{schema: {validate_payload: true}}]\n"
     )
 
@@ -197,7 +198,10 @@ def test_ids_still_missing_on_an_executor_are_answered_as_the_registry_unavailab
 
 
 def test_a_schema_rule_without_the_registry_section_is_refused(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "topics:\n  - match: orders\n    policies: [{schema: {}}]\n")
+    config = write_config(
+        tmp_path,
+        "topics:\n  - match: orders\n    default_policies: drop\n    policies: [{schema: {}}]\n",
+    )
 
     with pytest.raises(AuditError) as refused:
         load_settings(config, 0)
@@ -211,7 +215,7 @@ def test_a_schema_rule_without_the_registry_section_is_refused(tmp_path: Path) -
 def test_a_wrong_registry_section_is_reported_by_line(tmp_path: Path) -> None:
     config = write_config(
         tmp_path,
-        "topics:\n  - match: orders\n    policies: [{schema: {}}]\n"
+        "topics:\n  - match: orders\n    default_policies: drop\n    policies: [{schema: {}}]\n"
         "schema_registry:\n  url: ftp://registry\n  timeout: 5\n",
     )
 

@@ -9,7 +9,7 @@ import pytest
 
 from kvproxy.cli import main
 
-AUDIT_ONLY = "topics:\n  - {match: orders, policies: [crc, {json: {}}]}\n"
+AUDIT_ONLY = "topics:\n  - {match: orders, default_policies: drop, policies: [crc, {json: {}}]}\n"
 
 
 def _check(

@@ -249,7 +249,10 @@ def test_a_good_file_is_still_ok(
     assert main(["check", "-c", "kvproxy.yaml"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[0] == "kvproxy.yaml: OK"
-    assert "    orders: mode enforce, compacted from the cluster, policies: crc" in out
+    assert (
+        "    orders: mode enforce, compacted from the cluster, policies: batch_integrity, crc, "
+        "timestamps, compacted_key; default policies kept" in out
+    )
     assert err == ""
 
 

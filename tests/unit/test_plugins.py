@@ -155,7 +155,7 @@ TARGETS = {
 def routing(*policies: Any, **rule: Any) -> Any:
     return build_routing(
         None,
-        [{"match": TOPIC, "policies": list(policies), **rule}],
+        [{"match": TOPIC, "default_policies": "drop", "policies": list(policies), **rule}],
         Path("."),
         policy_targets=TARGETS,
     )

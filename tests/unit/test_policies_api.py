@@ -221,13 +221,13 @@ def test_routing_exact_glob_regex_first_match_defaults_inherit() -> None:
         ],
         Path("."),
     )
-    assert routing.rule_for("orders").policy_names == ("json",)
+    assert routing.rule_for("orders").policy_names == ("crc", "json")  # added to the defaults
     assert routing.compacted_override("orders") is True
     assert routing.mode_for("orders") is Mode.WARN  # inherited
     assert routing.rule_for("orders.eu").match == "orders.*"
     assert routing.chain_for("orders.eu").names == ("crc",)  # inherited policies
     assert routing.mode_for("orders.eu") is Mode.ENFORCE
-    assert routing.chain_for("payouts-7").names == ("acks",)
+    assert routing.chain_for("payouts-7").names == ("crc", "acks")
     assert routing.rule_for("payouts-7x").match is None  # fullmatch only
     assert routing.rule_for("xorders").match is None
     assert routing.chain_for("other").names == ("crc",)
@@ -372,6 +372,7 @@ def test_custom_policy_found_beside_the_config(tmp_path: Path) -> None:
         [
             {
                 "match": "t",
+                "default_policies": "drop",
                 "policies": [
                     {"custom": {"class": "my_checks_kvproxy_test:Crashy", "config": {"a": 1}}}
                 ],

@@ -252,10 +252,12 @@ def test_what_the_cluster_is_asked_for_follows_the_policies_and_the_yaml() -> No
         }
     )
     assert routing_for({"mode": "off"}).settings_needed("t") == frozenset()
-    assert routing_for({"policies": ["crc", "json"]}).settings_needed("t") == frozenset()
-    keyed = routing_for({"compacted": True, "policies": ["crc", "compacted_key"]})
+    drop = {"default_policies": "drop"}
+    assert routing_for({**drop, "policies": ["crc", "json"]}).settings_needed("t") == frozenset()
+    keyed = routing_for({**drop, "compacted": True, "policies": ["crc", "compacted_key"]})
     assert keyed.settings_needed("t") == frozenset()  # as before: compacted: says it all
-    assert routing_for({"policies": ["compacted_key"]}).settings_needed("t") == {"compacted"}
+    only_key = routing_for({**drop, "policies": ["compacted_key"]})
+    assert only_key.settings_needed("t") == {"compacted"}
 
 
 def test_wrong_settings_are_named_with_their_path() -> None:
@@ -414,8 +416,10 @@ def test_a_timestamps_option_set_in_the_yaml_stands_for_the_topic_setting() -> N
     """The timestamps policy reads its own option when the YAML sets it: the cluster is not
     asked for that setting, and `kvproxy topics` names the option."""
     every = {"before_max_ms": 1000, "after_max_ms": 10, "type": "CreateTime"}
-    assert routing_for({"policies": [{"timestamps": every}]}).settings_needed("t") == frozenset()
-    partial = routing_for({"policies": [{"timestamps": {"before_max_ms": 1000}}]})
+    drop = {"default_policies": "drop"}
+    whole = routing_for({**drop, "policies": [{"timestamps": every}]})
+    assert whole.settings_needed("t") == frozenset()
+    partial = routing_for({**drop, "policies": [{"timestamps": {"before_max_ms": 1000}}]})
     assert partial.settings_needed("t") == {"timestamp_type", "timestamp_after_max_ms"}
     rows = {row.name: row for row in settings_in_force(partial.rule_for("t"), None)}
     before = rows["message.timestamp.before.max.ms"]

@@ -3,7 +3,7 @@
 ```yaml
 topics:
   - match: chat
-    policies: [batch_integrity, crc, {forbidden_word: {word: spam}}]
+    policies: [{forbidden_word: {word: spam}}]   # added to the default checks
 ```
 """
 
