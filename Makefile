@@ -16,7 +16,8 @@ PYTEST_WORKERS ?= 2
 $(STAMP): pyproject.toml protocol/records/_skim.c | compiler
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
-		$(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-venv && \
+		$(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	@touch $(STAMP)
@@ -68,11 +69,15 @@ valgrind:
 		echo "valgrind is missing: installing it with apt-get"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends valgrind; }
 
-# Headless Chromium, for the test that renders the audit's report.html (tests only)
+# Headless Chromium, for the test that renders the audit's report.html (tests only), without its
+# recommends (udev, upower, printer tools, Mesa, a notification daemon: a desktop's, unused
+# headless with --disable-gpu) but with the one the test measures text in: fonts-liberation
+# (Arial's metrics), so words wrap as they do on a desktop
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-		echo "chromium is missing: installing it with apt-get"; \
-		$(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+	@{ command -v chromium && test -d /usr/share/fonts/truetype/liberation; } >/dev/null 2>&1 || { \
+		echo "chromium or its fonts are missing: installing them with apt-get"; \
+		$(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y --no-install-recommends chromium fonts-liberation; }
 
 lint: setup
 	$(BIN)/ruff check .
