@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +84,18 @@ def add_commands(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="a Spark setting, e.g. --conf spark.executor.memory=4g (repeatable)",
     )
+    logs = parser.add_mutually_exclusive_group()
+    logs.add_argument(
+        "--spark-logs",
+        action="store_true",
+        help="show Spark's own log lines and warnings on the console, among the audit's lines",
+    )
+    logs.add_argument(
+        "--spark-log-file",
+        metavar="FILE",
+        help="where Spark's own log lines and warnings go (default: a new file in the temporary "
+        "directory, named when the audit starts)",
+    )
     parser.add_argument(
         "--range-mb",
         type=int,
@@ -108,6 +122,16 @@ def parse_now(text: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def spark_log_path(args: argparse.Namespace) -> str | None:
+    """The file Spark's own output goes to; None with --spark-logs (the console)."""
+    if args.spark_logs:
+        return None
+    if args.spark_log_file:
+        return str(args.spark_log_file)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return os.path.join(tempfile.gettempdir(), f"kvproxy-audit-spark-{stamp}-{os.getpid()}.log")
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -151,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         range_bytes=args.range_mb * 1024 * 1024,
         master=args.master,
         spark_conf=conf,
+        spark_logs=spark_log_path(args),
     )
     try:
         summary = run_audit(request)

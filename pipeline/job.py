@@ -9,18 +9,19 @@ violations are written as Parquet and summarised with Spark SQL; the driver writ
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from kvproxy.pipeline import files
 from kvproxy.pipeline.check import check_unit
 from kvproxy.pipeline.outputs import human_size, print_summary, summarise, write_outputs
+from kvproxy.pipeline.progress import Progress, spark_output_to
 from kvproxy.pipeline.schema_ids import (
     MAX_SCHEMA_IDS,
     SchemaLookups,
@@ -87,6 +88,9 @@ class AuditRequest:
     range_bytes: int = RANGE_BYTES
     master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    spark_logs: str | None = None
+    """The file Spark's own output (its log lines, its warnings) goes to when the audit starts
+    Spark; None: the console, with the audit's lines."""
 
 
 def load_settings(config: str | None, now_ms: int) -> AuditSettings:
@@ -124,11 +128,6 @@ def _policy_targets() -> dict[str, str]:
         raise AuditError(str(exc)) from None
 
 
-def _log(out: IO[str], message: str) -> None:
-    stamp = datetime.now(UTC).strftime("%H:%M:%S")
-    print(f"[{stamp}] {message}", file=out, flush=True)
-
-
 def run_audit(
     request: AuditRequest,
     spark: Any = None,
@@ -140,8 +139,20 @@ def run_audit(
 
     Progress goes to `out` (stderr by default), the final summary to `summary_out` (stdout by
     default): the result is what a caller pipes or captures, the progress is not."""
-    out = out or sys.stderr
     summary_out = summary_out or sys.stdout
+    with contextlib.ExitStack() as stack:
+        if spark is None and request.spark_logs is not None:
+            console = stack.enter_context(spark_output_to(Path(request.spark_logs)))
+            out = out or console
+        progress = Progress(out or sys.stderr)
+        if spark is None and request.spark_logs is not None:
+            progress.stage(f"Spark's own output goes to {request.spark_logs}")
+        return _run_audit(request, spark, progress, summary_out)
+
+
+def _run_audit(
+    request: AuditRequest, spark: Any, progress: Progress, summary_out: IO[str]
+) -> dict[str, Any]:
     started = time.time()
     now_ms = request.now_ms if request.now_ms is not None else int(started * 1000)
     settings = load_settings(request.config, now_ms)
@@ -178,8 +189,7 @@ def run_audit(
         settings = replace(
             settings, compaction=dict(compaction), bootstrap=tuple(request.bootstrap)
         )
-    _log(
-        out,
+    progress.stage(
         f"inputs: {len(segments)} segment files, {len(journal)} journal segments, "
         f"{len(live_units)} live offset ranges",
     )
@@ -201,7 +211,7 @@ def run_audit(
             journal=journal,
             live_units=live_units,
             started=started,
-            out=out,
+            progress=progress,
             summary_out=summary_out,
         )
     finally:
@@ -246,7 +256,7 @@ def _run_on_spark(
     journal: Sequence[JournalSegment],
     live_units: Sequence[Any],
     started: float,
-    out: IO[str],
+    progress: Progress,
     summary_out: IO[str],
 ) -> dict[str, Any]:
     from pyspark import StorageLevel  # noqa: PLC0415
@@ -258,14 +268,15 @@ def _run_on_spark(
     phases = {"starting": time.time() - started}  # the session, listing the inputs
     units: list[Any] = []
     if segments:
-        _log(out, f"planning: reading batch headers of {len(segments)} segment files")
+        progress.stage(f"planning: reading batch headers of {len(segments)} segment files")
         range_bytes = request.range_bytes
         slices = min(len(segments), sc.defaultParallelism * 4)
-        planned = (
-            sc.parallelize(list(segments), slices)
-            .flatMap(lambda segment: _plan(segment, range_bytes))
-            .collect()
-        )
+        with progress.tasks(sc, "planning"):
+            planned = (
+                sc.parallelize(list(segments), slices)
+                .flatMap(lambda segment: _plan(segment, range_bytes))
+                .collect()
+            )
         units.extend(planned)
     units.extend(journal)
     units.extend(live_units)
@@ -273,8 +284,7 @@ def _run_on_spark(
     regions = [u for u in units if isinstance(u, CorruptRegion)]
     disorders = [u for u in units if isinstance(u, OffsetDisorder)]
     planned_bytes = sum(r.end - r.start for r in ranges)
-    _log(
-        out,
+    progress.stage(
         f"checking: {len(ranges)} ranges ({human_size(planned_bytes)}), {len(regions)} corrupt "
         f"regions, {len(disorders)} batches out of offset order, {len(journal)} journal "
         f"segments, {len(live_units)} live ranges",
@@ -287,7 +297,7 @@ def _run_on_spark(
     settings = replace(settings, schema_registry=None)  # its credentials stay on the driver
     lookups: SchemaLookups | None = None
     if registry is not None and routing_for(settings).rules_needing(Need.SCHEMAS):
-        settings, lookups = _look_up_schema_ids(sc, units, settings, registry, out)
+        settings, lookups = _look_up_schema_ids(sc, units, settings, registry, progress)
         phases["schema_ids"] = _lap(clock)
 
     checked = (
@@ -296,7 +306,8 @@ def _run_on_spark(
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     try:
-        outcome = checked.filter(lambda item: item[0] != "v").collect()
+        with progress.tasks(sc, "checking"):
+            outcome = checked.filter(lambda item: item[0] != "v").collect()
         stats: dict[tuple[str, int], PartitionStats] = {}
         errors: list[str] = []
         for kind, value in outcome:
@@ -314,7 +325,7 @@ def _run_on_spark(
         phases["checking"] = _lap(clock)
         rows = checked.filter(lambda item: item[0] == "v").map(lambda item: item[1])
         violations_dir = request.output.rstrip("/") + "/violations"
-        _log(out, f"writing violations to {violations_dir}")
+        progress.stage(f"writing violations to {violations_dir}")
         local: list[Any] | None = None
         if sum(item.violations for item in stats.values()) <= LOCAL_SUMMARY_ROWS:
             # Few rows: summarised here, from memory, and written as one file; no Spark query
@@ -364,7 +375,7 @@ def _look_up_schema_ids(
     units: Sequence[Any],
     settings: AuditSettings,
     registry: SchemaRegistryConfig,
-    out: IO[str],
+    progress: Progress,
 ) -> tuple[AuditSettings, SchemaLookups]:
     """A first pass collects the distinct schema ids of the records the schema policies read;
     the driver looks each up once and the settings carry the answers to the executors."""
@@ -372,24 +383,24 @@ def _look_up_schema_ids(
     readable = [unit for unit in units if needs_ids(unit, routing)]
     ids: frozenset[int] = frozenset()
     if readable:
-        _log(out, f"schema ids: reading the record headers of {len(readable)} units")
-        ids = (
-            sc.parallelize(readable, len(readable))
-            .mapPartitions(lambda part: [schema_ids_of_units(part, settings)])
-            .treeReduce(merge_ids)
-        )
+        progress.stage(f"schema ids: reading the record headers of {len(readable)} units")
+        with progress.tasks(sc, "schema ids"):
+            ids = (
+                sc.parallelize(readable, len(readable))
+                .mapPartitions(lambda part: [schema_ids_of_units(part, settings)])
+                .treeReduce(merge_ids)
+            )
     if len(ids) > MAX_SCHEMA_IDS:
         raise AuditError(
             f"the records of the topics the schema policy checks carry more than "
             f"{MAX_SCHEMA_IDS} distinct schema ids: they are not framed by a schema registry "
             "(check the topics that rule matches, or audit fewer at a time)"
         )
-    _log(out, f"schema registry: looking up {len(ids)} schema ids at {registry.url[0]}")
+    progress.stage(f"schema registry: looking up {len(ids)} schema ids at {registry.url[0]}")
     answers = fetch_answers(registry, ids)
     lookups = SchemaLookups.of(answers, registry.on_error)
     if lookups.unavailable:
-        _log(
-            out,
+        progress.stage(
             f"schema registry: {lookups.unavailable} of {lookups.ids} schema ids could not be "
             f"looked up (on_error: {lookups.on_error}): {lookups.first_failure}",
         )

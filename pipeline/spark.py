@@ -58,7 +58,9 @@ def start_session(
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {"spark.ui.showConsoleProgress": "true"}
+    # The audit shows its own progress (kvproxy.pipeline.progress); Spark's bar would break
+    # into its lines.
+    settings = {"spark.ui.showConsoleProgress": "false"}
     if local:
         settings.update({"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1"})
     settings.update(conf or {})

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,11 +48,52 @@ def test_audit_command_end_to_end(tmp_path: Path) -> None:
     assert "written: " in run.stdout
     assert "kvproxy audit: 383 records" not in run.stderr
     assert "inputs:" not in run.stdout
+    _assert_only_the_audits_own_lines(run)
+    # Spark's own output went to the file named first, in the temporary directory.
+    first = run.stderr.splitlines()[0]
+    match = re.fullmatch(r"\[\d\d:\d\d:\d\d\] Spark's own output goes to (.+)", first)
+    assert match, first
+    spark_log = Path(match[1])
+    try:
+        assert spark_log.parent == Path(tempfile.gettempdir())
+        assert "log4j" in spark_log.read_text()
+    finally:
+        spark_log.unlink()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["violations"] == 11
     assert summary["config"] == str(config)
     assert list((out / "violations").glob("*.parquet"))
     assert "<svg" in (out / "report.html").read_text()
+
+
+SPARK_LINES = re.compile(r"log4j|WARN|INFO|\[Stage \d|setLogLevel|incubator")
+
+
+def _assert_only_the_audits_own_lines(run: subprocess.CompletedProcess[str]) -> None:
+    """stderr holds the audit's progress, one stamped line per stage; neither stream holds a
+    line of Spark's (its log lines, its JVM's warnings, its console progress bar)."""
+    assert not SPARK_LINES.search(run.stdout), run.stdout
+    for line in run.stderr.splitlines():
+        assert re.match(r"\[\d\d:\d\d:\d\d\] [a-zA-Z]", line), line
+        assert not SPARK_LINES.search(line), line
+    messages = [line.split("] ", 1)[1] for line in run.stderr.splitlines()]
+    wanted = ("Spark's own output goes to ", "inputs: ", "planning: ", "checking: ", "writing ")
+    assert len(messages) == len(wanted), messages
+    for message, start in zip(messages, wanted, strict=True):
+        assert message.startswith(start), messages
+
+
+def test_audit_shows_sparks_output_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "audit"
+    run = kvproxy(
+        "audit", "--input", str(TESTDATA_LOGS), "--output", str(out), "--master", "local[2]",
+        "--spark-logs",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "Spark's own output goes to" not in run.stderr
+    assert "log4j" in run.stderr  # Spark's, as it writes them
+    assert "] checking: 4 ranges" in run.stderr
+    assert "[Stage " not in run.stderr  # Spark's console progress bar stays off
 
 
 def test_audit_refuses_what_it_cannot_do(tmp_path: Path) -> None:
