@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -58,7 +59,7 @@ from kvproxy.settings.schema_registry import (
     SchemaRegistryConfig,
 )
 
-__all__ = ["AuditError", "AuditRequest", "load_settings", "run_audit"]
+__all__ = ["AuditError", "AuditRequest", "captures_spark_output", "load_settings", "run_audit"]
 
 LOCAL_SUMMARY_ROWS = 100_000
 """Violations up to this many are summarised on the driver from memory (a few MB) rather than
@@ -141,13 +142,23 @@ def run_audit(
     default): the result is what a caller pipes or captures, the progress is not."""
     summary_out = summary_out or sys.stdout
     with contextlib.ExitStack() as stack:
-        if spark is None and request.spark_logs is not None:
-            console = stack.enter_context(spark_output_to(Path(request.spark_logs)))
+        captured = captures_spark_output(request, spark)
+        if captured:
+            console = stack.enter_context(spark_output_to(Path(captured)))
             out = out or console
         progress = Progress(out or sys.stderr)
-        if spark is None and request.spark_logs is not None:
-            progress.stage(f"Spark's own output goes to {request.spark_logs}")
+        if captured:
+            progress.stage(f"Spark's own output goes to {captured}")
         return _run_audit(request, spark, progress, summary_out)
+
+
+def captures_spark_output(request: AuditRequest, spark: Any) -> str | None:
+    """The file Spark's output goes to, when this run starts Spark's JVM itself (its stderr is
+    pointed there before it starts); None with a session given, or under spark-submit, whose
+    JVM started this process and keeps the console."""
+    if spark is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None
+    return request.spark_logs
 
 
 def _run_audit(

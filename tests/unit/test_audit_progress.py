@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pytest
+
+from kvproxy.pipeline.job import AuditRequest, captures_spark_output
 from kvproxy.pipeline.progress import Progress
 
 STAGE_LINE = r"\[\d\d:\d\d:\d\d\] "
@@ -99,3 +102,15 @@ print("after the block", file=sys.stderr)
     assert log.read_text() == (
         "WARN NativeCodeLoader: from a child\nWARNING: Using incubator modules\n"
     )
+
+
+def test_spark_output_is_captured_only_when_the_audit_starts_the_jvm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    request = AuditRequest(output="out", spark_logs="/tmp/spark.log")
+    assert captures_spark_output(request, None) == "/tmp/spark.log"
+    assert captures_spark_output(request, object()) is None  # a session given: its JVM runs
+    assert captures_spark_output(replace(request, spark_logs=None), None) is None  # --spark-logs
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "40000")  # spark-submit started this process
+    assert captures_spark_output(request, None) is None
