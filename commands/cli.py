@@ -17,7 +17,12 @@ from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import skim
-from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
+from kvproxy.proxy.config import LimitsConfig, ProxyConfig, load_config_and_rules
+from kvproxy.proxy.fds import (
+    DEFAULT_MAX_CONNECTIONS_PER_LISTENER,
+    connections_allowed,
+    open_file_limit_target,
+)
 from kvproxy.proxy.listen_config import ListenConfig
 from kvproxy.proxy.signals import queue_sighup
 from kvproxy.settings.audit_file import read_audit_file
@@ -124,7 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _raise_open_file_limit(config: ProxyConfig, *, log_unchanged: bool) -> None:
     """The soft limit on open files up to the hard one, said once: each client connection holds
     two descriptors, and a soft limit of 1024 (many systems' default) runs out at about 500."""
-    from kvproxy.proxy.fds import raise_open_file_limit  # noqa: PLC0415
+    from kvproxy.proxy.fds import raise_open_file_limit  # noqa: PLC0415  (tests replace it)
 
     log = logging.getLogger("kvproxy")
     before, after, problem = raise_open_file_limit()
@@ -134,15 +139,35 @@ def _raise_open_file_limit(config: ProxyConfig, *, log_unchanged: bool) -> None:
         log.info("open file limit raised from %d to %d (the hard limit)", before, after)
     elif log_unchanged:
         log.info("open file limit %d (the hard limit)", after)
-    per_listener = config.limits.max_connections_per_listener
-    if log_unchanged and after <= 2 * per_listener:
+    if not log_unchanged:
+        return
+    per_listener, allowed = config.limits.max_connections_per_listener, connections_allowed(after)
+    if per_listener > allowed:  # set too high, or unset and the limit could not be raised
         log.warning(
-            "open file limit %d is not above twice limits.max_connections_per_listener (%d): "
-            "clients can run the proxy out of file descriptors before that limit refuses them; "
-            "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower the setting",
+            "open file limit %d has room for %d client connections (two descriptors each), "
+            "fewer than limits.max_connections_per_listener (%d): clients can run the proxy out "
+            "of file descriptors before that limit refuses them; raise the hard limit "
+            "(ulimit -Hn, LimitNOFILE=) or lower the setting",
             after,
+            allowed,
             per_listener,
         )
+    elif "max_connections_per_listener" not in config.limits.model_fields_set:
+        log.info(
+            "limits.max_connections_per_listener: %d (%s)",
+            per_listener,
+            _unset_connection_limit(per_listener),
+        )
+
+
+def _unset_connection_limit(per_listener: int) -> str:
+    """Where an unset `limits.max_connections_per_listener` comes from, for serve and check."""
+    if per_listener == DEFAULT_MAX_CONNECTIONS_PER_LISTENER:
+        return "unset: the default"
+    return (
+        f"unset: what the open file limit {open_file_limit_target()} has room for, below the "
+        f"default {DEFAULT_MAX_CONNECTIONS_PER_LISTENER}"
+    )
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
@@ -168,13 +193,20 @@ def describe(config: ProxyConfig) -> list[str]:
         f"limits: frames up to {limits.max_frame_bytes} bytes, "
         f"{limits.max_in_flight_requests} requests in flight per connection, "
         f"{limits.max_records_per_request} records per produce request",
-        f"connections: {limits.max_connections_per_listener} per listener, "
+        f"connections: {_connections_per_listener(limits)}, "
         f"{limits.max_connections_per_client} per client address; closed after "
         f"{limits.idle_timeout_ms} ms idle or {limits.request_timeout_ms} ms stalled inside a "
         "request",
         f"shutdown: drain in-flight requests for up to {config.shutdown.drain_timeout_ms} ms",
         *_describe_registry(config),
     ]
+
+
+def _connections_per_listener(limits: LimitsConfig) -> str:
+    per_listener = limits.max_connections_per_listener
+    if "max_connections_per_listener" in limits.model_fields_set:
+        return f"{per_listener} per listener"
+    return f"{per_listener} per listener ({_unset_connection_limit(per_listener)})"
 
 
 def _describe_listeners(listen: ListenConfig) -> list[str]:

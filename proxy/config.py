@@ -28,6 +28,7 @@ from kvproxy.policies.producer_state import ProducerStateTracker
 from kvproxy.policies.topic_patterns import PatternError, compile_pattern
 from kvproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kvproxy.proxy.errors import ProxyError
+from kvproxy.proxy.fds import default_connections_per_listener
 from kvproxy.proxy.listen_config import ListenConfig
 from kvproxy.settings.addresses import parse_host_port
 from kvproxy.settings.loading import Section, read_document, report, validate
@@ -101,13 +102,17 @@ class LimitsConfig(Section):
     before any of the frame is buffered."""
     max_in_flight_requests: int = Field(default=100, ge=1)
     write_buffer_high_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    max_connections_per_listener: int = Field(default=10_000, ge=1)
+    max_connections_per_listener: int = Field(
+        default_factory=default_connections_per_listener, ge=1
+    )
     """Open client connections per listening port (bootstrap and each broker port; on the SNI
     listener, the bootstrap and each node). Each one holds an upstream connection, two sockets
     and their buffers (tens of KiB at rest, up to `write_buffer_high_bytes` each way), so 10,000
-    stays within the file descriptors and memory of an ordinary host while being far above what a
-    fleet of producers and consumers opens (one connection per client per broker). Beyond it a
-    new connection is closed at once, before the proxy opens anything upstream."""
+    stays within the memory of an ordinary host while being far above what a fleet of producers
+    and consumers opens (one connection per client per broker). Unset, it is 10,000 or what the
+    open file limit `serve` runs with has room for, whichever is lower
+    (`fds.default_connections_per_listener`). Beyond it a new connection is closed at once,
+    before the proxy opens anything upstream."""
     max_connections_per_client: int = Field(default=1_000, ge=1)
     """Open client connections from one IP address, over all listeners. One misbehaving host
     (a connection leak, a reconnect loop) should not take every slot of a listener: a tenth of the
@@ -263,7 +268,7 @@ class MetricsConfig(Section):
 class ProxyConfig(Section):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig
-    limits: LimitsConfig = LimitsConfig()
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)  # its defaults read the process
     shutdown: ShutdownConfig = ShutdownConfig()
     errors: ErrorsConfig = ErrorsConfig()
     reject: Literal["partition", "request"] = "partition"

@@ -25,11 +25,16 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS_PER_LISTENER",
+    "RESERVED_FDS",
     "FdExhaustion",
     "OutOfFileDescriptors",
     "at_fd_limit",
+    "connections_allowed",
+    "default_connections_per_listener",
     "describe",
     "open_fd_count",
+    "open_file_limit_target",
     "out_of_fds",
     "raise_open_file_limit",
 ]
@@ -173,14 +178,42 @@ class FdExhaustion:
         return handler
 
 
+DEFAULT_MAX_CONNECTIONS_PER_LISTENER = 10_000
+"""`limits.max_connections_per_listener` when unset and the open file limit allows it."""
+RESERVED_FDS = 256
+"""Descriptors kept for the proxy's own use beside client connections: its listeners (the
+bootstrap and one per broker port in use), the metrics endpoint, the quarantine journal, schema
+registry and metadata connections, the event loop's own."""
+
+
+def open_file_limit_target() -> int:
+    """The soft limit on open files `serve` raises this process's to: the hard limit (on macOS,
+    where it can be unlimited, 1,048,576)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:  # Linux's hard limit is always a number
+        return hard
+    return max(soft, 1_048_576) if soft != resource.RLIM_INFINITY else soft
+
+
+def connections_allowed(open_file_limit: int) -> int:
+    """Client connections an open file limit has room for: two descriptors each (the client's
+    socket and its upstream one), beside `RESERVED_FDS`."""
+    return max(1, (open_file_limit - RESERVED_FDS) // 2)
+
+
+def default_connections_per_listener() -> int:
+    """An unset `limits.max_connections_per_listener`: 10,000, or fewer when the open file limit
+    `serve` will run with has no room for them, so that a default config never runs out of
+    descriptors before the count refuses a connection (and starts without a warning)."""
+    return min(DEFAULT_MAX_CONNECTIONS_PER_LISTENER, connections_allowed(open_file_limit_target()))
+
+
 def raise_open_file_limit() -> tuple[int, int, str | None]:
     """Lift this process's soft RLIMIT_NOFILE to its hard limit: (before, after, why not when
     it could not be raised). The default soft limit of many systems (1024) holds about 500 client
     connections; the hard one is what the operator allows."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard
-    if target == resource.RLIM_INFINITY:  # macOS; Linux's hard limit is always a number
-        target = max(soft, 1_048_576) if soft != resource.RLIM_INFINITY else soft
+    target = open_file_limit_target()
     if soft == target:
         return soft, soft, None
     try:

@@ -18,6 +18,19 @@ from tests.harness.requests import api_versions_request
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
+SET_LIMIT = (
+    sys.executable,
+    "-c",
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "os.execv(sys.argv[3], sys.argv[3:])",
+)
+"""`SET_LIMIT SOFT HARD COMMAND...` runs a command with that limit on open files (a preexec_fn is
+unsafe: the test process has threads)."""
+
+
+def _with_open_files(argv: list[str], open_files: tuple[int, int] | None) -> list[str]:
+    return argv if open_files is None else [*SET_LIMIT, *map(str, open_files), *argv]
 
 
 def wait_for_answer(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -37,13 +50,20 @@ def wait_for_answer(port: int, proc: subprocess.Popen[bytes], timeout: float = 3
 
 @contextlib.contextmanager
 def kvproxy_serve(
-    config: Path, log: Path, *, module: str = "kvproxy.cli", cwd: Path = REPO
+    config: Path,
+    log: Path,
+    *,
+    module: str = "kvproxy.cli",
+    cwd: Path = REPO,
+    open_files: tuple[int, int] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`python -m <module> serve -c CONFIG` (`kvproxy.cli` is the installed command's), output to
-    `log`; killed on exit if still running."""
+    `log`, under `open_files` (soft, hard) when given; killed on exit if still running."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, "serve", "-c", str(config)],
+            _with_open_files(
+                [sys.executable, "-m", module, "serve", "-c", str(config)], open_files
+            ),
             cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -57,10 +77,13 @@ def kvproxy_serve(
                 proc.wait(10)
 
 
-def kvproxy(*args: str, timeout: float = 60, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    """`kvproxy ARGS` as a user runs it; fails the test on an exit status other than `expect`."""
+def kvproxy(
+    *args: str, timeout: float = 60, expect: int = 0, open_files: tuple[int, int] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kvproxy ARGS` as a user runs it (under `open_files` (soft, hard) when given); fails the
+    test on an exit status other than `expect`."""
     done = subprocess.run(
-        [sys.executable, "-m", "kvproxy.cli", *args],
+        _with_open_files([sys.executable, "-m", "kvproxy.cli", *args], open_files),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -30,7 +30,7 @@ import yaml
 from kvproxy.protocol.messages import API_VERSIONS, decode_response
 from tests.harness import Broker
 from tests.harness.fuzz import api_versions_request
-from tests.harness.processes import REPO, wait_for_answer
+from tests.harness.processes import REPO, SET_LIMIT, wait_for_answer
 from tests.harness.proxy import free_port_range, run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.tansu import free_port
@@ -49,17 +49,6 @@ def fixed_limit(limit: int) -> tuple[int, int]:
 def soft_limit(limit: int) -> tuple[int, int]:
     """Soft limit `limit` under the test's own hard limit."""
     return limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-
-
-SET_LIMIT = (
-    sys.executable,
-    "-c",
-    "import os, resource, sys; "
-    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
-    "os.execv(sys.argv[3], sys.argv[3:])",
-)
-"""Run a command with a limit on open files (a preexec_fn is unsafe: the test process has
-threads)."""
 
 
 class Serve:
@@ -105,6 +94,8 @@ def kvproxy_serve(tmp_path: Path, tansu: Broker, limit: tuple[int, int]) -> Iter
                     "max_brokers": 20,
                 },
                 "upstream": {"bootstrap_servers": [tansu.bootstrap]},
+                # set: unset, it would be what the limit has room for, refusing by count first
+                "limits": {"max_connections_per_listener": 10_000},
                 "shutdown": {"drain_timeout_ms": 2000},
                 "metrics": {"host": HOST, "port": metrics},
             }

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kvproxy.commands.cli import describe
+from kvproxy.proxy import fds
 from kvproxy.proxy.config import parse_config
 from kvproxy.settings.loading import ConfigError
 
@@ -20,13 +21,26 @@ def error_of(limits: dict[str, Any]) -> str:
     return str(caught.value)
 
 
-def test_defaults() -> None:
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fds, "open_file_limit_target", lambda: 1_048_576)
     limits = parse_config({"upstream": UPSTREAM}).limits
     assert limits.max_connections_per_listener == 10_000
     assert limits.max_connections_per_client == 1_000
     assert limits.idle_timeout_ms == 600_000
     assert limits.request_timeout_ms == 30_000
     assert limits.max_records_per_request == 1_000_000
+
+
+@pytest.mark.parametrize(("open_files", "per_listener"), [(20_000, 9_872), (1024, 384), (300, 22)])
+def test_an_unset_connection_limit_is_what_the_open_file_limit_has_room_for(
+    monkeypatch: pytest.MonkeyPatch, open_files: int, per_listener: int
+) -> None:
+    """Two descriptors per connection, 256 kept for the proxy's own; a value set stays."""
+    monkeypatch.setattr(fds, "open_file_limit_target", lambda: open_files)
+    assert parse_config({"upstream": UPSTREAM}).limits.max_connections_per_listener == per_listener
+    limits = {"max_connections_per_listener": 10_000}
+    set_too_high = parse_config({"upstream": UPSTREAM, "limits": limits}).limits
+    assert set_too_high.max_connections_per_listener == 10_000
 
 
 def test_values_are_read() -> None:
@@ -54,12 +68,12 @@ def test_values_are_read() -> None:
 @pytest.mark.parametrize(
     ("key", "bad", "bound"),
     [
-        ("max_connections_per_listener", 0, "greater than or equal to 1"),
-        ("max_connections_per_client", -1, "greater than or equal to 1"),
-        ("idle_timeout_ms", 0, "greater than or equal to 10"),
-        ("request_timeout_ms", 5, "greater than or equal to 10"),
-        ("max_records_per_request", 0, "greater than or equal to 1"),
-        ("idle_timeout_ms", "soon", "valid integer"),
+        ("max_connections_per_listener", 0, "must be at least 1"),
+        ("max_connections_per_client", -1, "must be at least 1"),
+        ("idle_timeout_ms", 0, "must be at least 10"),
+        ("request_timeout_ms", 5, "must be at least 10"),
+        ("max_records_per_request", 0, "must be at least 1"),
+        ("idle_timeout_ms", "soon", "must be a whole number, not 'soon'"),
     ],
 )
 def test_bad_values_name_the_key(key: str, bad: Any, bound: str) -> None:
