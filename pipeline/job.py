@@ -140,16 +140,7 @@ def run_audit(
 
     Progress goes to `out` (stderr by default), the final summary to `summary_out` (stdout by
     default): the result is what a caller pipes or captures, the progress is not."""
-    summary_out = summary_out or sys.stdout
-    with contextlib.ExitStack() as stack:
-        captured = captures_spark_output(request, spark)
-        if captured:
-            console = stack.enter_context(spark_output_to(Path(captured)))
-            out = out or console
-        progress = Progress(out or sys.stderr)
-        if captured:
-            progress.stage(f"Spark's own output goes to {captured}")
-        return _run_audit(request, spark, progress, summary_out)
+    return _run_audit(request, spark, Progress(out or sys.stderr), summary_out or sys.stdout)
 
 
 def captures_spark_output(request: AuditRequest, spark: Any) -> str | None:
@@ -206,28 +197,41 @@ def _run_audit(
     )
 
     own_session = spark is None
-    if spark is None:
-        from kvproxy.pipeline.spark import SparkUnavailable, start_session  # noqa: PLC0415
-
+    with contextlib.ExitStack() as stack:
+        if spark is None:
+            spark = _start_spark(request, progress, stack)
         try:
-            spark = start_session(request.master, request.spark_conf)
-        except SparkUnavailable as exc:
-            raise AuditError(str(exc)) from exc
+            return _run_on_spark(
+                spark,
+                request,
+                settings,
+                segments=segments,
+                journal=journal,
+                live_units=live_units,
+                started=started,
+                progress=progress,
+                summary_out=summary_out,
+            )
+        finally:
+            if own_session:
+                spark.stop()
+
+
+def _start_spark(request: AuditRequest, progress: Progress, stack: contextlib.ExitStack) -> Any:
+    """A SparkSession for this run; Spark's own output goes to its file from before its JVM
+    starts until the stack closes (after the session stops)."""
+    from kvproxy.pipeline.spark import SparkUnavailable, start_session  # noqa: PLC0415
+
+    captured = captures_spark_output(request, None)
+    if captured:
+        console = stack.enter_context(spark_output_to(Path(captured)))
+        if progress.out is sys.stderr:  # now the file: the audit's lines go on to the console
+            progress.out = console
+        progress.stage(f"Spark's own output goes to {captured}")
     try:
-        return _run_on_spark(
-            spark,
-            request,
-            settings,
-            segments=segments,
-            journal=journal,
-            live_units=live_units,
-            started=started,
-            progress=progress,
-            summary_out=summary_out,
-        )
-    finally:
-        if own_session:
-            spark.stop()
+        return start_session(request.master, request.spark_conf)
+    except SparkUnavailable as exc:
+        raise AuditError(str(exc)) from exc
 
 
 def _plan(segment: SegmentFile, range_bytes: int) -> list[Any]:

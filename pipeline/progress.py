@@ -95,8 +95,10 @@ def _is_terminal(out: IO[str]) -> bool:
 def spark_output_to(path: Path) -> Iterator[IO[str]]:
     """While the block runs, this process's stderr (file descriptor 2) goes to `path`: a Spark
     JVM started in the block, and the Python workers it starts, write there for their lifetime.
-    Yields a stream on the console's stderr, for the audit's own lines."""
+    Yields a stream on the console's stderr, for the audit's own lines. A file it created and
+    nothing was written to (Spark did not start) is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
     sys.stderr.flush()
     console_fd = os.dup(2)
     log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -112,3 +114,5 @@ def spark_output_to(path: Path) -> Iterator[IO[str]]:
         sys.stderr.flush()
         os.dup2(console.fileno(), 2)
         console.close()
+        if not existed and path.stat().st_size == 0:
+            path.unlink()

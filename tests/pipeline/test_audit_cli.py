@@ -49,10 +49,10 @@ def test_audit_command_end_to_end(tmp_path: Path) -> None:
     assert "kvproxy audit: 383 records" not in run.stderr
     assert "inputs:" not in run.stdout
     _assert_only_the_audits_own_lines(run)
-    # Spark's own output went to the file named first, in the temporary directory.
-    first = run.stderr.splitlines()[0]
-    match = re.fullmatch(r"\[\d\d:\d\d:\d\d\] Spark's own output goes to (.+)", first)
-    assert match, first
+    # Spark's own output went to the file named before Spark starts, in the temporary directory.
+    second = run.stderr.splitlines()[1]
+    match = re.fullmatch(r"\[\d\d:\d\d:\d\d\] Spark's own output goes to (.+)", second)
+    assert match, second
     spark_log = Path(match[1])
     try:
         assert spark_log.parent == Path(tempfile.gettempdir())
@@ -77,7 +77,7 @@ def _assert_only_the_audits_own_lines(run: subprocess.CompletedProcess[str]) -> 
         assert re.match(r"\[\d\d:\d\d:\d\d\] [a-zA-Z]", line), line
         assert not SPARK_LINES.search(line), line
     messages = [line.split("] ", 1)[1] for line in run.stderr.splitlines()]
-    wanted = ("Spark's own output goes to ", "inputs: ", "planning: ", "checking: ", "writing ")
+    wanted = ("inputs: ", "Spark's own output goes to ", "planning: ", "checking: ", "writing ")
     assert len(messages) == len(wanted), messages
     for message, start in zip(messages, wanted, strict=True):
         assert message.startswith(start), messages
@@ -98,8 +98,14 @@ def test_audit_shows_sparks_output_when_asked(tmp_path: Path) -> None:
 
 def test_audit_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     out = str(tmp_path / "out")
-    missing = kvproxy("audit", "--input", str(tmp_path / "nope"), "--output", out)
+    spark_log = tmp_path / "spark.log"
+    missing = kvproxy(
+        "audit", "--input", str(tmp_path / "nope"), "--output", out,
+        "--spark-log-file", str(spark_log),
+    )  # fmt: skip
     assert missing.returncode == 2
+    assert not spark_log.exists()  # Spark did not start: no file, and no line naming one
+    assert "Spark's own output" not in missing.stderr
     assert f"kvproxy audit: cannot read {tmp_path / 'nope'}: no such file" in missing.stderr
 
     nothing = kvproxy("audit", "--output", out)
@@ -113,9 +119,11 @@ def test_audit_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     assert "max_record_bytes" in config.stderr and "limit" in config.stderr
 
     no_java = kvproxy(
-        "audit", "--input", str(TESTDATA_LOGS), "--output", out, env={"JAVA_HOME": "/nonexistent"}
-    )
+        "audit", "--input", str(TESTDATA_LOGS), "--output", out,
+        "--spark-log-file", str(spark_log), env={"JAVA_HOME": "/nonexistent"},
+    )  # fmt: skip
     assert no_java.returncode == 2
+    assert not spark_log.exists()  # created for a JVM that never started, and removed
     assert "JAVA_HOME is /nonexistent but /nonexistent/bin/java does not exist" in no_java.stderr
 
     bad_time = kvproxy("audit", "--input", str(TESTDATA_LOGS), "--output", out, "--now", "soon")
