@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup compiler system-deps java-deps localhost-names haproxy valgrind browser lint test demo bench \
+.PHONY: setup compiler system-deps java-deps client-deps localhost-names haproxy valgrind browser lint test demo bench \
 	fuzz clean
 
 # The compiled record scan (protocol/records/_skim.c) is built by the install: a change to it
@@ -44,6 +44,20 @@ java-deps:
 		echo "java, javac or mvn is missing: installing a JDK and Maven with apt-get"; \
 		$(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y --no-install-recommends default-jdk-headless maven; }
+
+# Go and Node for the Go and Node client programs the tests build (tests/harness/go_clients/,
+# tests/harness/node_clients/): their modules come from the Go module proxy into
+# ~/.cache/kvproxy/go-modules and from npm into ~/.cache/kvproxy/node-clients on first use; a Go
+# older than go.mod's fetches the newer toolchain itself (Go 1.21 and later)
+client-deps:
+	@{ command -v go && command -v node && command -v npm; } >/dev/null 2>&1 || { \
+		echo "go, node or npm is missing: installing Go, Node.js and npm with apt-get"; \
+		$(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y --no-install-recommends golang-go nodejs npm ca-certificates; }
+	@case "$$(go env GOVERSION)" in go1.[0-9]|go1.[0-9].*|go1.1[0-9]*|go1.20*) \
+		echo "$$(go env GOVERSION) is older than Go 1.21 and cannot fetch the toolchain the Go" \
+			"client programs need (tests/harness/go_clients/go.mod): install Go 1.21 or later"; \
+		exit 1;; esac
 
 # glibc's myhostname NSS module, so that every name under `localhost` (RFC 6761) resolves to
 # loopback without editing /etc/hosts: the SNI tests name each broker
@@ -85,7 +99,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint browser java-deps localhost-names haproxy valgrind
+test: lint browser java-deps client-deps localhost-names haproxy valgrind
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup

@@ -1,0 +1,223 @@
+"""What franz-go, kafkajs, sarama and kafka-go tell their application when kvproxy refuses a
+record, whether they send it again, and what becomes of the other records of the batch.
+
+Each client is a program of `tests/harness/go_clients/` or `tests/harness/node_clients/`
+(`tests/harness/client_programs.py` builds them) that produces through one kvproxy in front of
+the session broker. Two refusals: one record without a key to a compacted topic (`customers`,
+the default checks: INVALID_RECORD) and three records in one batch to a topic with the `json`
+policy, the second `not json` (`orders`: INVALID_RECORD, `record_errors` [1]). Each test asserts
+the exact text and type the application gets for each record, how many times the client sent
+the refused batch (the proxy's rejection count for the topic), and what the topic holds after
+(read back from the beginning). docs/clients.md quotes every text, with the run's topic names
+replaced by `customers` and `orders`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvproxy.protocol.messages import PRODUCE
+from tests.harness.client_programs import ClientRun, go_program, node_program, run_program
+from tests.harness.clients import consume
+from tests.harness.proxy import RunningProxy, run_proxy
+from tests.harness.upstream import Upstream
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
+NOT_JSON = b"not json"
+GOOD_JSON = b'{"n": 1}'
+ORDERS = [(b"k", GOOD_JSON), (b"k", NOT_JSON), (b"k", GOOD_JSON)]
+
+pytestmark = pytest.mark.upstreams("tansu")
+
+
+@dataclass
+class Stage:
+    proxy: RunningProxy
+    upstream: Upstream
+
+    def topics(self) -> tuple[str, str]:
+        """A fresh compacted `customers` topic and a fresh `orders` topic (the `json` policy)."""
+        customers = self.upstream.create_topic(1, {"cleanup.policy": "compact"}, "customers")
+        return customers, self.upstream.create_topic(1, None, "orders")
+
+    def rejections(self, topic: str) -> int:
+        return sum(n for (t, _, _), n in self.proxy.server.sink.rejections.items() if t == topic)
+
+    def produce_versions(self, since: int) -> set[int]:
+        return {v for key, v, _ in list(self.proxy.responses)[since:] if key == PRODUCE}
+
+    def stored(self, topic: str) -> list[bytes | None]:
+        return consume(self.proxy.bootstrap, topic, partitions=1)[0]
+
+    def run(
+        self,
+        argv: list[str],
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes]],
+        env: dict[str, str] | None = None,
+    ) -> ClientRun:
+        return run_program(argv, self.proxy.bootstrap, topic, records, env=env)
+
+
+@pytest.fixture(scope="module")
+def stage(upstream: Upstream) -> Iterator[Stage]:
+    rules = [{"match": "orders*", "policies": ["json"]}]
+    with run_proxy(upstream.bootstrap, topics=rules) as proxy:
+        yield Stage(proxy, upstream)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one client run showed, with the run's topic names as the document shows them."""
+
+    errors: list[str | None]
+    types: list[str | None]
+    attempts: int
+    """Produce requests the proxy refused for the topic: 1 when the client did not retry."""
+    stored: list[bytes | None]
+    log: str
+
+
+def refusals(
+    stage: Stage, argv: list[str], env: dict[str, str] | None = None
+) -> tuple[Seen, Seen, set[int]]:
+    """The client's view of the null key on `customers` and of the `orders` batch, and the
+    Produce versions it used."""
+    customers, orders = stage.topics()
+    start = len(stage.proxy.responses)
+    seen = []
+    for topic, records in ((customers, [(None, b"no key")]), (orders, ORDERS)):
+        run = stage.run(argv, topic, records, env)
+        name = topic.split("-")[0]
+        seen.append(
+            Seen(
+                [None if e is None else e.replace(topic, name) for e in run.errors],
+                run.types,
+                stage.rejections(topic),
+                stage.stored(topic),
+                run.log.replace(topic, name),
+            )
+        )
+    return seen[0], seen[1], stage.produce_versions(start)
+
+
+def assert_in_doc(*texts: str | None) -> None:
+    doc = DOC.read_text()
+    for text in texts:
+        assert text is not None and text in doc, f"docs/clients.md does not quote:\n{text}"
+
+
+FRANZ_GO = (
+    "INVALID_RECORD: This record has failed the validation on the broker and hence been rejected."
+)
+
+
+def test_franz_go(stage: Stage) -> None:
+    """franz-go (idempotent by default, Produce v11) shows the code's generic text for every
+    record of the batch, does not retry, and nothing of the batch is stored."""
+    null_key, batch, versions = refusals(stage, [str(go_program("franz"))])
+    assert versions == {11}
+    assert null_key.errors == [FRANZ_GO] and null_key.types == ["*kerr.Error"]
+    assert batch.errors == [FRANZ_GO] * 3 and batch.types == ["*kerr.Error"] * 3
+    assert (null_key.attempts, batch.attempts) == (1, 1)
+    assert null_key.stored == batch.stored == []
+    assert_in_doc(FRANZ_GO)
+
+
+KAFKAJS = (
+    "KafkaJSProtocolError: This record has failed the validation on broker and hence be rejected"
+)
+KAFKAJS_TYPE = "KafkaJSProtocolError type=INVALID_RECORD code=87 retriable=false"
+
+
+def test_kafkajs(stage: Stage) -> None:
+    """kafkajs 2.2.4 (Produce v7) rejects the send's promise with the code's generic text, does
+    not retry INVALID_RECORD, and logs the refusal at ERROR; nothing of the batch is stored."""
+    null_key, batch, versions = refusals(stage, node_program("kafkajs"))
+    assert versions == {7}
+    assert null_key.errors == [KAFKAJS] and batch.errors == [KAFKAJS] * 3
+    assert null_key.types == [KAFKAJS_TYPE] and batch.types == [KAFKAJS_TYPE] * 3
+    assert (null_key.attempts, batch.attempts) == (1, 1)
+    assert null_key.stored == batch.stored == []
+    error = "This record has failed the validation on broker and hence be rejected"
+    response, retry = batch.log.splitlines()[-2:]
+    assert response.startswith("ERROR Response Produce(key: 0, version: 7) ")
+    assert f'"error":"{error}"' in response
+    assert retry.startswith(f'ERROR {error} {{"logger":"kafkajs","retryCount":0,')
+    assert_in_doc(KAFKAJS, KAFKAJS_TYPE)
+
+
+SARAMA = "kafka server: This record has failed the validation on broker and hence will be rejected"
+
+
+def test_sarama(stage: Stage) -> None:
+    """sarama (IBM/sarama, the current release, Produce v9 by default) fails every message of
+    the batch on the AsyncProducer's Errors channel with the code's generic text, no retry."""
+    null_key, batch, versions = refusals(stage, [str(go_program("sarama"))])
+    assert versions == {9}
+    assert null_key.errors == [SARAMA] and batch.errors == [SARAMA] * 3
+    assert null_key.types == ["sarama.KError"] and batch.types == ["sarama.KError"] * 3
+    assert (null_key.attempts, batch.attempts) == (1, 1)
+    assert null_key.stored == batch.stored == []
+    assert "validation" not in null_key.log + batch.log  # sarama.Logger: nothing about it
+    assert_in_doc(SARAMA)
+
+
+KAFKA_GO = (
+    "[87] Invalid Record: this record has failed the validation on broker and hence be rejected: "
+)
+KAFKA_GO_NULL_KEY = (
+    KAFKA_GO + "One or more records have been rejected due to 1 record errors in total, and only "
+    "showing the first three errors at most: [RecordError(batchIndex=0, message='Compacted topic "
+    "cannot accept message without key in topic partition customers-0')]"
+)
+KAFKA_GO_ORDERS = (
+    KAFKA_GO + "One or more records have been rejected due to 1 record errors in total, and only "
+    "showing the first three errors at most: [RecordError(batchIndex=1, message='Record value is "
+    "not valid JSON (invalid literal, expected 'null': line 1 column 1) in topic partition "
+    "orders-0')]"
+)
+
+
+def test_kafka_go(stage: Stage) -> None:
+    """kafka-go (segmentio/kafka-go, current, Produce v8) adds the answer's `error_message` to the
+    code's text; every message of the WriteMessages call gets it; no retry."""
+    null_key, batch, versions = refusals(stage, [str(go_program("kafkago"))])
+    assert versions == {8}
+    assert null_key.errors == [KAFKA_GO_NULL_KEY] and batch.errors == [KAFKA_GO_ORDERS] * 3
+    assert null_key.types == ["*fmt.wrapError"] and batch.types == ["*fmt.wrapError"] * 3
+    assert "WriteMessages returned kafka.WriteErrors" in batch.log
+    logged = f"error writing messages to orders (partition 0, attempt 0): {KAFKA_GO_ORDERS}"
+    assert logged in batch.log
+    assert (null_key.attempts, batch.attempts) == (1, 1)
+    assert null_key.stored == batch.stored == []
+    assert_in_doc(KAFKA_GO_NULL_KEY, KAFKA_GO_ORDERS)
+
+
+SARAMA_1_22_CRC = "kafka server: Message contents does not match its CRC."
+SARAMA_1_22_87 = "Unknown error, how did this happen? Error code = 87"
+
+
+def test_sarama_1_22(stage: Stage) -> None:
+    """sarama 1.22 (github.com/Shopify/sarama) assumes Kafka 0.8.2 unless told: Produce v0, so
+    every refusal is CORRUPT_MESSAGE, which it retries three times (Producer.Retry.Max). Told
+    Kafka 2.2.0 (the highest it knows) it sends Produce v3 and has no text for code 87."""
+    program = [str(go_program("sarama122"))]
+    null_key, batch, versions = refusals(stage, program)
+    assert versions == {0}
+    assert null_key.errors == [SARAMA_1_22_CRC] and batch.errors == [SARAMA_1_22_CRC] * 3
+    assert null_key.types == ["sarama.KError"] and batch.types == ["sarama.KError"] * 3
+    assert (null_key.attempts, batch.attempts) == (4, 4)
+    assert null_key.stored == batch.stored == []
+
+    null_key, batch, versions = refusals(stage, program, {"SARAMA_VERSION": "2.2.0"})
+    assert versions == {3}
+    assert null_key.errors == [SARAMA_1_22_87] and batch.errors == [SARAMA_1_22_87] * 3
+    assert null_key.types == ["sarama.KError"] and batch.types == ["sarama.KError"] * 3
+    assert (null_key.attempts, batch.attempts) == (1, 1)
+    assert null_key.stored == batch.stored == []
+    assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87)
