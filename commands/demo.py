@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import shlex
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,9 @@ INVOICE_SCHEMA = DemoSchema(
     schema='{"type": "record", "name": "Invoice", "fields": [{"name": "amount", "type": "long"}]}',
 )
 TANSU_NODE_ID = 111
+DEMO_PORT = 9192
+"""The demo's bootstrap port unless `--port` says otherwise: `kvproxy serve`'s default, the same
+at every run so that clients keep finding it; the broker listener is the next port."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """Where `examples/` lives when kvproxy runs from its source tree (as `make demo` does)."""
 
@@ -57,6 +62,13 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="leave kvproxy and the broker running until Ctrl-C (to point your clients at it)",
     )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEMO_PORT,
+        help=f"bootstrap port (default {DEMO_PORT}; the broker listener is the next one); when "
+        "either is taken, free ports are used instead and the demo says so",
+    )
     parser.set_defaults(func=run)
 
 
@@ -66,13 +78,34 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def demo_config(registry_url: str) -> ProxyConfig:
-    broker_port = _free_port()
+def _taken(port: int) -> bool:
+    """Whether something listens on (or holds) 127.0.0.1:`port`; a closed connection's TIME_WAIT
+    from an earlier run does not count, as the proxy binds with SO_REUSEADDR too."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+def demo_ports(port: int) -> tuple[int, int, str | None]:
+    """The bootstrap and broker ports, `port` and the next one when both are free; otherwise
+    free ones (the bootstrap's chosen when it binds: 0) and the sentence that says why."""
+    taken = [p for p in (port, port + 1) if _taken(p)]
+    if not taken:
+        return port, port + 1, None
+    ports = " and ".join(str(p) for p in taken)
+    return 0, _free_port(), f"port {ports} {'is' if len(taken) == 1 else 'are'} taken"
+
+
+def demo_config(registry_url: str, bootstrap_port: int, broker_port: int) -> ProxyConfig:
     return parse_config(
         {
             "listen": {
                 "host": "127.0.0.1",
-                "port": 0,
+                "port": bootstrap_port,
                 "broker_port_base": broker_port,
                 "max_brokers": 1,  # node N -> broker_port + N mod 1: Tansu's one node
             },
@@ -200,15 +233,21 @@ def _with_schema_id(schema_id: int, payload: bytes) -> bytes:
     return b"\x00" + schema_id.to_bytes(4, "big") + payload
 
 
-async def _demo(keep_running: bool) -> None:
+async def _demo(keep_running: bool, port: int) -> None:
     with serve_demo_registry(INVOICE_SCHEMA) as registry_url:
-        await _demo_with_registry(keep_running, registry_url)
+        await _demo_with_registry(keep_running, registry_url, port)
 
 
-async def _demo_with_registry(keep_running: bool, registry_url: str) -> None:
-    config = demo_config(registry_url)
+async def _demo_with_registry(keep_running: bool, registry_url: str, port: int) -> None:
+    bootstrap_port, broker_port, taken = demo_ports(port)
+    config = demo_config(registry_url, bootstrap_port, broker_port)
     async with running_proxy(config, REPO_ROOT) as server:
         _print_addresses(server)
+        if taken is not None:
+            print(
+                f"  ({taken}, by another program or demo: kvproxy listens on free ports instead; "
+                "--port chooses others)"
+            )
         host, port = server.listeners.brokers.public_host, server.listeners.bootstrap_port
         await _clients(f"{host}:{port}")
         await _create_topics(f"{host}:{port}")
@@ -257,11 +296,28 @@ async def _demo_with_registry(keep_running: bool, registry_url: str) -> None:
             server.sink.rejection_listeners.append(_print_rejection)
             print(
                 f"\nkvproxy stays up on {host}:{port}; each rejection is printed as it happens; "
-                "Ctrl-C or SIGTERM stops",
-                flush=True,
+                "Ctrl-C or SIGTERM stops"
             )
+            _print_how_to_connect(f"{host}:{port}")
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.Event().wait()
+
+
+def _print_how_to_connect(bootstrap: str) -> None:
+    """Commands to paste: read the demo's records, and send what the proxy refuses."""
+    python = (
+        "from confluent_kafka import Producer; "
+        f"p = Producer({{'bootstrap.servers': '{bootstrap}'}}); "
+        f"p.produce({COMPACTED_TOPIC!r}, b'bob', on_delivery=lambda err, msg: print(err or "
+        "f'stored at offset {msg.offset()}')); p.flush()"
+    )
+    print(
+        f"\nPoint your clients at the bootstrap address {bootstrap}, for instance:\n"
+        f"  kcat -b {bootstrap} -C -t {DEMO_TOPIC} -e\n"
+        f"  echo bob | kcat -b {bootstrap} -P -t {COMPACTED_TOPIC}   # no key: refused\n"
+        f'  {shlex.quote(sys.executable)} -c "{python}"',
+        flush=True,
+    )
 
 
 def _print_rejection(event: RejectionEvent) -> None:
@@ -296,7 +352,7 @@ def _print_addresses(server: ProxyServer) -> None:
     print(f"kvproxy listener for node {TANSU_NODE_ID} on port {brokers.port_for(TANSU_NODE_ID)}")
 
 
-async def _until_signal(keep_running: bool) -> None:
+async def _until_signal(keep_running: bool, port: int) -> None:
     """The demo, cancelled by SIGTERM (as Ctrl-C cancels it), so that whatever ends it, the
     proxy and the embedded broker stop on the way out."""
     loop = asyncio.get_running_loop()
@@ -304,11 +360,11 @@ async def _until_signal(keep_running: bool) -> None:
     assert demo is not None
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, demo.cancel)
-    await _demo(keep_running)
+    await _demo(keep_running, port)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kvproxy").setLevel(logging.ERROR)  # the demo prints what matters itself
     with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-        asyncio.run(_until_signal(args.keep_running))
+        asyncio.run(_until_signal(args.keep_running, args.port))
     return 0
