@@ -98,7 +98,6 @@ class TopicRule:
     dropped_defaults: tuple[str, ...] | None = None
     """The defaults' policies an entry with `default_policies: drop` does not run; None when the
     defaults' policies run (or for the defaults themselves)."""
-    is_default: bool = False
 
     @property
     def policy_names(self) -> tuple[str, ...]:
@@ -108,7 +107,7 @@ class TopicRule:
     def defaults_summary(self) -> str:
         """Whether the defaults' policies run under this rule, as `kvproxy check` says it (nothing
         for the defaults themselves, nor for a rule whose mode is off: it runs nothing)."""
-        if self.is_default or self.mode is Mode.OFF:
+        if self.match is None or self.mode is Mode.OFF:
             return ""
         if self.dropped_defaults is None:
             return "default policies kept"
@@ -314,8 +313,7 @@ def _build_defaults(
     specs = defaults.get("policies", list(DEFAULT_POLICIES))
     policies = _build_policies(where, specs, context, problems, targets)
     chain = PolicyChain(policies, mode)
-    needs = _needs(chain)
-    rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=needs, is_default=True)
+    rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=_needs(chain))
     return rule, specs
 
 
@@ -375,27 +373,15 @@ def _build_topic(
         return None
     chain = PolicyChain(policies, mode)
     needs = _needs(chain, config)
-    return TopicRule(
-        pattern,
-        mode,
-        compacted,
-        chain,
-        matcher,
-        config=config,
-        needs=needs,
-        dropped_defaults=dropped,
-    )
+    return TopicRule(pattern, mode, compacted, chain, matcher, config, needs, dropped)
 
 
 def _keeps_defaults(where: KeyPath, value: Any, problems: _Problems) -> bool | None:
     """`default_policies:`: True for keep, False for drop, None when it is neither."""
     if value in _DEFAULT_POLICIES_VALUES:
         return bool(value == "keep")
-    problems.add(
-        where,
-        f"default_policies must be keep or drop, not {short_repr(value)}",
-        ("default_policies",),
-    )
+    wrong = f"default_policies must be keep or drop, not {short_repr(value)}"
+    problems.add(where, wrong, ("default_policies",))
     return None
 
 

@@ -100,3 +100,10 @@ def test_the_schema_registry_example_keeps_the_broker_checks() -> None:
     for rule in routing.rules:
         assert set(BROKER_CHECKS) <= set(rule.policy_names), rule.match
     routing.close()
+
+
+def test_a_rule_whose_mode_is_off_says_nothing_of_the_defaults() -> None:
+    routing = build_routing(None, [{"match": "tmp", "mode": "off"}], Path("."))
+    assert routing.rule_for("tmp").policy_names == ()
+    assert routing.rule_for("tmp").defaults_summary == ""
+    routing.close()
