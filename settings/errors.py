@@ -38,6 +38,6 @@ def read_profile(document: Mapping[str, Any]) -> tuple[str, list[ConfigProblem]]
     if profile in PROFILES:
         return profile, []
     problem = ConfigProblem(
-        ("errors",), f"profile must be kafka or kip, not {short_repr(profile)}", ("profile",)
+        ("errors", "profile"), f"must be kafka or kip, not {short_repr(profile)}"
     )
     return "kafka", [problem]

@@ -2,7 +2,8 @@
 
 Every key has a default and unknown keys are errors, so a typo is reported instead of ignored.
 The same words are used wherever the file is read: a key is unknown (with a spelling hint), a
-key is missing, or a section has the wrong type ("listen must be a mapping, not a number").
+key is missing, a section has the wrong type ("listen must be a mapping, not a number"), or a
+value ("listen.port: must be a whole number, not 'abc'"; a secret's value is never quoted).
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from kvproxy.policies.config import spelling_hint
-from kvproxy.policies.errors import MAX_PROBLEMS_SHOWN, ConfigProblem, KeyPath, kind_of
+from kvproxy.policies.errors import (
+    MAX_PROBLEMS_SHOWN,
+    ConfigProblem,
+    KeyPath,
+    kind_of,
+    short_repr,
+)
 from kvproxy.settings.yaml_file import ConfigFileError, LocatedProblem, locate, read_yaml_with_lines
 
 __all__ = [
@@ -76,12 +83,33 @@ _EXPECTED = {
     "path_type": "a path",
 }
 """pydantic's error types for a section (or a list, or a path) of the wrong type -> what it must
-be. A scalar of the wrong type keeps pydantic's words ("Input should be a valid integer")."""
+be. The value is not quoted (a section may hold secrets): only what it is."""
+_SCALARS = {
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+}
+"""pydantic's error types for a value of the wrong type -> what it must be; the value is quoted
+after it, unless the key is a secret."""
+_BOUNDS = {
+    "greater_than_equal": ("ge", "at least"),
+    "greater_than": ("gt", "more than"),
+    "less_than_equal": ("le", "at most"),
+    "less_than": ("lt", "less than"),
+}
+"""pydantic's error types for a number out of range -> its bound in the context, in words."""
 
 
 def _schema_problem(model: type[BaseModel], error: Any, *, hint: bool = True) -> ConfigProblem:
-    """A pydantic error in the words of the file: a key is unknown, missing, or a section of the
-    wrong type ("listen must be a mapping, not a number"); other errors keep pydantic's message."""
+    """A pydantic error in the words of the file: a key is unknown or missing, a section or value
+    of the wrong type ("listen must be a mapping, not a number", "listen.port: must be a whole
+    number, not 'abc'"), a number out of range ("must be at least 1024, not 5"), a value not among
+    those allowed, or what kvproxy's own validator says; rarer errors keep pydantic's message."""
     loc: KeyPath = tuple(error["loc"])
     kind = error["type"]
     if kind == "extra_forbidden" and loc:
@@ -96,7 +124,57 @@ def _schema_problem(model: type[BaseModel], error: Any, *, hint: bool = True) ->
         if isinstance(loc[-1], str):
             return ConfigProblem(loc[:-1], f"{loc[-1]} {wrong}", loc[-1:])
         return ConfigProblem(loc, wrong)
+    expected = _value_must_be(kind, error.get("ctx") or {})
+    if expected is not None:
+        value = error.get("input")
+        shown = kind_of(value) if _is_secret(model, loc) else short_repr(value)
+        return ConfigProblem(loc, f"must be {expected}, not {shown}")
+    if kind == "value_error":  # kvproxy's own validators: their message, without pydantic's prefix
+        return ConfigProblem(loc, str(error["msg"]).removeprefix("Value error, "))
     return ConfigProblem(loc, error["msg"])
+
+
+def _value_must_be(kind: str, context: Mapping[str, Any]) -> str | None:
+    """What a value must be, by pydantic's error type; None for the types kept in its words."""
+    expected = _SCALARS.get(kind)
+    if expected is not None:
+        return expected
+    if kind in ("literal_error", "enum") and "expected" in context:
+        return str(context["expected"]).replace("'", "")
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        return f"{words} {context.get(key)}"
+    return None
+
+
+def _is_secret(model: type[BaseModel], path: KeyPath) -> bool:
+    """Whether the key at `path` holds a secret (`kvproxy.settings.secrets.Secret`), which an
+    error message must not quote."""
+    annotation: Any = model
+    for part in path:
+        if isinstance(part, int):
+            continue
+        fields = _model_in(annotation)
+        field = fields.model_fields.get(part) if fields is not None else None
+        if field is None:
+            return False
+        annotation = field.annotation
+    return any(arg is SecretStr for arg in _flattened(annotation))
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    for candidate in _flattened(annotation):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _flattened(annotation: Any) -> list[Any]:
+    """The annotation and every type inside it (`Secret | None`, `list[Section]`)."""
+    found = [annotation]
+    for arg in get_args(annotation):
+        found.extend(_flattened(arg))
+    return found
 
 
 def _known_keys(model: type[BaseModel], path: KeyPath) -> frozenset[str]:

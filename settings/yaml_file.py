@@ -12,6 +12,7 @@ inside its own anchor, at most `MAX_DEPTH` levels of nesting, and no integer lon
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "line_of",
     "locate",
     "read_yaml_with_lines",
+    "yaml_problem",
 ]
 
 MAX_FILE_BYTES = 1024 * 1024
@@ -72,12 +74,82 @@ def read_yaml_with_lines(
         data = None if node is None else loader.construct_document(node)
         lines = _key_lines(loader, node)
     except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML: {cut(str(exc))}") from None
+        raise ConfigFileError(yaml_problem(path, exc)) from None
     finally:
         loader.dispose()
     if data is not None and not isinstance(data, Mapping):
         raise ConfigFileError(f"{path}: the top level must be a mapping of sections")
     return data, lines
+
+
+_PROBLEMS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), plain)
+    for pattern, plain in (
+        (
+            r"mapping values are not allowed here",
+            "a ':' where no key can start: quote a value that holds ': ', or indent the key "
+            "as the keys beside it",
+        ),
+        (r"found character '\\t' that cannot start any token", "a tab: YAML indents with spaces"),
+        (
+            r"found character '(.*)' that cannot start any token",
+            "{0!r} cannot start a value: quote the value",
+        ),
+        (r"found unexpected end of stream", "the file ends before the closing quote"),
+        (r"found undefined alias '(.*)'", "the alias *{0} names no anchor &{0} written before it"),
+        (r"could not find expected ':'", "a key without ':' after it"),
+        (r"expected ',' or '([]}])', but got (.*)", "expected ',' or '{0}', found {1}"),
+        (
+            r"expected <block end>, but found (.*)",
+            "a line indented differently from the lines beside it: found {0}",
+        ),
+    )
+)
+"""PyYAML's common problems -> plain words (its own words for the others)."""
+_TOKENS = {
+    "'<stream end>'": "the end of the file",
+    "'<block end>'": "the end of the indented block",
+    "'<block mapping start>'": "a key indented more than the one before it",
+    "'<block sequence start>'": "a list item",
+    "'<scalar>'": "a value",
+    "'?'": "a key",
+    "'-'": "a list item",
+}
+_CONTEXTS = {
+    "while parsing a flow mapping": "the {...} mapping",
+    "while parsing a flow sequence": "the [...] list",
+    "while parsing a block mapping": "the mapping",
+    "while parsing a block collection": "the list",
+    "while scanning a quoted scalar": "the quoted string",
+    "while scanning a simple key": "the key",
+}
+
+
+def yaml_problem(path: Path | str, exc: yaml.YAMLError) -> str:
+    """`FILE: not valid YAML: line L, column C: what`, in plain words, and where the mapping,
+    list or string it happened in starts. The file's text is not quoted: it may hold a secret."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = str(getattr(exc, "problem", None) or "")
+    if mark is None or not problem:
+        return f"{path}: not valid YAML: {cut(str(exc).replace(chr(10), ' '))}"
+    text = cut(_plain(problem))
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    inside = _CONTEXTS.get(str(context))
+    if inside is not None and context_mark is not None:
+        opened = "opened" if "{" in inside or "[" in inside else "starting"
+        text += f" (in {inside} {opened} on line {context_mark.line + 1}, column "
+        text += f"{context_mark.column + 1})"
+    return f"{path}: not valid YAML: {where}: {text}"
+
+
+def _plain(problem: str) -> str:
+    for pattern, plain in _PROBLEMS:
+        found = pattern.fullmatch(problem)
+        if found is not None:
+            return plain.format(*(_TOKENS.get(group, group) for group in found.groups()))
+    return problem
 
 
 def _read_text(path: Path, max_bytes: int) -> str:

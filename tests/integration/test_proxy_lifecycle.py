@@ -179,7 +179,7 @@ def test_check_prints_ok_and_the_resolved_listeners(tmp_path: Path) -> None:
         ("upstream: {bootstrap_servers: ['kafka:port']}\n", "'kafka:port' is not HOST:PORT"),
         (
             "upstream: {bootstrap_servers: [k:1], embedded: true}\n",
-            "upstream: Value error, set either bootstrap_servers or embedded: true, not both",
+            "upstream: set either bootstrap_servers or embedded: true, not both",
         ),
         ("upstream: {bootstrap_servers: [k:1]\n", "not valid YAML"),
     ],

@@ -706,7 +706,7 @@ def test_check_and_config_errors_never_show_the_secret(
     missing = kvproxy("check", "-c", str(config), password=None)
     assert missing.returncode == 2
     assert (
-        "listen.tls.key_password: Value error, environment variable KVPROXY_TEST_KEY_PASSWORD "
+        "listen.tls.key_password: environment variable KVPROXY_TEST_KEY_PASSWORD "
         "is not set" in missing.stderr
     )
 

@@ -62,8 +62,7 @@ def test_the_audit_reading_reports_every_problem_by_line(
     assert code == 2
     assert err.splitlines() == [
         "kvproxy: audit.yaml: 3 problem(s)",
-        "  audit.yaml:1: errors: profile must be kafka or kip, not 'kipp'",
-        "  audit.yaml:2: schema_registry.url: Value error, 'ftp://r' is not an http:// or "
-        "https:// URL",
+        "  audit.yaml:1: errors.profile: must be kafka or kip, not 'kipp'",
+        "  audit.yaml:2: schema_registry.url: 'ftp://r' is not an http:// or https:// URL",
         "  audit.yaml:4: topics[0].policies[0]: unknown policy 'crcc' (did you mean 'crc'?)",
     ]

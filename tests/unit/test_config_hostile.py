@@ -71,12 +71,12 @@ def test_a_yaml_bomb_is_refused_by_check_with_a_short_error_and_exit_2(tmp_path:
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""
     assert len(done.stderr) < 1000
-    first = done.stderr.splitlines()[0]
-    assert first == (
-        f"kvproxy: {path}: not valid YAML: its aliases expand to more than 1,000,000 values "
-        "(nested aliases multiply: write the values out, or use fewer levels of aliases)"
-    )
-    assert "line 9, column" in done.stderr  # the first list past the bound: a6, on line 9
+    # the first list past the bound: a6, on line 9
+    assert done.stderr.splitlines() == [
+        f"kvproxy: {path}: not valid YAML: line 9, column 12: its aliases expand to more than "
+        "1,000,000 values (nested aliases multiply: write the values out, or use fewer levels "
+        "of aliases)"
+    ]
 
 
 def test_a_file_over_the_size_limit_is_refused_unread_with_exit_2(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ LARGE = 5
         ),
         ("topics:\n  - {match: x, policies: [{timestamps: {type: TOP}}]}", "option type must"),
         ("defaults: {mode: TOP}", "defaults: mode must be one of"),
-        ("listen: {host: TOP}", "listen.host: Input should be a valid string"),
+        ("listen: {host: TOP}", "listen.host: must be a string, not [[[["),
         ("quarantine: {dead_letter_topics: TOP}", "quarantine.dead_letter_topics"),
     ],
 )
@@ -168,20 +168,20 @@ def test_a_long_string_is_cut_with_the_exact_count(tmp_path: Path) -> None:
     [
         (
             UPSTREAM + "topics: &t\n  - match: x\n    compacted: *t\n",
-            "not valid YAML: the alias *t is inside its own anchor (a structure that contains "
-            "itself)",
+            "not valid YAML: line 4, column 16: the alias *t is inside its own anchor (a "
+            "structure that contains itself)",
         ),
         (
             UPSTREAM + "x: " + "[" * 200 + "]" * 200 + "\n",
-            "not valid YAML: nested deeper than 100 levels",
+            "not valid YAML: line 2, column 103: nested deeper than 100 levels",
         ),
         (
             UPSTREAM + "limits: {max_frame_bytes: " + "9" * 5000 + "}\n",
-            "not valid YAML: an integer of 5,000 characters (at most 100)",
+            "not valid YAML: line 2, column 27: an integer of 5,000 characters (at most 100)",
         ),
         (
             UPSTREAM + "limits: {max_frame_bytes: " + ":".join(["1"] * 5000) + "}\n",
-            "not valid YAML: an integer of 9,999 characters (at most 100)",
+            "not valid YAML: line 2, column 27: an integer of 9,999 characters (at most 100)",
         ),
     ],
 )
@@ -203,7 +203,7 @@ def test_files_that_would_crash_or_stall_the_reader_are_refused(
         ),
         (
             "quarantine: {dead_letter_topics: ['/a{99999999999}/']}",
-            "quarantine.dead_letter_topics: Value error, '/a{99999999999}/' is not a valid",
+            "quarantine.dead_letter_topics: '/a{99999999999}/' is not a valid",
         ),
         ("topics:\n  - match: '/" + "(" * 2000 + "/'", "is not a valid regular expression"),
         (
@@ -278,7 +278,7 @@ def test_the_audit_quotes_a_large_profile_cut(tmp_path: Path) -> None:
     path.write_text(bomb(LARGE, "errors: {profile: TOP}"))
     with pytest.raises(AuditError) as caught:
         load_settings(str(path), now_ms=0)
-    assert "errors: profile must be kafka or kip, not [[[[" in str(caught.value)
+    assert "errors.profile: must be kafka or kip, not [[[[" in str(caught.value)
     assert len(str(caught.value)) < 1000
 
 

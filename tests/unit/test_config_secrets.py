@@ -109,7 +109,7 @@ def test_missing_variable_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch)
     message = _error(_with_passwords("${KVPROXY_TEST_NOT_SET}", None))
     assert message == (
         "test.yaml: 1 problem(s)\n"
-        "  listen.tls.key_password: Value error, environment variable KVPROXY_TEST_NOT_SET "
+        "  listen.tls.key_password: environment variable KVPROXY_TEST_NOT_SET "
         "is not set"
     )
 
@@ -139,8 +139,8 @@ def test_secret_never_shown(monkeypatch: pytest.MonkeyPatch, source: str) -> Non
 
 def test_a_secret_of_the_wrong_type_is_not_echoed() -> None:
     message = _error(_with_passwords([SECRET], {"pw": SECRET}))
-    assert "listen.tls.key_password: Input should be a valid string" in message
-    assert "upstream.tls.key_password: Input should be a valid string" in message
+    assert "listen.tls.key_password: must be a string, not a list" in message
+    assert "upstream.tls.key_password: must be a string, not a mapping" in message
     assert SECRET not in message
 
 

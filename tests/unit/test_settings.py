@@ -75,7 +75,7 @@ def test_the_audit_reads_only_the_profile_of_errors() -> None:
     assert read_profile({"errors": {"profile": "kip", "legacy_below": "x"}}) == ("kip", [])
     profile, [problem] = read_profile({"errors": {"profile": "kap"}})
     assert profile == "kafka"
-    assert str(problem) == "errors: profile must be kafka or kip, not 'kap'"
+    assert str(problem) == "errors.profile: must be kafka or kip, not 'kap'"
 
 
 # ---- the policy sections ----
@@ -118,7 +118,7 @@ def test_every_problem_is_reported_by_line_at_once(tmp_path: Path) -> None:
         f"{path}: 4 problem(s)",
         f"  {path}:1: name is missing",
         f"  {path}:2: inner.prot: unknown key (did you mean 'port'?)",
-        f"  {path}:3: inner.port: Input should be greater than or equal to 1",
+        f"  {path}:3: inner.port: must be at least 1, not 0",
         f"  {path}:4: extra: unknown key (known: inner, name)",
     ]
     assert [p.line for p in error.problems] == [1, 2, 3, 4]

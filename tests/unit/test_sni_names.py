@@ -74,81 +74,79 @@ def test_the_sni_listener_may_have_its_own_tls_and_stand_alone() -> None:
     [
         (
             {"sni": SNI},
-            "listen: Value error, sni needs TLS (the server name is read from the TLS "
+            "listen: sni needs TLS (the server name is read from the TLS "
             "handshake): set sni.tls or listen.tls",
         ),
         (
             {"port_per_broker": False},
-            "listen: Value error, port_per_broker: false needs sni: without either, no client "
-            "could connect",
+            "listen: port_per_broker: false needs sni: without either, no client could connect",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "brokers": "broker.kafka.example.com"}},
-            "listen.sni.brokers: Value error, 'broker.kafka.example.com' must hold $(nodeId) "
+            "listen.sni.brokers: 'broker.kafka.example.com' must hold $(nodeId) "
             "exactly once (where the node id goes)",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "brokers": "b-$(nodeId)-$(nodeId).example.com"}},
-            "listen.sni.brokers: Value error, 'b-$(nodeId)-$(nodeId).example.com' must hold "
+            "listen.sni.brokers: 'b-$(nodeId)-$(nodeId).example.com' must hold "
             "$(nodeId) exactly once (where the node id goes)",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "brokers": "b_$(nodeId).example.com"}},
-            "listen.sni.brokers: Value error, 'b_$(nodeId).example.com' does not make DNS "
+            "listen.sni.brokers: 'b_$(nodeId).example.com' does not make DNS "
             "names: with a node id it has the label 'b_2147483647': labels are letters a-z, "
             "digits and '-', not starting or ending with '-'",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "brokers": "$(nodeId)" + "x" * 55 + ".example.com"}},
-            "listen.sni.brokers: Value error, '$(nodeId)"
+            "listen.sni.brokers: '$(nodeId)"
             + "x" * 55
             + ".example.com' does not make DNS names: with a node id it has a label of 65 "
             "characters (at most 63): 2147483647xxxxxxxxxx...",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "bootstrap": "kafka..example.com"}},
-            "listen.sni.bootstrap: Value error, 'kafka..example.com' is not a DNS name: it has "
+            "listen.sni.bootstrap: 'kafka..example.com' is not a DNS name: it has "
             "an empty label (two dots in a row, or a leading dot)",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "bootstrap": "*.example.com"}},
-            "listen.sni.bootstrap: Value error, '*.example.com' is not a DNS name: it has the "
+            "listen.sni.bootstrap: '*.example.com' is not a DNS name: it has the "
             "label '*': labels are letters a-z, digits and '-', not starting or ending with '-'",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "bootstrap": "kafka.exämple.com"}},
-            "listen.sni.bootstrap: Value error, 'kafka.exämple.com' is not a DNS name: it has "
+            "listen.sni.bootstrap: 'kafka.exämple.com' is not a DNS name: it has "
             "the label 'exämple': labels are letters a-z, digits and '-', not starting or "
             "ending with '-'",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "bootstrap": ("a" * 60 + ".") * 4 + "example.com"}},
-            "listen.sni.bootstrap: Value error, '"
+            "listen.sni.bootstrap: '"
             + ("a" * 60 + ".") * 4
             + "example.com' is not a DNS name: it is 255 characters long (a DNS name has at "
             "most 253)",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "bootstrap": "Broker-7.kafka.example.com"}},
-            "listen.sni: Value error, bootstrap 'broker-7.kafka.example.com' matches the "
+            "listen.sni: bootstrap 'broker-7.kafka.example.com' matches the "
             "brokers pattern 'broker-$(nodeId).kafka.example.com': it would name a broker",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "port": 9192}},
-            "listen: Value error, sni.port 9192 is the bootstrap's port (listen.port)",
+            "listen: sni.port 9192 is the bootstrap's port (listen.port)",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "port": 9250}},
-            "listen: Value error, sni.port 9250 falls inside the broker port range starting "
-            "at 9193",
+            "listen: sni.port 9250 falls inside the broker port range starting at 9193",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "without_sni": "drop"}},
-            "listen.sni.without_sni: Input should be 'refuse' or 'bootstrap'",
+            "listen.sni.without_sni: must be refuse or bootstrap, not 'drop'",
         ),
         (
             {"tls": TLS, "sni": {**SNI, "advertised_port": 0}},
-            "listen.sni.advertised_port: Input should be greater than or equal to 1",
+            "listen.sni.advertised_port: must be at least 1, not 0",
         ),
     ],
 )
