@@ -3,13 +3,15 @@ record, whether they send it again, and what becomes of the other records of the
 
 Each client is a program of `tests/harness/go_clients/` or `tests/harness/node_clients/`
 (`tests/harness/client_programs.py` builds them) that produces through one kvproxy in front of
-the session broker. Two refusals: one record without a key to a compacted topic (`customers`,
-the default checks: INVALID_RECORD) and three records in one batch to a topic with the `json`
-policy, the second `not json` (`orders`: INVALID_RECORD, `record_errors` [1]). Each test asserts
+the session broker. Three refusals: one record without a key to a compacted topic (`customers`,
+the default checks: INVALID_RECORD), three records in one batch to a topic with the `json`
+policy, the second `not json` (`orders`: INVALID_RECORD, `record_errors` [1]), and a GBP payment
+to a topic with the currency policy of `examples/policies.py` (`payments`: POLICY_VIOLATION, the
+policy's message in `error_message`). Each test asserts
 the exact text and type the application gets for each record, how many times the client sent
 the refused batch (the proxy's rejection count for the topic), and what the topic holds after
 (read back from the beginning). docs/clients.md quotes every text, with the run's topic names
-replaced by `customers` and `orders`.
+replaced by `customers`, `orders` and `payments`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
 NOT_JSON = b"not json"
 GOOD_JSON = b'{"n": 1}'
 ORDERS = [(b"k", GOOD_JSON), (b"k", NOT_JSON), (b"k", GOOD_JSON)]
+CURRENCY = {
+    "custom": {"class": "examples.policies:CurrencyPolicy", "config": {"allowed": ["EUR", "USD"]}}
+}
+GBP = b'{"amount": 5, "currency": "GBP"}'
 
 pytestmark = pytest.mark.upstreams("tansu")
 
@@ -39,10 +45,12 @@ class Stage:
     proxy: RunningProxy
     upstream: Upstream
 
-    def topics(self) -> tuple[str, str]:
-        """A fresh compacted `customers` topic and a fresh `orders` topic (the `json` policy)."""
+    def topics(self) -> tuple[str, str, str]:
+        """A fresh compacted `customers` topic, a fresh `orders` topic (the `json` policy) and a
+        fresh `payments` topic (the currency policy)."""
         customers = self.upstream.create_topic(1, {"cleanup.policy": "compact"}, "customers")
-        return customers, self.upstream.create_topic(1, None, "orders")
+        orders = self.upstream.create_topic(1, None, "orders")
+        return customers, orders, self.upstream.create_topic(1, None, "payments")
 
     def rejections(self, topic: str) -> int:
         return sum(n for (t, _, _), n in self.proxy.server.sink.rejections.items() if t == topic)
@@ -65,7 +73,10 @@ class Stage:
 
 @pytest.fixture(scope="module")
 def stage(upstream: Upstream) -> Iterator[Stage]:
-    rules = [{"match": "orders*", "policies": ["json"]}]
+    rules = [
+        {"match": "orders*", "policies": ["json"]},
+        {"match": "payments*", "policies": ["batch_integrity", "crc", CURRENCY]},
+    ]
     with run_proxy(upstream.bootstrap, topics=rules) as proxy:
         yield Stage(proxy, upstream)
 
@@ -82,15 +93,25 @@ class Seen:
     log: str
 
 
-def refusals(
-    stage: Stage, argv: list[str], env: dict[str, str] | None = None
-) -> tuple[Seen, Seen, set[int]]:
-    """The client's view of the null key on `customers` and of the `orders` batch, and the
-    Produce versions it used."""
-    customers, orders = stage.topics()
+@dataclass(frozen=True)
+class Refusals:
+    null_key: Seen
+    """One record without a key on `customers`."""
+    batch: Seen
+    """The three records of `orders`, the second not JSON."""
+    payment: Seen
+    """One GBP payment on `payments` (POLICY_VIOLATION)."""
+    versions: set[int]
+    """The Produce versions the client sent."""
+
+
+def refusals(stage: Stage, argv: list[str], env: dict[str, str] | None = None) -> Refusals:
+    """The client's view of the three refusals."""
+    customers, orders, payments = stage.topics()
     start = len(stage.proxy.responses)
     seen = []
-    for topic, records in ((customers, [(None, b"no key")]), (orders, ORDERS)):
+    cases = ((customers, [(None, b"no key")]), (orders, ORDERS), (payments, [(b"k", GBP)]))
+    for topic, records in cases:
         run = stage.run(argv, topic, records, env)
         name = topic.split("-")[0]
         seen.append(
@@ -102,7 +123,7 @@ def refusals(
                 run.log.replace(topic, name),
             )
         )
-    return seen[0], seen[1], stage.produce_versions(start)
+    return Refusals(*seen, stage.produce_versions(start))
 
 
 def assert_in_doc(*texts: str | None) -> None:
@@ -111,6 +132,7 @@ def assert_in_doc(*texts: str | None) -> None:
         assert text is not None and text in doc, f"docs/clients.md does not quote:\n{text}"
 
 
+FRANZ_GO_44 = "POLICY_VIOLATION: Request parameters do not satisfy the configured policy."
 FRANZ_GO = (
     "INVALID_RECORD: This record has failed the validation on the broker and hence been rejected."
 )
@@ -119,56 +141,71 @@ FRANZ_GO = (
 def test_franz_go(stage: Stage) -> None:
     """franz-go (idempotent by default, Produce v11) shows the code's generic text for every
     record of the batch, does not retry, and nothing of the batch is stored."""
-    null_key, batch, versions = refusals(stage, [str(go_program("franz"))])
-    assert versions == {11}
-    assert null_key.errors == [FRANZ_GO] and null_key.types == ["*kerr.Error"]
-    assert batch.errors == [FRANZ_GO] * 3 and batch.types == ["*kerr.Error"] * 3
-    assert (null_key.attempts, batch.attempts) == (1, 1)
-    assert null_key.stored == batch.stored == []
-    assert_in_doc(FRANZ_GO)
+    seen = refusals(stage, [str(go_program("franz"))])
+    assert seen.versions == {11}
+    assert seen.null_key.errors == [FRANZ_GO] and seen.null_key.types == ["*kerr.Error"]
+    assert seen.batch.errors == [FRANZ_GO] * 3 and seen.batch.types == ["*kerr.Error"] * 3
+    assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
+    assert seen.null_key.stored == seen.batch.stored == []
+    assert seen.payment.errors == [FRANZ_GO_44] and seen.payment.attempts == 1
+    assert seen.payment.stored == []
+    assert_in_doc(FRANZ_GO, FRANZ_GO_44)
 
 
 KAFKAJS = (
     "KafkaJSProtocolError: This record has failed the validation on broker and hence be rejected"
 )
+KAFKAJS_44 = "KafkaJSProtocolError: Request parameters do not satisfy the configured policy"
 KAFKAJS_TYPE = "KafkaJSProtocolError type=INVALID_RECORD code=87 retriable=false"
 
 
 def test_kafkajs(stage: Stage) -> None:
     """kafkajs 2.2.4 (Produce v7) rejects the send's promise with the code's generic text, does
     not retry INVALID_RECORD, and logs the refusal at ERROR; nothing of the batch is stored."""
-    null_key, batch, versions = refusals(stage, node_program("kafkajs"))
-    assert versions == {7}
-    assert null_key.errors == [KAFKAJS] and batch.errors == [KAFKAJS] * 3
-    assert null_key.types == [KAFKAJS_TYPE] and batch.types == [KAFKAJS_TYPE] * 3
-    assert (null_key.attempts, batch.attempts) == (1, 1)
-    assert null_key.stored == batch.stored == []
+    seen = refusals(stage, node_program("kafkajs"))
+    assert seen.versions == {7}
+    assert seen.null_key.errors == [KAFKAJS] and seen.batch.errors == [KAFKAJS] * 3
+    assert seen.null_key.types == [KAFKAJS_TYPE] and seen.batch.types == [KAFKAJS_TYPE] * 3
+    assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
+    assert seen.null_key.stored == seen.batch.stored == []
     error = "This record has failed the validation on broker and hence be rejected"
-    response, retry = batch.log.splitlines()[-2:]
+    response, retry = seen.batch.log.splitlines()[-2:]
     assert response.startswith("ERROR Response Produce(key: 0, version: 7) ")
     assert f'"error":"{error}"' in response
     assert retry.startswith(f'ERROR {error} {{"logger":"kafkajs","retryCount":0,')
-    assert_in_doc(KAFKAJS, KAFKAJS_TYPE)
+    assert seen.payment.errors == [KAFKAJS_44] and seen.payment.attempts == 1
+    assert seen.payment.types == [
+        "KafkaJSProtocolError type=POLICY_VIOLATION code=44 retriable=false"
+    ]
+    assert seen.payment.stored == []
+    assert_in_doc(KAFKAJS, KAFKAJS_TYPE, KAFKAJS_44)
 
 
+SARAMA_44 = "kafka server: Request parameters do not satisfy the configured policy"
 SARAMA = "kafka server: This record has failed the validation on broker and hence will be rejected"
 
 
 def test_sarama(stage: Stage) -> None:
     """sarama (IBM/sarama, the current release, Produce v9 by default) fails every message of
     the batch on the AsyncProducer's Errors channel with the code's generic text, no retry."""
-    null_key, batch, versions = refusals(stage, [str(go_program("sarama"))])
-    assert versions == {9}
-    assert null_key.errors == [SARAMA] and batch.errors == [SARAMA] * 3
-    assert null_key.types == ["sarama.KError"] and batch.types == ["sarama.KError"] * 3
-    assert (null_key.attempts, batch.attempts) == (1, 1)
-    assert null_key.stored == batch.stored == []
-    assert "validation" not in null_key.log + batch.log  # sarama.Logger: nothing about it
-    assert_in_doc(SARAMA)
+    seen = refusals(stage, [str(go_program("sarama"))])
+    assert seen.versions == {9}
+    assert seen.null_key.errors == [SARAMA] and seen.batch.errors == [SARAMA] * 3
+    assert seen.null_key.types == ["sarama.KError"] and seen.batch.types == ["sarama.KError"] * 3
+    assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
+    assert seen.null_key.stored == seen.batch.stored == []
+    assert "validation" not in seen.null_key.log + seen.batch.log  # sarama.Logger: nothing about it
+    assert seen.payment.errors == [SARAMA_44] and seen.payment.attempts == 1
+    assert seen.payment.stored == []
+    assert_in_doc(SARAMA, SARAMA_44)
 
 
 KAFKA_GO = (
     "[87] Invalid Record: this record has failed the validation on broker and hence be rejected: "
+)
+KAFKA_GO_44 = (
+    "[44] Policy Violation: the request parameters do not satisfy the configured policy: "
+    "currency GBP is not allowed; allowed: EUR, USD"
 )
 KAFKA_GO_NULL_KEY = (
     KAFKA_GO + "One or more records have been rejected due to 1 record errors in total, and only "
@@ -186,19 +223,24 @@ KAFKA_GO_ORDERS = (
 def test_kafka_go(stage: Stage) -> None:
     """kafka-go (segmentio/kafka-go, current, Produce v8) adds the answer's `error_message` to the
     code's text; every message of the WriteMessages call gets it; no retry."""
-    null_key, batch, versions = refusals(stage, [str(go_program("kafkago"))])
-    assert versions == {8}
-    assert null_key.errors == [KAFKA_GO_NULL_KEY] and batch.errors == [KAFKA_GO_ORDERS] * 3
-    assert null_key.types == ["*fmt.wrapError"] and batch.types == ["*fmt.wrapError"] * 3
-    assert "WriteMessages returned kafka.WriteErrors" in batch.log
+    seen = refusals(stage, [str(go_program("kafkago"))])
+    assert seen.versions == {8}
+    assert (
+        seen.null_key.errors == [KAFKA_GO_NULL_KEY] and seen.batch.errors == [KAFKA_GO_ORDERS] * 3
+    )
+    assert seen.null_key.types == ["*fmt.wrapError"] and seen.batch.types == ["*fmt.wrapError"] * 3
+    assert "WriteMessages returned kafka.WriteErrors" in seen.batch.log
     logged = f"error writing messages to orders (partition 0, attempt 0): {KAFKA_GO_ORDERS}"
-    assert logged in batch.log
-    assert (null_key.attempts, batch.attempts) == (1, 1)
-    assert null_key.stored == batch.stored == []
-    assert_in_doc(KAFKA_GO_NULL_KEY, KAFKA_GO_ORDERS)
+    assert logged in seen.batch.log
+    assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
+    assert seen.null_key.stored == seen.batch.stored == []
+    assert seen.payment.errors == [KAFKA_GO_44] and seen.payment.attempts == 1
+    assert seen.payment.stored == []
+    assert_in_doc(KAFKA_GO_NULL_KEY, KAFKA_GO_ORDERS, KAFKA_GO_44)
 
 
 SARAMA_1_22_CRC = "kafka server: Message contents does not match its CRC."
+SARAMA_1_22_44 = "kafka server: Request parameters do not satisfy the configured policy."
 SARAMA_1_22_87 = "Unknown error, how did this happen? Error code = 87"
 
 
@@ -207,17 +249,21 @@ def test_sarama_1_22(stage: Stage) -> None:
     every refusal is CORRUPT_MESSAGE, which it retries three times (Producer.Retry.Max). Told
     Kafka 2.2.0 (the highest it knows) it sends Produce v3 and has no text for code 87."""
     program = [str(go_program("sarama122"))]
-    null_key, batch, versions = refusals(stage, program)
-    assert versions == {0}
-    assert null_key.errors == [SARAMA_1_22_CRC] and batch.errors == [SARAMA_1_22_CRC] * 3
-    assert null_key.types == ["sarama.KError"] and batch.types == ["sarama.KError"] * 3
-    assert (null_key.attempts, batch.attempts) == (4, 4)
-    assert null_key.stored == batch.stored == []
+    seen = refusals(stage, program)
+    assert seen.versions == {0}
+    assert seen.null_key.errors == [SARAMA_1_22_CRC] and seen.batch.errors == [SARAMA_1_22_CRC] * 3
+    assert seen.null_key.types == ["sarama.KError"] and seen.batch.types == ["sarama.KError"] * 3
+    assert (seen.null_key.attempts, seen.batch.attempts) == (4, 4)
+    assert seen.null_key.stored == seen.batch.stored == []
+    assert seen.payment.errors == [SARAMA_1_22_CRC] and seen.payment.attempts == 4
+    assert seen.payment.stored == []
 
-    null_key, batch, versions = refusals(stage, program, {"SARAMA_VERSION": "2.2.0"})
-    assert versions == {3}
-    assert null_key.errors == [SARAMA_1_22_87] and batch.errors == [SARAMA_1_22_87] * 3
-    assert null_key.types == ["sarama.KError"] and batch.types == ["sarama.KError"] * 3
-    assert (null_key.attempts, batch.attempts) == (1, 1)
-    assert null_key.stored == batch.stored == []
-    assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87)
+    seen = refusals(stage, program, {"SARAMA_VERSION": "2.2.0"})
+    assert seen.versions == {3}
+    assert seen.null_key.errors == [SARAMA_1_22_87] and seen.batch.errors == [SARAMA_1_22_87] * 3
+    assert seen.null_key.types == ["sarama.KError"] and seen.batch.types == ["sarama.KError"] * 3
+    assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
+    assert seen.null_key.stored == seen.batch.stored == []
+    assert seen.payment.errors == [SARAMA_1_22_44] and seen.payment.attempts == 1
+    assert seen.payment.stored == []
+    assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87, SARAMA_1_22_44)
