@@ -85,13 +85,14 @@ valgrind:
 
 # Headless Chromium, for the test that renders the audit's report.html (tests only), without its
 # recommends (udev, upower, printer tools, Mesa, a notification daemon: a desktop's, unused
-# headless with --disable-gpu) but with the one the test measures text in: fonts-liberation
-# (Arial's metrics), so words wrap as they do on a desktop
+# headless with --disable-gpu, which draws with Chromium's own SwiftShader), and the font the page
+# is drawn in: fonts-dejavu-core, what fontconfig gives for its system-ui, sans-serif and monospace
+# (fontconfig's first choice; named, so that the test measures text in the same font everywhere)
 browser:
-	@{ command -v chromium && test -d /usr/share/fonts/truetype/liberation; } >/dev/null 2>&1 || { \
-		echo "chromium or its fonts are missing: installing them with apt-get"; \
+	@{ command -v chromium && test -d /usr/share/fonts/truetype/dejavu; } >/dev/null 2>&1 || { \
+		echo "chromium or its font is missing: installing them with apt-get"; \
 		$(SUDO) apt-get update && \
-		$(SUDO) apt-get install -y --no-install-recommends chromium fonts-liberation; }
+		$(SUDO) apt-get install -y --no-install-recommends chromium fonts-dejavu-core; }
 
 lint: setup
 	$(BIN)/ruff check .
