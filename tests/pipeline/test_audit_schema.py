@@ -223,5 +223,5 @@ def test_a_wrong_registry_section_is_reported_by_line(tmp_path: Path) -> None:
         load_settings(config, 0)
 
     message = str(refused.value)
-    assert f"{config}:5: schema_registry.url" in message, message
-    assert f"{config}:6: schema_registry.timeout: unknown key" in message, message
+    assert f"{config}:6: schema_registry.url" in message, message
+    assert f"{config}:7: schema_registry.timeout: unknown key" in message, message
