@@ -3,19 +3,22 @@ record, whether they send it again, and what becomes of the other records of the
 
 Each client is a program of `tests/harness/go_clients/` or `tests/harness/node_clients/`
 (`tests/harness/client_programs.py` builds them) that produces through one kvproxy in front of
-the session broker. Three refusals: one record without a key to a compacted topic (`customers`,
+the session broker. Four refusals: one record without a key to a compacted topic (`customers`,
 the default checks: INVALID_RECORD), three records in one batch to a topic with the `json`
-policy, the second `not json` (`orders`: INVALID_RECORD, `record_errors` [1]), and a GBP payment
+policy, the second `not json` (`orders`: INVALID_RECORD, `record_errors` [1]), a GBP payment
 to a topic with the currency policy of `examples/policies.py` (`payments`: POLICY_VIOLATION, the
-policy's message in `error_message`). Each test asserts
-the exact text and type the application gets for each record, how many times the client sent
-the refused batch (the proxy's rejection count for the topic), and what the topic holds after
-(read back from the beginning). docs/clients.md quotes every text, with the run's topic names
-replaced by `customers`, `orders` and `payments`.
+policy's message in `error_message`), and a record with one bit flipped between the client and
+the proxy (`events`: CORRUPT_MESSAGE; the proxy advertises 127.0.0.2, where a
+`tests/harness/flipping_relay.py` relay flips a bit of any request carrying `flip-me`). Each
+test asserts the exact text and type the application gets for each record, how many times the
+client sent the refused batch (the proxy's rejection count for the topic), and what the topic
+holds after (read back from the beginning). docs/clients.md quotes every text, with the run's
+topic names and CRC values replaced by the ones the document shows.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ import pytest
 from kvproxy.protocol.messages import PRODUCE
 from tests.harness.client_programs import ClientRun, go_program, node_program, run_program
 from tests.harness.clients import consume
+from tests.harness.flipping_relay import MARK, PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.upstream import Upstream
 
@@ -36,6 +40,7 @@ CURRENCY = {
     "custom": {"class": "examples.policies:CurrencyPolicy", "config": {"allowed": ["EUR", "USD"]}}
 }
 GBP = b'{"amount": 5, "currency": "GBP"}'
+DOC_CRC = "stored crc = 2618552119"
 
 pytestmark = pytest.mark.upstreams("tansu")
 
@@ -45,12 +50,13 @@ class Stage:
     proxy: RunningProxy
     upstream: Upstream
 
-    def topics(self) -> tuple[str, str, str]:
-        """A fresh compacted `customers` topic, a fresh `orders` topic (the `json` policy) and a
-        fresh `payments` topic (the currency policy)."""
+    def topics(self) -> tuple[str, str, str, str]:
+        """Fresh topics: `customers` (compacted), `orders` (the `json` policy), `payments` (the
+        currency policy) and `events` (the defaults)."""
         customers = self.upstream.create_topic(1, {"cleanup.policy": "compact"}, "customers")
         orders = self.upstream.create_topic(1, None, "orders")
-        return customers, orders, self.upstream.create_topic(1, None, "payments")
+        payments = self.upstream.create_topic(1, None, "payments")
+        return customers, orders, payments, self.upstream.create_topic(1, None, "events")
 
     def rejections(self, topic: str) -> int:
         return sum(n for (t, _, _), n in self.proxy.server.sink.rejections.items() if t == topic)
@@ -77,8 +83,17 @@ def stage(upstream: Upstream) -> Iterator[Stage]:
         {"match": "orders*", "policies": ["json"]},
         {"match": "payments*", "policies": ["batch_integrity", "crc", CURRENCY]},
     ]
-    with run_proxy(upstream.bootstrap, topics=rules) as proxy:
-        yield Stage(proxy, upstream)
+    listen = {"advertised_host": RELAY_HOST}
+    with run_proxy(upstream.bootstrap, topics=rules, listen=listen) as proxy:
+        relays = [
+            FlippingRelay((RELAY_HOST, port), (PROXY_HOST, port))
+            for port in (proxy.port, proxy.broker_port(upstream.node_id))
+        ]
+        try:
+            yield Stage(proxy, upstream)
+        finally:
+            for relay in relays:
+                relay.close()
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,11 @@ class Seen:
     log: str
 
 
+def shown(text: str, topic: str, name: str) -> str:
+    """`text` with the run's topic name and CRC value as the document shows them."""
+    return re.sub(r"stored crc = \d+", DOC_CRC, text.replace(topic, name))
+
+
 @dataclass(frozen=True)
 class Refusals:
     null_key: Seen
@@ -101,26 +121,33 @@ class Refusals:
     """The three records of `orders`, the second not JSON."""
     payment: Seen
     """One GBP payment on `payments` (POLICY_VIOLATION)."""
+    corrupt: Seen
+    """One record on `events` with a bit flipped on the way (CORRUPT_MESSAGE)."""
     versions: set[int]
     """The Produce versions the client sent."""
 
 
 def refusals(stage: Stage, argv: list[str], env: dict[str, str] | None = None) -> Refusals:
     """The client's view of the three refusals."""
-    customers, orders, payments = stage.topics()
+    customers, orders, payments, events = stage.topics()
     start = len(stage.proxy.responses)
     seen = []
-    cases = ((customers, [(None, b"no key")]), (orders, ORDERS), (payments, [(b"k", GBP)]))
+    cases = (
+        (customers, [(None, b"no key")]),
+        (orders, ORDERS),
+        (payments, [(b"k", GBP)]),
+        (events, [(b"k", b"a " + MARK)]),
+    )
     for topic, records in cases:
         run = stage.run(argv, topic, records, env)
         name = topic.split("-")[0]
         seen.append(
             Seen(
-                [None if e is None else e.replace(topic, name) for e in run.errors],
+                [None if e is None else shown(e, topic, name) for e in run.errors],
                 run.types,
                 stage.rejections(topic),
                 stage.stored(topic),
-                run.log.replace(topic, name),
+                shown(run.log, topic, name),
             )
         )
     return Refusals(*seen, stage.produce_versions(start))
@@ -132,6 +159,10 @@ def assert_in_doc(*texts: str | None) -> None:
         assert text is not None and text in doc, f"docs/clients.md does not quote:\n{text}"
 
 
+FRANZ_GO_2 = (
+    "CORRUPT_MESSAGE: This message has failed its CRC checksum, exceeds the valid size, has a "
+    "null key for a compacted topic, or is otherwise corrupt."
+)
 FRANZ_GO_44 = "POLICY_VIOLATION: Request parameters do not satisfy the configured policy."
 FRANZ_GO = (
     "INVALID_RECORD: This record has failed the validation on the broker and hence been rejected."
@@ -149,11 +180,17 @@ def test_franz_go(stage: Stage) -> None:
     assert seen.null_key.stored == seen.batch.stored == []
     assert seen.payment.errors == [FRANZ_GO_44] and seen.payment.attempts == 1
     assert seen.payment.stored == []
-    assert_in_doc(FRANZ_GO, FRANZ_GO_44)
+    assert seen.corrupt.errors == [FRANZ_GO_2] and seen.corrupt.attempts == 1
+    assert seen.corrupt.stored == []
+    assert_in_doc(FRANZ_GO, FRANZ_GO_44, FRANZ_GO_2)
 
 
 KAFKAJS = (
     "KafkaJSProtocolError: This record has failed the validation on broker and hence be rejected"
+)
+KAFKAJS_2 = (
+    "KafkaJSNumberOfRetriesExceeded: This message has failed its CRC checksum, exceeds the valid "
+    "size, or is otherwise corrupt"
 )
 KAFKAJS_44 = "KafkaJSProtocolError: Request parameters do not satisfy the configured policy"
 KAFKAJS_TYPE = "KafkaJSProtocolError type=INVALID_RECORD code=87 retriable=false"
@@ -178,9 +215,15 @@ def test_kafkajs(stage: Stage) -> None:
         "KafkaJSProtocolError type=POLICY_VIOLATION code=44 retriable=false"
     ]
     assert seen.payment.stored == []
-    assert_in_doc(KAFKAJS, KAFKAJS_TYPE, KAFKAJS_44)
+    assert seen.corrupt.errors == [KAFKAJS_2] and seen.corrupt.attempts == 6
+    assert seen.corrupt.types == [
+        "KafkaJSNumberOfRetriesExceeded type=undefined code=undefined retriable=false"
+    ]
+    assert seen.corrupt.stored == []
+    assert_in_doc(KAFKAJS, KAFKAJS_TYPE, KAFKAJS_44, KAFKAJS_2)
 
 
+SARAMA_2 = "kafka server: Message contents does not match its CRC"
 SARAMA_44 = "kafka server: Request parameters do not satisfy the configured policy"
 SARAMA = "kafka server: This record has failed the validation on broker and hence will be rejected"
 
@@ -197,11 +240,17 @@ def test_sarama(stage: Stage) -> None:
     assert "validation" not in seen.null_key.log + seen.batch.log  # sarama.Logger: nothing about it
     assert seen.payment.errors == [SARAMA_44] and seen.payment.attempts == 1
     assert seen.payment.stored == []
-    assert_in_doc(SARAMA, SARAMA_44)
+    assert seen.corrupt.errors == [SARAMA_2] and seen.corrupt.attempts == 4
+    assert seen.corrupt.stored == []
+    assert_in_doc(SARAMA, SARAMA_44, SARAMA_2)
 
 
 KAFKA_GO = (
     "[87] Invalid Record: this record has failed the validation on broker and hence be rejected: "
+)
+KAFKA_GO_2 = (
+    "[2] Invalid Message: the message contents does not match its CRC: Record is corrupt "
+    f"({DOC_CRC}) in topic partition events-0."
 )
 KAFKA_GO_44 = (
     "[44] Policy Violation: the request parameters do not satisfy the configured policy: "
@@ -236,7 +285,12 @@ def test_kafka_go(stage: Stage) -> None:
     assert seen.null_key.stored == seen.batch.stored == []
     assert seen.payment.errors == [KAFKA_GO_44] and seen.payment.attempts == 1
     assert seen.payment.stored == []
-    assert_in_doc(KAFKA_GO_NULL_KEY, KAFKA_GO_ORDERS, KAFKA_GO_44)
+    assert seen.corrupt.errors == [KAFKA_GO_2] and seen.corrupt.attempts == 10
+    for attempt in range(10):
+        logged = f"error writing messages to events (partition 0, attempt {attempt}): {KAFKA_GO_2}"
+        assert logged in seen.corrupt.log
+    assert seen.corrupt.stored == []
+    assert_in_doc(KAFKA_GO_NULL_KEY, KAFKA_GO_ORDERS, KAFKA_GO_44, KAFKA_GO_2)
 
 
 SARAMA_1_22_CRC = "kafka server: Message contents does not match its CRC."
@@ -256,7 +310,8 @@ def test_sarama_1_22(stage: Stage) -> None:
     assert (seen.null_key.attempts, seen.batch.attempts) == (4, 4)
     assert seen.null_key.stored == seen.batch.stored == []
     assert seen.payment.errors == [SARAMA_1_22_CRC] and seen.payment.attempts == 4
-    assert seen.payment.stored == []
+    assert seen.corrupt.errors == [SARAMA_1_22_CRC] and seen.corrupt.attempts == 4
+    assert seen.payment.stored == seen.corrupt.stored == []
 
     seen = refusals(stage, program, {"SARAMA_VERSION": "2.2.0"})
     assert seen.versions == {3}
@@ -265,5 +320,6 @@ def test_sarama_1_22(stage: Stage) -> None:
     assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
     assert seen.null_key.stored == seen.batch.stored == []
     assert seen.payment.errors == [SARAMA_1_22_44] and seen.payment.attempts == 1
-    assert seen.payment.stored == []
+    assert seen.corrupt.errors == [SARAMA_1_22_CRC] and seen.corrupt.attempts == 4
+    assert seen.payment.stored == seen.corrupt.stored == []
     assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87, SARAMA_1_22_44)
