@@ -294,6 +294,9 @@ def test_kafka_go(stage: Stage) -> None:
 
 
 SARAMA_1_22_CRC = "kafka server: Message contents does not match its CRC."
+SARAMA_1_22_76 = (
+    "kafka server: The requesting client does not support the compression type of given partition."
+)
 SARAMA_1_22_44 = "kafka server: Request parameters do not satisfy the configured policy."
 SARAMA_1_22_87 = "Unknown error, how did this happen? Error code = 87"
 
@@ -301,7 +304,8 @@ SARAMA_1_22_87 = "Unknown error, how did this happen? Error code = 87"
 def test_sarama_1_22(stage: Stage) -> None:
     """sarama 1.22 (github.com/Shopify/sarama) assumes Kafka 0.8.2 unless told: Produce v0, so
     every refusal is CORRUPT_MESSAGE, which it retries three times (Producer.Retry.Max). Told
-    Kafka 2.2.0 (the highest it knows) it sends Produce v3 and has no text for code 87."""
+    Kafka 2.2.0 (the highest it knows) it sends Produce v3 and has no text for code 87; with
+    zstd on Produce v3 it gets UNSUPPORTED_COMPRESSION_TYPE (76), as from Kafka."""
     program = [str(go_program("sarama122"))]
     seen = refusals(stage, program)
     assert seen.versions == {0}
@@ -322,4 +326,11 @@ def test_sarama_1_22(stage: Stage) -> None:
     assert seen.payment.errors == [SARAMA_1_22_44] and seen.payment.attempts == 1
     assert seen.corrupt.errors == [SARAMA_1_22_CRC] and seen.corrupt.attempts == 4
     assert seen.payment.stored == seen.corrupt.stored == []
-    assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87, SARAMA_1_22_44)
+
+    # zstd needs Produce v7 (Kafka 2.1); sarama 1.22 sends it on v3, refused as Kafka refuses it
+    zstd = stage.upstream.create_topic(1, None, "events")
+    env = {"SARAMA_VERSION": "2.2.0", "SARAMA_ZSTD": "1"}
+    run = stage.run(program, zstd, [(b"k", b"compressed")], env)
+    assert run.errors == [SARAMA_1_22_76] and stage.rejections(zstd) == 1
+    assert stage.stored(zstd) == []
+    assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87, SARAMA_1_22_44, SARAMA_1_22_76)

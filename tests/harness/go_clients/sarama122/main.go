@@ -1,6 +1,7 @@
 // Produces the job's records in one batch with sarama 1.22's AsyncProducer (its defaults but for
 // returning successes and a flush of all the job's records at once). The environment variable
-// SARAMA_VERSION sets config.Version (the Kafka version the client assumes; 0.8.2 by default).
+// SARAMA_VERSION sets config.Version (the Kafka version the client assumes; 0.8.2 by default),
+// SARAMA_ZSTD=1 compresses with zstd.
 package main
 
 import (
@@ -26,6 +27,9 @@ func main() {
 		if config.Version, err = sarama.ParseKafkaVersion(version); err != nil {
 			panic(err)
 		}
+	}
+	if os.Getenv("SARAMA_ZSTD") == "1" {
+		config.Producer.Compression = sarama.CompressionZSTD
 	}
 	producer, err := sarama.NewAsyncProducer([]string{work.Bootstrap}, config)
 	if err != nil {
