@@ -3,17 +3,18 @@ record, whether they send it again, and what becomes of the other records of the
 
 Each client is a program of `tests/harness/go_clients/` or `tests/harness/node_clients/`
 (`tests/harness/client_programs.py` builds them) that produces through one kvproxy in front of
-the session broker. Four refusals: one record without a key to a compacted topic (`customers`,
-the default checks: INVALID_RECORD), three records in one batch to a topic with the `json`
-policy, the second `not json` (`orders`: INVALID_RECORD, `record_errors` [1]), a GBP payment
-to a topic with the currency policy of `examples/policies.py` (`payments`: POLICY_VIOLATION, the
-policy's message in `error_message`), and a record with one bit flipped between the client and
-the proxy (`events`: CORRUPT_MESSAGE; the proxy advertises 127.0.0.2, where a
-`tests/harness/flipping_relay.py` relay flips a bit of any request carrying `flip-me`). Each
-test asserts the exact text and type the application gets for each record, how many times the
-client sent the refused batch (the proxy's rejection count for the topic), and what the topic
-holds after (read back from the beginning). docs/clients.md quotes every text, with the run's
-topic names and CRC values replaced by the ones the document shows.
+Tansu, then of Apache Kafka 4.4.0 (the clients see the same; franz-go uses a higher version).
+Four refusals: one record without a key to a compacted topic (`customers`, the default checks:
+INVALID_RECORD), three records in one batch to a topic with the `json` policy, the second
+`not json` (`orders`: INVALID_RECORD, `record_errors` [1]), a GBP payment to a topic with the
+currency policy of `examples/policies.py` (`payments`: POLICY_VIOLATION, the policy's message in
+`error_message`), and a record with one bit flipped between the client and the proxy (`events`:
+CORRUPT_MESSAGE; the proxy advertises 127.0.0.2, where a `tests/harness/flipping_relay.py` relay
+flips a bit of any request carrying `flip-me`). Each test asserts the exact text and type the
+application gets for each record, how many times the client sent the refused batch (the proxy's
+rejection count for the topic), and what the topic holds after (read back from the beginning).
+docs/clients.md quotes every text, with the run's topic names and CRC values replaced by the
+ones the document shows.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ CURRENCY = {
 GBP = b'{"amount": 5, "currency": "GBP"}'
 DOC_CRC = "stored crc = 2618552119"
 
-pytestmark = pytest.mark.upstreams("tansu")
+pytestmark = pytest.mark.upstreams("tansu", "kafka")
 
 
 @dataclass
@@ -170,10 +171,11 @@ FRANZ_GO = (
 
 
 def test_franz_go(stage: Stage) -> None:
-    """franz-go (idempotent by default, Produce v11) shows the code's generic text for every
-    record of the batch, does not retry, and nothing of the batch is stored."""
+    """franz-go (idempotent by default; the highest Produce version offered: v11 in front of
+    Tansu, v12 in front of Kafka) shows the code's generic text for every record of the batch
+    and does not retry, not even CORRUPT_MESSAGE; nothing of the batch is stored."""
     seen = refusals(stage, [str(go_program("franz"))])
-    assert seen.versions == {11}
+    assert seen.versions == ({12} if stage.upstream.is_kafka else {11})  # the highest offered
     assert seen.null_key.errors == [FRANZ_GO] and seen.null_key.types == ["*kerr.Error"]
     assert seen.batch.errors == [FRANZ_GO] * 3 and seen.batch.types == ["*kerr.Error"] * 3
     assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
