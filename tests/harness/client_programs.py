@@ -1,5 +1,6 @@
 """Kafka clients of other languages as programs, for tests through kvproxy: the Go clients
-(`go_clients/`, one module: franz-go, sarama, kafka-go) and kafkajs (`node_clients/`).
+(`go_clients/`: franz-go, sarama, kafka-go; `job/` and `kafkago02/`, kafka-go 0.2, are modules of
+their own) and kafkajs (`node_clients/`).
 
 Each program reads one job from stdin, `{"bootstrap", "topic", "records": [{"key", "value"}]}`
 (a null key is a record without one), produces the records to partition 0 in one batch, and
@@ -87,10 +88,18 @@ def go_program(name: str) -> Path:
     go = _tool("go")
 
     def build(target: Path) -> None:
-        for program in sorted(p.name for p in GO_MODULE.iterdir() if (p / "main.go").exists()):
-            argv = [go, "build", "-o", str(target / program), f"./{program}"]
+        for folder in sorted(p for p in GO_MODULE.iterdir() if (p / "main.go").exists()):
+            program = folder.name
+            # a program needing another version of a library is a module of its own
+            own = (folder / "go.mod").exists()
+            argv = [go, "build", "-o", str(target / program), "." if own else f"./{program}"]
             done = subprocess.run(
-                argv, cwd=GO_MODULE, env=_go_env(), capture_output=True, text=True, check=False
+                argv,
+                cwd=folder if own else GO_MODULE,
+                env=_go_env(),
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if done.returncode != 0:
                 raise ClientProgramError(f"go build ./{program} failed:\n{done.stderr}")

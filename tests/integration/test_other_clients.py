@@ -336,3 +336,21 @@ def test_sarama_1_22(stage: Stage) -> None:
     assert run.errors == [SARAMA_1_22_76] and stage.rejections(zstd) == 1
     assert stage.stored(zstd) == []
     assert_in_doc(SARAMA_1_22_CRC, SARAMA_1_22_87, SARAMA_1_22_44, SARAMA_1_22_76)
+
+
+KAFKA_GO_0_2 = "[2] Invalid Message: the message contents does not match its CRC"
+
+
+@pytest.mark.upstreams("tansu")  # kvproxy answers whatever the broker; 10 tries take about 9 s
+def test_kafka_go_0_2(stage: Stage) -> None:
+    """kafka-go 0.2 sends Produce v2, so kvproxy answers every refusal CORRUPT_MESSAGE, which
+    kafka-go retries: the `orders` batch is sent 10 times (MaxAttempts), then every message of the
+    WriteMessages call fails with the code's generic text; nothing of it is stored."""
+    _, orders, _, _ = stage.topics()
+    start = len(stage.proxy.responses)
+    run = stage.run([str(go_program("kafkago02"))], orders, ORDERS)
+    assert stage.produce_versions(start) == {2}
+    assert run.errors == [KAFKA_GO_0_2] * 3 and run.types == ["kafka.Error"] * 3
+    assert stage.rejections(orders) == 10
+    assert stage.stored(orders) == []
+    assert_in_doc(KAFKA_GO_0_2)

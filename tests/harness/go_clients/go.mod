@@ -30,4 +30,7 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
+	kvproxy.test/goclients/job v0.0.0
 )
+
+replace kvproxy.test/goclients/job => ./job

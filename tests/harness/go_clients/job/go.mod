@@ -1,0 +1,3 @@
+module kvproxy.test/goclients/job
+
+go 1.22
