@@ -240,6 +240,8 @@ def test_sarama(stage: Stage) -> None:
     assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
     assert seen.null_key.stored == seen.batch.stored == []
     assert "validation" not in seen.null_key.log + seen.batch.log  # sarama.Logger: nothing about it
+    retrying = "producer/broker/{} state change to [retrying] on events/0 because " + SARAMA_2
+    assert retrying.format(stage.upstream.node_id) in seen.corrupt.log
     assert seen.payment.errors == [SARAMA_44] and seen.payment.attempts == 1
     assert seen.payment.stored == []
     assert seen.corrupt.errors == [SARAMA_2] and seen.corrupt.attempts == 4
