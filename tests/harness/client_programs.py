@@ -43,7 +43,14 @@ class ClientRun:
     """What the client printed on stderr (its own log, where it logs)."""
 
 
+GO_TOOLCHAIN = Path.home() / ".cache" / "kvproxy" / "go-toolchain" / "bin" / "go"
+"""Where `make client-deps` puts Go when the machine has none recent enough (the Makefile's
+GO_TOOLCHAIN): used first when present."""
+
+
 def _tool(name: str) -> str:
+    if name == "go" and GO_TOOLCHAIN.exists():
+        return str(GO_TOOLCHAIN)
     path = shutil.which(name)
     if path is None:
         raise ClientProgramError(f"{name} is not installed: `make client-deps` installs it")
