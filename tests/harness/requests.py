@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+import time
 import uuid
 from typing import Any
 
@@ -148,11 +149,20 @@ def correlation_id_of(answer: bytes) -> int:
     return int(struct.unpack_from(">i", answer)[0])
 
 
-def topic_id_of(client: RawKafkaClient, topic: str, correlation_id: int = 900) -> uuid.UUID:
-    body = decode_response(
-        client.request(metadata_request(12, correlation_id, [topic])), METADATA, 12
-    ).body
-    (found,) = body.topics
+def topic_id_of(
+    client: RawKafkaClient, topic: str, correlation_id: int = 900, timeout: float = 15.0
+) -> uuid.UUID:
+    """The topic's id, asked until the broker answering knows the topic (a topic just created
+    reaches every broker's metadata within moments, not at once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = decode_response(
+            client.request(metadata_request(12, correlation_id, [topic])), METADATA, 12
+        ).body
+        (found,) = body.topics
+        if int(found.error_code) not in (3, 5) or time.monotonic() > deadline:
+            break  # 3 UNKNOWN_TOPIC_OR_PARTITION, 5 LEADER_NOT_AVAILABLE: not there yet
+        time.sleep(0.1)
     assert found.error_code == 0 and found.topic_id is not None
     return found.topic_id
 
