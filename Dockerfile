@@ -20,8 +20,9 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/kvproxy
 WORKDIR /src
-# Only what `pip install .` reads: the project metadata (README.md is its `readme`) and the packages.
-COPY pyproject.toml README.md ./
+# Only what `pip install .` reads: the project metadata (README.md is its `readme`), setup.py (the
+# compiled record skim) and the packages.
+COPY pyproject.toml setup.py README.md ./
 COPY protocol ./protocol
 COPY policies ./policies
 COPY settings ./settings

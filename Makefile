@@ -20,13 +20,15 @@ GO_TOOLCHAIN_VERSION = go1.26.8
 GO_TOOLCHAIN = $(HOME)/.cache/kvproxy/go-toolchain
 GO_ARCH = $(shell uname -m | sed -e 's/x86_64/amd64/' -e 's/aarch64/arm64/')
 
-$(STAMP): pyproject.toml protocol/records/_skim.c | compiler
+$(STAMP): pyproject.toml setup.py protocol/records/_skim.c | compiler
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-venv && \
 		$(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
+	@# setuptools warns that folders named like the package may shadow it: here kvproxy/ is the
+	@# package itself (its links to the layers), so the notice says nothing to act on
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	@touch $(STAMP)
 
 # gcc and Python's headers, for the compiled record scan; without them the install still

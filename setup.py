@@ -1,0 +1,17 @@
+"""The record skim compiled (protocol/records/_skim.c, see protocol/records/skim.py).
+
+Everything else about the package is in pyproject.toml. The extension is optional: where no C
+compiler is found the install goes on without it and the pure-Python skim runs.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "kvproxy.protocol.records._skim",
+            sources=["protocol/records/_skim.c"],
+            optional=True,
+        )
+    ]
+)
