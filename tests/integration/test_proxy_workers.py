@@ -215,17 +215,20 @@ class Supervisor:
 def serve_workers(directory: Path, tansu: Broker, *, ready: bool = True) -> Iterator[Supervisor]:
     """A supervisor of 2 workers in front of `tansu`, on free ports; ready (/readyz 200) unless
     `ready` is False (then as soon as it runs)."""
+    # every port below the ephemeral range, where no outgoing connection of another test can
+    # take it between this choice and the workers' bind: brokers, then bootstrap and metrics
+    base = free_port_range(22)
     config: dict[str, Any] = {
         "listen": {
             "host": HOST,
-            "port": free_port(),
-            "broker_port_base": free_port_range(20),
+            "port": base + 20,
+            "broker_port_base": base,
             "lowest_node_id": 100,  # Tansu is node 111
             "max_brokers": 20,
         },
         "upstream": {"bootstrap_servers": [tansu.bootstrap]},
         "shutdown": {"drain_timeout_ms": DRAIN_TIMEOUT_MS},
-        "metrics": {"host": HOST, "port": free_port()},
+        "metrics": {"host": HOST, "port": base + 21},
         "quarantine": {"dir": "journal", "flush_interval_ms": 50},
         "topics": [{"match": TOO_BIG_TOPICS, **TOO_BIG_RULE}],
     }
