@@ -72,13 +72,21 @@ LINGER_MS = 1000
 once, so only the aiokafka tests wait for it."""
 
 
-def consume(bootstrap: str, topic: str, partitions: int = 2) -> dict[int, list[bytes | None]]:
-    """Every value of every partition, read from the beginning to the end with confluent-kafka."""
+def consume(
+    bootstrap: str,
+    topic: str,
+    partitions: int = 2,
+    *,
+    settings: dict[str, Any] | None = None,
+    timeout: float = 20,
+) -> dict[int, list[bytes | None]]:
+    """Every value of every partition, read from the beginning to the end with confluent-kafka
+    (`settings`: the client's own, e.g. TLS, instead of the bootstrap alone)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **(settings or {"bootstrap.servers": bootstrap}),
             "group.id": "unused",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -88,7 +96,7 @@ def consume(bootstrap: str, topic: str, partitions: int = 2) -> dict[int, list[b
     at_end: set[int] = set()
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout
         while len(at_end) < partitions and time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.clients import consume
 from tests.harness.java_client import run_java_client
 from tests.harness.kafka_broker import KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.kcat import run_kcat
@@ -147,37 +148,12 @@ def named_brokers(client: Any) -> dict[int, str]:
     return {n: f"{b.host}:{b.port}" for n, b in brokers.items()}
 
 
-def confluent_consume(sni: SniEndpoint, topic: str, partitions: int) -> dict[int, list[bytes]]:
-    """Every value of every partition, from the beginning to the end."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer(
-        {
-            **sni.librdkafka(),
-            "group.id": "unused",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
-    at_end: set[int] = set()
-    try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        deadline = time.monotonic() + 60
-        while len(at_end) < partitions and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                at_end.add(message.partition())
-            elif error is None:
-                got[message.partition()].append(message.value())
-                at_end.discard(message.partition())
-    finally:
-        consumer.close()
-    assert len(at_end) == partitions, f"the consumer did not reach the end of {topic}: {got}"
-    return got
+def confluent_consume(
+    sni: SniEndpoint, topic: str, partitions: int
+) -> dict[int, list[bytes | None]]:
+    """Every value of every partition, from the beginning to the end, through the SNI port."""
+    settings = sni.librdkafka()
+    return consume(settings["bootstrap.servers"], topic, partitions, settings=settings, timeout=60)
 
 
 def test_confluent_kafka_produces_to_every_broker_and_reads_back(stage: Stage) -> None:
