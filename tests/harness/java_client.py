@@ -1,10 +1,11 @@
 """The Java client (Apache Kafka's kafka-clients) as a subprocess, for tests through kvproxy.
 
-`java_client/KvproxyJavaClient.java` is compiled with javac against the cached Kafka jars once,
-into ``~/.cache/kvproxy/java-client/<hash of source and Kafka version>/`` (a lock lets parallel
-pytest workers share it), then each call runs one command of it in a JVM of its own and returns
-the JSON line it printed. The client's log (log4j2, WARN and above) is kept on `JavaRun.log`, as
-the Java client logs retries there rather than raising them.
+Every source in `java_client/` (`KvproxyJavaClient.java`; `KvproxyShareConsumer.java`, share
+group members, run with ``main_class=SHARE_CONSUMER``) is compiled with javac against the cached
+Kafka jars once, into ``~/.cache/kvproxy/java-client/<hash of the sources and Kafka version>/`` (a
+lock lets parallel pytest workers share it), then each call runs one command of it in a JVM of its
+own and returns the JSON line it printed. The client's log (log4j2, WARN and above) is kept on
+`JavaRun.log`, as the Java client logs retries there rather than raising them.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from unittest import mock
 from tests.harness import kafka_broker
 from tests.harness.kafka_broker import KAFKA_4, kafka_classpath
 
-SOURCE = Path(__file__).with_name("java_client") / "KvproxyJavaClient.java"
+SOURCES_DIR = Path(__file__).with_name("java_client")
+SOURCE = SOURCES_DIR / "KvproxyJavaClient.java"
 MAIN_CLASS = "KvproxyJavaClient"
+SHARE_CONSUMER = "KvproxyShareConsumer"
+"""Members of one share group (KIP-932): `KvproxyShareConsumer.java`'s `share` command."""
 TELEMETRY_REPORTER = f"{MAIN_CLASS}$TelemetryReporter"
 """A broker metrics reporter that accepts client telemetry and writes each push it gets to the
 file named by the broker property `kvproxy.telemetry.file`."""
@@ -61,7 +65,11 @@ def cache_root() -> Path:
 
 def compiled(version: str = KAFKA_4) -> Path:
     """The directory holding the compiled classes and the log configuration; javac on first use."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode()).hexdigest()[:16]
+    sources = sorted(SOURCES_DIR.glob("*.java"))
+    hashed = hashlib.sha256(version.encode())
+    for source in sources:
+        hashed.update(source.name.encode() + b"\0" + source.read_bytes())
+    digest = hashed.hexdigest()[:16]
     target = cache_root() / digest
     done = target / ".complete"
     if done.exists():
@@ -76,7 +84,8 @@ def compiled(version: str = KAFKA_4) -> Path:
             raise JavaClientError("javac is not installed: `make test` installs a JDK")
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir()
-        command = [javac, "-d", str(target), "-cp", kafka_classpath(version), str(SOURCE)]
+        command = [javac, "-d", str(target), "-cp", kafka_classpath(version)]
+        command += [str(source) for source in sources]
         built = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
         if built.returncode != 0:
             raise JavaClientError(f"javac failed:\n{built.stdout}\n{built.stderr}")
@@ -91,10 +100,13 @@ def java_client_argv(
     props: dict[str, str] | None = None,
     version: str = KAFKA_4,
     jvm: Sequence[str] = (),
+    *,
+    main_class: str = MAIN_CLASS,
     **args: str | int,
 ) -> list[str]:
     """`java ... KvproxyJavaClient command --bootstrap B --name value ... --prop k=v ...`;
-    `jvm`: more options of the JVM (system properties such as `-Djava.net.preferIPv4Stack=true`)."""
+    `jvm`: more options of the JVM (system properties such as `-Djava.net.preferIPv4Stack=true`);
+    `main_class`: another program of `java_client/` (:data:`SHARE_CONSUMER`)."""
     classes = compiled(version)
     argv = [
         shutil.which("java") or "java",
@@ -103,7 +115,7 @@ def java_client_argv(
         f"-Dlog4j2.configurationFile={classes / 'log4j2.properties'}",
         "-cp",
         f"{classes}:{kafka_classpath(version)}",
-        MAIN_CLASS,
+        main_class,
         command,
         "--bootstrap",
         bootstrap,
@@ -123,10 +135,11 @@ def run_java_client(
     version: str = KAFKA_4,
     jvm: Sequence[str] = (),
     timeout: float = 180,
+    main_class: str = MAIN_CLASS,
     **args: str | int,
 ) -> JavaRun:
     """Run one command to its end and return the JSON line it printed."""
-    argv = java_client_argv(command, bootstrap, props, version, jvm, **args)
+    argv = java_client_argv(command, bootstrap, props, version, jvm, main_class=main_class, **args)
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
     )

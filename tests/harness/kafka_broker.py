@@ -60,6 +60,9 @@ KAFKA_4: Final = "4.4.0"
 KAFKA_3: Final = "3.9.2"
 """The newest 3.9.x: the last line that accepts Produce v0-v2 and message formats 0/1."""
 KAFKA_VERSIONS: Final = (KAFKA_4, KAFKA_3)
+SHARE_GROUPS: Final = ("--feature", "share.version=2")
+"""Formatted into every 4.x node: share groups (KIP-932; ShareFetch, ShareAcknowledge) on, named
+rather than left to the release's default. Kafka 3.9 has no such feature and does not get it."""
 CONTROLLER_ID: Final = 9
 """Node id of the controller of a multi-broker cluster (the brokers are 1..n)."""
 
@@ -305,6 +308,7 @@ class KafkaNode:
             "-c",
             str(config),
             "--ignore-formatted",
+            *(() if self.version.startswith("3.") else SHARE_GROUPS),
             *self.format_arguments,
             jvm=("-Xmx256m", "-XX:TieredStopAtLevel=1"),
         )
