@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.java_client import SHARE_CONSUMER, run_java_client
+from tests.harness.java_client import SHARE_CONSUMER, JavaRun, run_java_client
 from tests.harness.kafka_broker import HOST, KafkaCluster
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.proxy_process import ProxyProcess
@@ -100,9 +100,9 @@ def share(
     *,
     props: dict[str, str] | None = None,
     jvm: tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> JavaRun:
     """Two members of a fresh share group consume `topic` until `expect` records are settled."""
-    run = run_java_client(
+    return run_java_client(
         "share",
         bootstrap,
         main_class=SHARE_CONSUMER,
@@ -115,13 +115,14 @@ def share(
         mode=mode,
         timeout_ms=90_000,
     )
-    return run.result
 
 
-def check_deliveries(result: dict[str, Any], stored: dict[tuple[int, int], str]) -> None:
+def check_deliveries(run: JavaRun, stored: dict[tuple[int, int], str]) -> dict[str, Any]:
     """Every stored record delivered as `expected` says, the end markers after them, every
-    acknowledgement committed, both members in the group and every partition assigned."""
-    assert not result["timed_out"], result
+    acknowledgement committed, both members in the group and every partition assigned; the
+    report."""
+    result = run.result
+    assert not result["timed_out"], f"{result}\n--- the client's log ---\n{run.log[-4000:]}"
     members = result["members"]
     assert [m["error"] for m in members] == [None] * MEMBERS, members
     got: Deliveries = {}
@@ -144,6 +145,7 @@ def check_deliveries(result: dict[str, Any], stored: dict[tuple[int, int], str])
     assert sorted(name for name, _ in group["members"]) == ["member-0", "member-1"]
     assigned = [p for _name, partitions in group["members"] for p in partitions]
     assert sorted(set(assigned)) == list(range(PARTITIONS)), group
+    return result
 
 
 def named(frame: bytes, port: int) -> bool:
@@ -169,9 +171,8 @@ def test_share_group_members_consume_through_the_proxy(
     topic = kafka.create_topic(partitions=PARTITIONS)
     stored = produce({"bootstrap.servers": proxy.bootstrap}, topic, mode)
 
-    result = share(proxy.bootstrap, topic, mode, expect=len(stored))
+    result = check_deliveries(share(proxy.bootstrap, topic, mode, expect=len(stored)), stored)
 
-    check_deliveries(result, stored)
     (node,) = (n.node_id for n in kafka.brokers)
     assert result["group"]["coordinator"] == [node, HOST, proxy.broker_port(node)]
     answered = {api for api, _version, _frame in proxy.responses}
@@ -208,9 +209,9 @@ def test_share_group_members_consume_through_the_sni_listener(
     stored = produce(sni.librdkafka(), topic, mode)
     before = accepted_connections(proxy)
 
-    result = share(sni.bootstrap, topic, mode, expect=len(stored), props=sni.java(), jvm=JAVA_IPV4)
+    run = share(sni.bootstrap, topic, mode, expect=len(stored), props=sni.java(), jvm=JAVA_IPV4)
 
-    check_deliveries(result, stored)
+    result = check_deliveries(run, stored)
     (node,) = (n.node_id for n in kafka.brokers)
     host, port = sni.broker_address(node).rsplit(":", 1)
     assert result["group"]["coordinator"] == [node, host, int(port)]
