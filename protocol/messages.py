@@ -41,6 +41,8 @@ FIND_COORDINATOR: Final = 10
 API_VERSIONS: Final = 18
 DESCRIBE_CONFIGS: Final = 32
 DESCRIBE_CLUSTER: Final = 60
+SHARE_FETCH: Final = 78
+SHARE_ACKNOWLEDGE: Final = 79
 
 API_NAMES: Final[Mapping[int, str]] = MappingProxyType(
     {
@@ -52,6 +54,8 @@ API_NAMES: Final[Mapping[int, str]] = MappingProxyType(
         API_VERSIONS: "ApiVersions",
         DESCRIBE_CONFIGS: "DescribeConfigs",
         DESCRIBE_CLUSTER: "DescribeCluster",
+        SHARE_FETCH: "ShareFetch",
+        SHARE_ACKNOWLEDGE: "ShareAcknowledge",
     }
 )
 """The APIs the project decodes. Everything else passes through the proxy as opaque bytes."""

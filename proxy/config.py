@@ -89,6 +89,15 @@ class UpstreamConfig(Section):
         return tuple(parse_host_port(server) for server in self.bootstrap_servers)
 
 
+class ApisConfig(Section):
+    """Which Kafka APIs clients are offered (`kvproxy.protocol.api_table`)."""
+
+    unknown: Literal["remove", "relay"] = "remove"
+    """An API, or a version of one, newer than kvproxy's table: `remove` keeps it out of
+    ApiVersions (its answers might name brokers in a field kvproxy does not rewrite, sending
+    clients past the proxy); `relay` offers it as the broker does and relays it unread."""
+
+
 class LimitsConfig(Section):
     """What one client may cost the proxy. Every limit has a default that a well-behaved client
     never reaches, so the defaults protect the proxy without changing what clients see.
@@ -268,6 +277,7 @@ class MetricsConfig(Section):
 class ProxyConfig(Section):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig
+    apis: ApisConfig = ApisConfig()
     limits: LimitsConfig = Field(default_factory=LimitsConfig)  # its defaults read the process
     shutdown: ShutdownConfig = ShutdownConfig()
     errors: ErrorsConfig = ErrorsConfig()

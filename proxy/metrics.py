@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvproxy.protocol.api_table import api_label
 from kvproxy.proxy.metric_tallies import CounterTally, HistogramTally, TallyFlush
 from kvproxy.proxy.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
 from kvproxy.registry.catalog import CatalogObserver
@@ -39,8 +41,13 @@ MAX_NODE_LABELS: Final = 1_000
 
 
 def api_name(api_key: int) -> str:
-    """A bounded label for an api key: Kafka's name, or `unknown`."""
-    return api_key_map.get(api_key, "unknown")
+    """A bounded label for an api key: Kafka's name (snake case, as kio spells it), or
+    `unknown` for one newer than the proxy's table."""
+    known = api_key_map.get(api_key)
+    if known is not None:
+        return known
+    label = api_label(api_key)
+    return label if label == "unknown" else re.sub(r"(?<!^)(?=[A-Z])", "_", label).lower()
 
 
 class _CrashCollector(Collector):

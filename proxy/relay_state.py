@@ -103,3 +103,5 @@ class ConnectionState:
     connections: ConnectionRegistry
     tasks: TaskCount
     tap: ResponseTap | None
+    unknown_apis: str = "remove"
+    """`apis.unknown`: whether APIs newer than the proxy's table are offered."""

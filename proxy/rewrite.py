@@ -1,12 +1,13 @@
 """Answers the proxy changes on their way back to the client.
 
-Broker addresses are replaced by proxy addresses (Metadata, FindCoordinator, DescribeCluster,
-Produce v10+ and Fetch v16+ `node_endpoints`), and ApiVersions is trimmed so a client never picks
-a version whose answer would carry an address the proxy does not rewrite, or a Produce version the
-proxy cannot decode. Each function takes the response frame (size prefix removed) and returns the
-new frame plus the upstream addresses it learned, so the caller can open listeners for them; the
-topics a Metadata answer names without an error are passed to `topics_seen` (the metrics label
-only topics the cluster has).
+Broker addresses are replaced by proxy addresses (Metadata, FindCoordinator, DescribeCluster, the
+`node_endpoints` of Produce v10+, Fetch v16+, ShareFetch and ShareAcknowledge), and ApiVersions is
+trimmed so a client never picks a version whose answer would carry an address the proxy does not
+rewrite (`kvproxy.protocol.api_table`), or a Produce version the proxy cannot decode; every other
+API is offered at every version the broker offers, and relayed unread. Each function takes the
+response frame (size prefix removed) and returns the new frame plus the upstream addresses it
+learned, so the caller can open listeners for them; the topics a Metadata answer names without an
+error are passed to `topics_seen` (the metrics label only topics the cluster has).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any, Final, Protocol, TypeVar
 from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
 from kio.schema.errors import ErrorCode
-from kio.schema.index import api_key_map
 from kio.static.primitive import i16
 
+from kvproxy.protocol.api_table import API_TABLE
 from kvproxy.protocol.messages import (
     API_VERSIONS,
     DESCRIBE_CLUSTER,
@@ -29,6 +30,8 @@ from kvproxy.protocol.messages import (
     FIND_COORDINATOR,
     METADATA,
     PRODUCE,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
     Response,
     decode_response,
     encode_response,
@@ -59,35 +62,33 @@ class OffLoop(Protocol):
 PRODUCE_MAX_VERSION: Final = 12
 """Produce v13 names topics by id; the policies route by name, so v13 is not offered."""
 
-# APIs kept out of ApiVersions: their answers carry addresses the proxy does not rewrite (raft
-# and share-group APIs), with the last version that is still address-free (-1: none).
-_ADDRESS_FREE_MAX: Final[Mapping[int, int]] = MappingProxyType(
-    {
-        52: -1,  # Vote
-        53: -1,  # BeginQuorumEpoch
-        54: -1,  # EndQuorumEpoch
-        55: 1,  # DescribeQuorum: nodes[].listeners from v2
-        59: -1,  # FetchSnapshot
-        78: -1,  # ShareFetch: node_endpoints
-        79: -1,  # ShareAcknowledge: node_endpoints
-        82: -1,  # UpdateRaftVoter
-    }
-)
+UNKNOWN_APIS: Final = ("remove", "relay")
+"""What the proxy does with an API (or a version) newer than `API_TABLE` (`apis.unknown`)."""
+
 # SaslHandshake v0 is followed by raw, unframed SASL tokens the relay cannot follow; v1 wraps
 # them in SaslAuthenticate requests, which pass through like any other request.
 _MIN_VERSION: Final[Mapping[int, int]] = MappingProxyType({SASL_HANDSHAKE: 1})
 
 
-def offered_range(api_key: int, broker_min: int, broker_max: int) -> tuple[int, int] | None:
-    """The version range the proxy offers for an API the broker offers; None removes it."""
-    if api_key not in api_key_map:
-        return None  # an API newer than the proxy: it cannot know whether answers carry addresses
+def offered_range(
+    api_key: int, broker_min: int, broker_max: int, unknown: str = "remove"
+) -> tuple[int, int] | None:
+    """The version range the proxy offers for an API the broker offers; None removes it.
+
+    Every version is offered but those whose answer names controllers (no proxy port leads
+    there), those naming brokers beyond what the codec can rewrite, and Produce versions the
+    policies cannot read. An API or version newer than the table may name nodes in a field the
+    proxy has never heard of, which would send the client past the proxy: by default it is not
+    offered (`unknown="relay"` offers it, unread)."""
+    api = API_TABLE.get(api_key)
+    if api is None:
+        return (broker_min, broker_max) if unknown == "relay" else None
     low = max(broker_min, _MIN_VERSION.get(api_key, broker_min))
-    high = broker_max
-    if api_key in _ADDRESS_FREE_MAX:
-        high = min(high, _ADDRESS_FREE_MAX[api_key])
-    if api_key in _REWRITERS:
-        high = min(high, max(supported_versions(api_key)))
+    high = broker_max if unknown == "relay" else min(broker_max, api.newest)
+    if api.controllers_from is not None:
+        high = min(high, api.controllers_from - 1)
+    if api.brokers_from is not None:
+        high = min(high, max(supported_versions(api_key), default=-1))
     if api_key == PRODUCE:
         high = min(high, PRODUCE_MAX_VERSION)
     if high < low:
@@ -102,10 +103,12 @@ def needs_rewrite(api_key: int, api_version: int) -> bool:
     return rewritten is not None and api_version >= rewritten[0]
 
 
-def trim_api_versions(body: Any) -> Any:
+def trim_api_versions(body: Any, unknown: str = "remove") -> Any:
     kept = []
     for api in body.api_keys:
-        offered = offered_range(int(api.api_key), int(api.min_version), int(api.max_version))
+        offered = offered_range(
+            int(api.api_key), int(api.min_version), int(api.max_version), unknown
+        )
         if offered is not None:
             kept.append(
                 dataclasses.replace(api, min_version=i16(offered[0]), max_version=i16(offered[1]))
@@ -210,6 +213,8 @@ _REWRITERS: Final[Mapping[int, tuple[int, Rewriter]]] = MappingProxyType(
         FIND_COORDINATOR: (0, _coordinators),
         PRODUCE: (10, _node_endpoints),  # node_endpoints of NOT_LEADER_OR_FOLLOWER answers
         FETCH: (16, _node_endpoints),
+        SHARE_FETCH: (0, _node_endpoints),  # the leaders of NOT_LEADER_OR_FOLLOWER partitions
+        SHARE_ACKNOWLEDGE: (0, _node_endpoints),
     }
 )
 """APIs whose answers carry broker addresses: the first version that does, and where. An API
@@ -223,9 +228,10 @@ def _rewrite_body(
     *,
     address_for: AddressFor,
     learned: dict[int, NodeAddress],
+    unknown_apis: str = "remove",
 ) -> Any:
     if api_key == API_VERSIONS:
-        return trim_api_versions(body)
+        return trim_api_versions(body, unknown_apis)
     first, rewriter = _REWRITERS[api_key]
     if api_version < first:
         return body
@@ -246,6 +252,7 @@ def rewrite_response(
     address_for: AddressFor,
     *,
     topics_seen: Callable[[Iterable[str]], None] | None = None,
+    unknown_apis: str = "remove",
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """The frame with proxy addresses (or trimmed versions), and the node addresses it named.
 
@@ -257,7 +264,9 @@ def rewrite_response(
     response, existing = decode_answer(frame, api_key, api_version)
     if topics_seen is not None and existing:
         topics_seen(existing)
-    rewritten, learned = rewrite_decoded(response, api_key, api_version, address_for)
+    rewritten, learned = rewrite_decoded(
+        response, api_key, api_version, address_for, unknown_apis=unknown_apis
+    )
     if rewritten is None:
         return frame, learned
     return encode_answer(rewritten, api_key, api_version), learned
@@ -271,6 +280,7 @@ async def rewrite_off_loop(
     *,
     topics_seen: Callable[[Iterable[str]], None] | None,
     off_loop: OffLoop,
+    unknown_apis: str = "remove",
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """`rewrite_response` of an answer too large to decode and encode on the event loop (a
     Metadata answer naming 100,000 topics takes seconds): decoded and encoded by `off_loop`;
@@ -278,7 +288,9 @@ async def rewrite_off_loop(
     response, existing = await off_loop(lambda: decode_answer(frame, api_key, api_version))
     if topics_seen is not None and existing:
         topics_seen(existing)
-    rewritten, learned = rewrite_decoded(response, api_key, api_version, address_for)
+    rewritten, learned = rewrite_decoded(
+        response, api_key, api_version, address_for, unknown_apis=unknown_apis
+    )
     if rewritten is None:
         return frame, learned
     done = rewritten
@@ -295,12 +307,22 @@ def decode_answer(
 
 
 def rewrite_decoded(
-    response: Response, api_key: int, api_version: int, address_for: AddressFor
+    response: Response,
+    api_key: int,
+    api_version: int,
+    address_for: AddressFor,
+    *,
+    unknown_apis: str = "remove",
 ) -> tuple[Response | None, dict[int, NodeAddress]]:
     """The answer with proxy addresses (None: unchanged) and the node addresses it named."""
     learned: dict[int, NodeAddress] = {}
     body = _rewrite_body(
-        api_key, api_version, response.body, address_for=address_for, learned=learned
+        api_key,
+        api_version,
+        response.body,
+        address_for=address_for,
+        learned=learned,
+        unknown_apis=unknown_apis,
     )
     if body is response.body:
         return None, learned

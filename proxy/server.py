@@ -179,6 +179,7 @@ class ProxyServer:
             connections=self.listeners.connections,
             tasks=self._tasks,
             tap=tap,
+            unknown_apis=config.apis.unknown,
         )
         self._http: asyncio.Server | None = None
         self._readiness_task: asyncio.Task[None] | None = None

@@ -138,6 +138,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                     slot.api_version,
                     nodes.addresses_for(self._client.listener),
                     topics_seen=self._client.metrics.topic_labels.seen,
+                    unknown_apis=self._client.state.unknown_apis,
                 )
             except (ProtocolError, ProxyError) as exc:
                 self._cannot_rewrite(slot, exc)
@@ -188,6 +189,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                     nodes.addresses_for(client.listener),
                     topics_seen=client.metrics.topic_labels.seen,
                     off_loop=client.state.decisions.off_loop,
+                    unknown_apis=client.state.unknown_apis,
                 )
             except (ProtocolError, ProxyError) as exc:
                 self._cannot_rewrite(slot, exc)

@@ -9,6 +9,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
+from kvproxy.protocol.api_table import API_TABLE
 from kvproxy.protocol.messages import (
     API_VERSIONS,
     DESCRIBE_CLUSTER,
@@ -16,6 +17,8 @@ from kvproxy.protocol.messages import (
     FIND_COORDINATOR,
     METADATA,
     PRODUCE,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
     decode_response,
     encode_response,
     make_response,
@@ -73,11 +76,27 @@ def test_offered_range_caps_rewritten_apis_at_what_the_codec_knows() -> None:
         assert offered_range(api_key, 0, high + 5) == (0, high)
 
 
-def test_offered_range_removes_address_carrying_apis() -> None:
-    for api_key in (52, 53, 54, 59, 78, 79, 82):
-        assert offered_range(api_key, 0, 3) is None
-    assert offered_range(55, 0, 2) == (0, 1)  # DescribeQuorum: v2 adds listener addresses
+def test_offered_range_keeps_every_version_up_to_the_first_naming_controllers() -> None:
+    # raft APIs (controllers only) name the voters' listeners from v1; DescribeQuorum from v2
+    for api_key in (52, 53, 54, 59):
+        assert offered_range(api_key, 0, 3) == (0, 0)
+        assert offered_range(api_key, 1, 3) is None
+    assert offered_range(82, 0, 0) is None  # UpdateRaftVoter: its leader's address from v0
+    assert offered_range(55, 0, 2) == (0, 1)
     assert offered_range(55, 2, 2) is None
+
+
+def test_offered_range_offers_share_groups_at_the_versions_it_rewrites() -> None:
+    assert offered_range(SHARE_FETCH, 1, 2) == (1, 2)
+    assert offered_range(SHARE_ACKNOWLEDGE, 1, 2) == (1, 2)
+    assert offered_range(76, 1, 1) == (1, 1)  # ShareGroupHeartbeat: no address
+
+
+def test_offered_range_relays_address_free_apis_the_schema_library_lacks() -> None:
+    # StreamsGroupTopologyDescriptionUpdate and UnregisterController: no codec, no address
+    assert offered_range(93, 0, 0) == (0, 0)
+    assert offered_range(94, 0, 0) == (0, 0)
+    assert offered_range(88, 0, 1) == (0, 1)  # StreamsGroupHeartbeat: a member's own endpoint
 
 
 def test_offered_range_drops_sasl_handshake_v0() -> None:
@@ -85,8 +104,15 @@ def test_offered_range_drops_sasl_handshake_v0() -> None:
     assert offered_range(17, 0, 0) is None
 
 
-def test_offered_range_removes_apis_unknown_to_the_proxy() -> None:
+def test_offered_range_removes_what_is_newer_than_the_table_unless_told_to_relay() -> None:
     assert offered_range(31_000, 0, 1) is None
+    assert offered_range(31_000, 0, 1, "relay") == (0, 1)
+    newest = API_TABLE[19].newest  # CreateTopics
+    assert offered_range(19, 0, newest + 2) == (0, newest)
+    assert offered_range(19, 0, newest + 2, "relay") == (0, newest + 2)
+    # relaying never lifts the caps: what is rewritten must be decoded, controllers never
+    assert offered_range(METADATA, 0, 99, "relay") == (0, max(supported_versions(METADATA)))
+    assert offered_range(55, 0, 9, "relay") == (0, 1)
 
 
 def test_needs_rewrite() -> None:
@@ -98,7 +124,10 @@ def test_needs_rewrite() -> None:
     assert needs_rewrite(PRODUCE, 10)
     assert not needs_rewrite(FETCH, 15)
     assert needs_rewrite(FETCH, 16)
+    assert needs_rewrite(SHARE_FETCH, 1)
+    assert needs_rewrite(SHARE_ACKNOWLEDGE, 2)
     assert not needs_rewrite(19, 5)
+    assert not needs_rewrite(93, 0)
 
 
 # ---- ApiVersions ----
@@ -107,7 +136,17 @@ def test_needs_rewrite() -> None:
 def test_trim_api_versions_and_its_frame() -> None:
     from kio.schema.api_versions.v3.response import ApiVersion, ApiVersionsResponse
 
-    offered = {0: (0, 13), 1: (0, 17), 17: (0, 1), 18: (0, 4), 55: (0, 2), 78: (0, 1), 19: (0, 7)}
+    offered = {
+        0: (0, 13),
+        1: (0, 17),
+        17: (0, 1),
+        18: (0, 4),
+        55: (0, 2),
+        78: (1, 2),
+        19: (0, 7),
+        52: (1, 2),
+        31_000: (0, 0),
+    }
     body = ApiVersionsResponse(
         error_code=ErrorCode(0),
         api_keys=tuple(
@@ -124,8 +163,11 @@ def test_trim_api_versions_and_its_frame() -> None:
         17: (1, 1),
         18: (0, 4),
         55: (0, 1),
+        78: (1, 2),
         19: (0, 7),
     }
+    relayed = trim_api_versions(body, "relay")
+    assert {int(a.api_key) for a in relayed.api_keys} == {*got, 31_000}
     _, decoded, learned = rewrite(API_VERSIONS, 3, body)
     assert decoded == trimmed
     assert learned == {}
