@@ -9,6 +9,7 @@ when one is given, else on a connection of its own (`ask_once`).
 from __future__ import annotations
 
 import ssl
+import uuid
 from typing import Any
 
 from kvproxy.client.async_connections import AdminConnections, ask_once
@@ -119,6 +120,34 @@ async def topics_exist(
         code = int(entry.error_code)
         found[str(entry.name)] = True if code in _EXISTS else False if code in _ABSENT else None
     return found
+
+
+_METADATA_BY_ID_VERSION = 12
+"""The first Metadata version that asks for topics by id (Kafka 3.1+; any broker offering
+Produce v13 serves it)."""
+
+
+async def topic_names_of(
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+    topic_ids: list[uuid.UUID],
+    *,
+    connections: AdminConnections | None = None,
+) -> dict[uuid.UUID, str]:
+    """id -> name of the `topic_ids` the cluster knows (an id it does not is left out)."""
+    answer = await _ask(
+        host,
+        port,
+        ssl_context,
+        timeout,
+        api_key=METADATA,
+        version=_METADATA_BY_ID_VERSION,
+        body=admin.metadata_request_by_ids(_METADATA_BY_ID_VERSION, topic_ids),
+        connections=connections,
+    )
+    return admin.metadata_topic_ids(answer)
 
 
 _DESCRIBE_CONFIGS_VERSION = 1  # every broker since 1.1 answers it; Tansu serves 0-4

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import typing
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
@@ -94,6 +95,34 @@ def metadata_request(version: int, topics: Sequence[str] | None) -> Any:
         include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False,
     )
+
+
+def metadata_request_by_ids(version: int, topic_ids: Sequence[uuid.UUID]) -> Any:
+    """Metadata of the topics with these ids (v12+), creating none."""
+    request_type = codec_for(METADATA, version).request_type
+    topic_type = _element_type(request_type, "topics")
+    return _build(
+        request_type,
+        topics=tuple(_build(topic_type, name=None, topic_id=i) for i in topic_ids),
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+
+
+def metadata_topic_ids(answer: Any) -> dict[uuid.UUID, str]:
+    """id -> name of every topic a Metadata answer names with its id (v10+) and no error."""
+    found = {}
+    for topic in answer.topics:
+        topic_id = getattr(topic, "topic_id", None)
+        if (
+            topic_id is not None
+            and topic_id.int != 0
+            and topic.name is not None
+            and int(topic.error_code) in (0, 5)  # NONE, LEADER_NOT_AVAILABLE: it exists
+        ):
+            found[topic_id] = str(topic.name)
+    return found
 
 
 def brokers_of(answer: Any) -> dict[int, tuple[str, int]]:

@@ -68,6 +68,7 @@ UNSUPPORTED_COMPRESSION_TYPE: Final = 76
 NO_REASSIGNMENT_IN_PROGRESS: Final = 85
 INVALID_RECORD: Final = 87
 PRODUCER_FENCED: Final = 90
+UNKNOWN_TOPIC_ID: Final = 100
 
 # The KIP drafts' numbers (see the module docstring).
 KIP_INVALID_RECORD_KEY: Final = 45

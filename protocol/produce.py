@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import typing
+import uuid
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
@@ -24,8 +26,11 @@ class ProduceResponseTypes:
     topic: type
     partition: type
     record_error: type | None  # v8+: BatchIndexAndErrorMessage
+    by_id: bool = False
+    """v13+: topics are named by id."""
 
 
+@cache
 def produce_response_types(api_version: int) -> ProduceResponseTypes:
     response = codec_for(PRODUCE, api_version).response_type
     fields = {f.name: f for f in dataclasses.fields(response)}
@@ -36,7 +41,9 @@ def produce_response_types(api_version: int) -> ProduceResponseTypes:
     own = {f.name: f for f in dataclasses.fields(partition)}
     if "record_errors" in own:
         record_error = _element_type(own["record_errors"].type)
-    return ProduceResponseTypes(response, topic, partition, record_error)
+    return ProduceResponseTypes(
+        response, topic, partition, record_error, "topic_id" in partition_fields
+    )
 
 
 def _element_type(annotation: Any) -> type:
@@ -69,11 +76,17 @@ def partition_answer(
     return types.partition(**{k: v for k, v in values.items() if k in own})
 
 
-def produce_answer(types: ProduceResponseTypes, topics: list[tuple[str, list[Any]]]) -> Any:
-    """A whole Produce response body from (topic, [partition answers]) in request order."""
+def produce_answer(
+    types: ProduceResponseTypes, topics: list[tuple[str | uuid.UUID | None, list[Any]]]
+) -> Any:
+    """A whole Produce response body from (topic, [partition answers]) in request order; a
+    topic is its name, or from v13 its id."""
+    by_id = types.by_id
     responses = tuple(
-        types.topic(name=TopicName(name), partition_responses=tuple(partitions))
-        for name, partitions in topics
+        types.topic(topic_id=topic, partition_responses=tuple(partitions))
+        if by_id
+        else types.topic(name=TopicName(str(topic)), partition_responses=tuple(partitions))
+        for topic, partitions in topics
     )
     own = {f.name for f in dataclasses.fields(types.response)}
     values: dict[str, Any] = {"responses": responses}

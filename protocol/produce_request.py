@@ -3,11 +3,11 @@
 Every Produce request is decoded before the policies run, and one naming too many partitions
 must be found before that work is done (`kvproxy.proxy.partition_limit`). The schema-driven
 codec (`kvproxy.protocol.messages`) builds each field through a generic loop; this reader knows
-the layout of Produce v3-v12 and counts the partitions as it reads them, stopping at once when
+the layout of Produce v3-v13 and counts the partitions as it reads them, stopping at once when
 they pass the bound: a request the proxy decides on the event loop is read once, not counted
 and then decoded. It gives the very objects the codec gives (kio's schema classes, the same
 primitive readers, the records a view of the frame) or nothing: anything it does not read
-plainly (tagged fields, null arrays, a version outside v3-v12, bytes the codec would refuse) is
+plainly (tagged fields, null arrays, a version outside v3-v13, bytes the codec would refuse) is
 left to the codec, which decodes it or says what is wrong, as it always has.
 """
 
@@ -29,7 +29,8 @@ __all__ = ["read_produce"]
 
 _FIRST_READ = 3
 """Produce v0-v2 are the legacy schemas: left to the codec (their clients are rare)."""
-_LAST_READ = 12
+_LAST_READ = 13
+_FIRST_WITH_TOPIC_IDS = 13
 _FIRST_FLEXIBLE = 9
 _INT32 = struct.Struct(">i")
 _NULL = -1
@@ -53,7 +54,10 @@ def _layout(version: int) -> tuple[Any, ...]:
         get_reader("string", flexible, True),  # transactional id
         get_reader("int16", flexible, False),  # acks
         get_reader("timedelta_i32", flexible, False),  # timeout
-        get_reader("string", flexible, False),  # topic name
+        version >= _FIRST_WITH_TOPIC_IDS,
+        get_reader("uuid", flexible, False)  # topic id (v13+)
+        if version >= _FIRST_WITH_TOPIC_IDS
+        else get_reader("string", flexible, False),  # topic name
         get_reader("int32", flexible, False),  # partition index
     )
 
@@ -81,6 +85,7 @@ def _read(buf: memoryview, stop_after: int) -> Request | None:
         read_transactional_id,
         read_acks,
         read_timeout,
+        by_id,
         read_name,
         read_index,
     ) = _layout(version)
@@ -109,7 +114,10 @@ def _read(buf: memoryview, stop_after: int) -> Request | None:
             partitions.append(partition_type(index=index, records=records))
         if flexible:
             offset = _no_tags(buf, offset)
-        topics.append(topic_type(name=name, partition_data=tuple(partitions)))
+        if by_id:
+            topics.append(topic_type(topic_id=name, partition_data=tuple(partitions)))
+        else:
+            topics.append(topic_type(name=name, partition_data=tuple(partitions)))
     if flexible:
         offset = _no_tags(buf, offset)
     if offset != len(buf):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import uuid
 from array import array
 from dataclasses import dataclass
 
@@ -33,8 +34,11 @@ __all__ = [
     "scan_produce",
 ]
 
-LAST_SCANNED_VERSION = 12
-"""Produce v13 names topics by id; the proxy offers up to v12."""
+LAST_SCANNED_VERSION = 13
+_FIRST_WITH_TOPIC_IDS = 13
+"""Produce v13 names each topic by its id (16 bytes) where earlier versions wrote its name; the
+scan gives such a topic as the id's text (`uuid.UUID(text)`)."""
+_UUID_SIZE = 16
 _FIRST_FLEXIBLE = 9
 _FIRST_TRANSACTIONAL = 3
 _INT16 = struct.Struct(">h")
@@ -67,7 +71,7 @@ class ProduceShape:
 def scan_produce(
     payload: bytes | memoryview, stop_after: int, *, indexes: bool = False
 ) -> ProduceShape:
-    """Count the partitions of a Produce request (v0-v12), stopping once the count passes
+    """Count the partitions of a Produce request (v0-v13), stopping once the count passes
     `stop_after`: a topic declaring more partitions than remain stops the scan at once.
 
     Raises `DecodeError` for bytes that are not such a request (the codec then reads it and
@@ -78,6 +82,7 @@ def scan_produce(
     if version > LAST_SCANNED_VERSION:
         raise DecodeError(f"Produce v{version} is not scanned")
     flexible = request_header_version(header.api_key, version) >= 2
+    by_id = version >= _FIRST_WITH_TOPIC_IDS
     if version >= _FIRST_TRANSACTIONAL:
         offset = _skip_string(buf, offset, flexible)
     acks = _read(_INT16, buf, offset)
@@ -90,10 +95,10 @@ def scan_produce(
         name_start = offset
         if first_start is None:
             first_start = offset
-        offset = _skip_string(buf, offset, flexible)
+        offset = _check(buf, offset + _UUID_SIZE) if by_id else _skip_string(buf, offset, flexible)
         count, offset = _array_length(buf, offset, flexible)
         if counted + count > stop_after:  # declared: no need to read them
-            first = _name(buf, first_start, flexible) if first_start is not None else ""
+            first = _topic(buf, first_start, flexible, by_id) if first_start is not None else ""
             return ProduceShape(
                 version,
                 header.correlation_id,
@@ -120,8 +125,8 @@ def scan_produce(
         if flexible:
             offset = skip_tagged_fields(buf, offset)
         if indexes:
-            topics.append((_name(buf, name_start, flexible), found))
-    first = _name(buf, first_start, flexible) if first_start is not None else ""
+            topics.append((_topic(buf, name_start, flexible, by_id), found))
+    first = _topic(buf, first_start, flexible, by_id) if first_start is not None else ""
     return ProduceShape(
         version,
         header.correlation_id,
@@ -134,8 +139,8 @@ def scan_produce(
     )
 
 
-def answer_names_nodes(frame: bytes | memoryview) -> bool:
-    """Whether a flexible Produce answer (v9-v12) may name brokers: its top-level tagged fields,
+def answer_names_nodes(frame: bytes | memoryview, version: int = 12) -> bool:
+    """Whether a flexible Produce answer (v9-v13) may name brokers: its top-level tagged fields,
     where v10+ puts `node_endpoints`, are not empty, or its bytes do not read as such an answer
     (then the codec reads it and says what is wrong). False: the answer has nothing the proxy
     rewrites and reaches the client as the broker wrote it."""
@@ -143,8 +148,9 @@ def answer_names_nodes(frame: bytes | memoryview) -> bool:
     try:
         offset = skip_tagged_fields(buf, _check(buf, _INT32.size))  # correlation id, header tags
         topics, offset = _array_length(buf, offset, True)
+        by_id = version >= _FIRST_WITH_TOPIC_IDS
         for _ in range(topics):
-            offset = _skip_string(buf, offset, True)
+            offset = _check(buf, offset + _UUID_SIZE) if by_id else _skip_string(buf, offset, True)
             partitions, offset = _array_length(buf, offset, True)
             for _ in range(partitions):
                 offset = _check(buf, offset + _ANSWER_PARTITION_FIXED)
@@ -173,8 +179,10 @@ def refusal_answer(shape: ProduceShape, error_code: int, message: str | None) ->
     parts.append(_length(len(shape.topics), flexible))
     first = True
     rest = _partition_tail(error_code, version, None)  # every partition after the first
+    by_id = version >= _FIRST_WITH_TOPIC_IDS
     for name, indexes in shape.topics:
-        parts += (_string(name, flexible), _length(len(indexes), flexible))
+        topic = uuid.UUID(name).bytes if by_id else _string(name, flexible)
+        parts += (topic, _length(len(indexes), flexible))
         others = indexes
         if first and indexes:
             parts.append(_INT32.pack(indexes[0]) + _partition_tail(error_code, version, message))
@@ -271,6 +279,13 @@ def _skip_string(buf: memoryview, offset: int, flexible: bool) -> int:
     if size < -1:
         raise NegativeSize(f"string length {size} is negative")
     return _check(buf, offset + _INT16.size + max(size, 0))
+
+
+def _topic(buf: memoryview, offset: int, flexible: bool, by_id: bool) -> str:
+    """A topic's name, or (v13) its id's text."""
+    if by_id:
+        return str(uuid.UUID(bytes=bytes(buf[offset : offset + _UUID_SIZE])))
+    return _name(buf, offset, flexible)
 
 
 def _name(buf: memoryview, offset: int, flexible: bool) -> str:

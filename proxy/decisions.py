@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -24,11 +25,19 @@ from kvproxy.protocol.budget import Allowance, InlineLimitReached, MemoryBudget
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import Request
+from kvproxy.protocol.produce_topics import (
+    FIRST_WITH_TOPIC_IDS,
+    is_unknown_id,
+    name_topics,
+    topic_name,
+    unnamed_ids,
+)
 from kvproxy.proxy.config import ProxyConfig
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
 from kvproxy.proxy.schema_lookups import reads_schemas, request_schema_ids
 from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.topic_ids import TopicIds
 from kvproxy.registry.catalog import RegistryCatalog
 
 T = TypeVar("T")
@@ -51,9 +60,14 @@ class ProduceDecisions:
         metrics: ProxyMetrics,
         *,
         schemas: RegistryCatalog | None = None,
+        topic_ids: TopicIds | None = None,
     ) -> None:
         self.config = config
         self.schemas = schemas
+        self.topic_ids = (
+            TopicIds(tuple, None, 1.0, config.topic_configs) if topic_ids is None else topic_ids
+        )
+        """Topic id -> name, for Produce v13 (kept across reloads)."""
         """The registry's answers (`schema_registry` section), kept across reloads."""
         self.routing = routing
         self.topic_configs = topic_configs
@@ -74,6 +88,7 @@ class ProduceDecisions:
         old = self.routing
         self.routing = routing
         self.config = config
+        self.topic_ids.settings = config.topic_configs
         self.engine = self._make_engine()
         return old
 
@@ -136,7 +151,7 @@ class ProduceDecisions:
             return None
         chains = {
             name: engine.routing.chain_for(name)
-            for name in {str(topic.name) for topic in request.body.topic_data}
+            for name in {topic_name(topic) for topic in request.body.topic_data}
         }
         return chains if reads_schemas(chains) else None
 
@@ -248,10 +263,32 @@ class ProduceDecisions:
         (`TopicConfigCache.admit`: the others are decided with their settings unknown)."""
         wanted = []
         for topic_data in request.body.topic_data:
-            topic = str(getattr(topic_data, "name", ""))
+            if is_unknown_id(topic_data):
+                continue
+            topic = topic_name(topic_data)
             if self.routing.settings_needed(topic) and not self.topic_configs.known(topic):
                 wanted.append(topic)
         return self.topic_configs.admit(wanted, client) if wanted else wanted
+
+    def name_topics(
+        self, request: Request, client: object | None = None
+    ) -> tuple[Request, list[uuid.UUID]]:
+        """A Produce v13 request with its topics named (`kvproxy.protocol.produce_topics`),
+        and the ids to ask the cluster about before it is decided, within `client`'s lookup
+        budget (an id not asked, or not known, is answered UNKNOWN_TOPIC_ID)."""
+        if request.header.api_version < FIRST_WITH_TOPIC_IDS:
+            return request, []
+        named = name_topics(request, self.topic_ids.name_of)
+        missing = self.topic_ids.missing(unnamed_ids(named))
+        return named, self.topic_ids.admit(missing, client) if missing else []
+
+    async def name_after_asking(
+        self, request: Request, ids: list[uuid.UUID], client: object | None
+    ) -> tuple[Request, list[str]]:
+        """`name_topics` once `ids` are asked about, and the topics it names to describe."""
+        await self.topic_ids.resolve(ids)
+        named = name_topics(request, self.topic_ids.name_of)
+        return named, self.topics_to_describe(named, client)
 
     async def describe_topics(self, topics: list[str]) -> None:
         await self.topic_configs.refresh(topics)

@@ -100,8 +100,11 @@ async def decide_unread(
     read_off_loop = await decisions.off_loop(read)
     if isinstance(read_off_loop, WholeRequestRefusal):
         return read_request_header(payload)[0], read_off_loop
-    request = read_off_loop
-    topics = decisions.topics_to_describe(request, client)
+    request, ids = decisions.name_topics(read_off_loop, client)
+    if ids:
+        request, topics = await decisions.name_after_asking(request, ids, client)
+    else:
+        topics = decisions.topics_to_describe(request, client)
     return request.header, await decisions.decide_later(engine, payload, request, topics)
 
 

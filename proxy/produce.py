@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvproxy.policies.api import (
     ACCEPT,
@@ -34,7 +36,14 @@ from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import Request, encode_request
-from kvproxy.proxy.produce_answer import ProduceAnswers
+from kvproxy.protocol.produce_topics import (
+    FIRST_WITH_TOPIC_IDS,
+    as_sent,
+    is_unknown_id,
+    topic_ids_of,
+    topic_name,
+)
+from kvproxy.proxy.produce_answer import UNKNOWN_TOPIC_ID_POLICY, ProduceAnswers
 from kvproxy.proxy.produce_scan import (
     DECODE_BUDGET,
     NO_TRANSACTIONAL_ID,
@@ -45,7 +54,6 @@ from kvproxy.proxy.produce_scan import (
 )
 
 _VALID_ACKS = frozenset({-1, 0, 1})
-_FIRST_WITH_TOPIC_IDS = 13
 _VIEWS_KEPT = 10_000
 """Topics whose chain and settings an engine keeps (as many as the routing keeps rules of)."""
 _NO_TRANSACTIONAL_ID_VERDICT = Verdict(
@@ -123,6 +131,8 @@ class ProduceDecision:
     observing: tuple[tuple[str, PolicyChain], ...] = ()
     """The topics whose chain shows the broker's answer to a policy (`PolicyChain.observers`),
     with that chain: usually none, and then the answer is not decoded for them."""
+    topic_ids: tuple[uuid.UUID | None, ...] = ()
+    """Produce v13: each topic's id, in the order of `topics` (what its answer names)."""
     written: bytes | None = None
     """The answer, written where a request of many partitions answered locally was decided
     (off the event loop), so the loop only sends it."""
@@ -160,6 +170,34 @@ class ProduceDecision:
     def observe(self, upstream: Frame) -> None:
         """Show the broker's answer to the policies that observe it (`ProduceAnswers.observe`)."""
         self.engine.answers.observe(self, upstream)
+
+
+_UNKNOWN_TOPIC_ID_VERDICT = Verdict(
+    code=error_codes.UNKNOWN_TOPIC_ID,
+    message="This server does not host this topic ID.",
+    policy=UNKNOWN_TOPIC_ID_POLICY,
+)
+
+
+def _unknown_topic_id(
+    topic_data: Any,
+) -> list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]:
+    """Every partition of a topic named by an unknown id: UNKNOWN_TOPIC_ID, as Kafka answers."""
+    verdict: ProducedRecords | Verdict = _UNKNOWN_TOPIC_ID_VERDICT
+    return [
+        (int(d.index), d.records if d.records is not None else b"", verdict)
+        for d in topic_data.partition_data
+    ]
+
+
+def _verdicts(
+    name: str, partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]
+) -> tuple[PartitionOutcome, ...]:
+    return tuple(
+        PartitionOutcome(name, index, p, enforced=True, raw=raw)
+        for index, raw, p in partitions
+        if isinstance(p, Verdict)
+    )
 
 
 def _bad_acks(acks: int) -> Verdict:
@@ -245,8 +283,8 @@ class ProduceEngine:
         """
         header, body = request.header, request.body
         version = header.api_version
-        if version >= _FIRST_WITH_TOPIC_IDS:
-            raise DecodeError(f"Produce v{version} names topics by id; the proxy offers up to v12")
+        if version >= FIRST_WITH_TOPIC_IDS and topic_ids_of(request):
+            raise DecodeError(f"Produce v{version} decided before its topic ids were named")
         if allowance is not None and allowance.inline:
             named = sum(len(topic_data.partition_data) for topic_data in body.topic_data)
             if named > self.settings.inline_max_partitions:
@@ -260,7 +298,10 @@ class ProduceEngine:
         parsed = []
         views: dict[str, TopicView] = {}  # each topic's chain and settings, looked up once
         for topic_data in body.topic_data:
-            name = str(topic_data.name)
+            name = topic_name(topic_data)
+            if is_unknown_id(topic_data):  # v13: an id the cluster does not know
+                parsed.append((name, _unknown_topic_id(topic_data)))
+                continue
             view = views.get(name)
             if view is None:
                 view = views[name] = self._view(name, topics)
@@ -319,6 +360,9 @@ class ProduceEngine:
         observing: list[tuple[str, PolicyChain]] = []
         if too_many is None:
             for name, partitions in parsed:
+                if name not in views:  # an unknown topic id: answered without a chain
+                    topics_out.append((name, _verdicts(name, partitions)))
+                    continue
                 chain = views[name].chain
                 if chain.observers:
                     observing.append((name, chain))
@@ -334,6 +378,8 @@ class ProduceEngine:
                     )
                 )
         decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out), self)
+        if version >= FIRST_WITH_TOPIC_IDS:
+            decision.topic_ids = tuple(t.topic_id for t in body.topic_data)
         decision.forward = self._forward(frame, request, decision)
         decision.observing = tuple(observing)
         many = len(decision.outcomes) > self.settings.inline_max_partitions  # decided off loop
@@ -344,7 +390,9 @@ class ProduceEngine:
     def topic_view(self, request: Request) -> dict[str, TopicView]:
         """Each topic's chain and settings now, for `decide(topics=...)`."""
         return {
-            name: self.view(name) for name in {str(topic.name) for topic in request.body.topic_data}
+            topic_name(topic): self.view(topic_name(topic))
+            for topic in request.body.topic_data
+            if not is_unknown_id(topic)
         }
 
     def _view(self, topic: str, topics: Mapping[str, TopicView] | None) -> TopicView:
@@ -387,14 +435,13 @@ class ProduceEngine:
         refused = {(o.topic, o.index) for o in rejected}
         kept_topics = []
         for topic_data in request.body.topic_data:
+            name = topic_name(topic_data)
             kept = tuple(
-                data
-                for data in topic_data.partition_data
-                if (str(topic_data.name), int(data.index)) not in refused
+                data for data in topic_data.partition_data if (name, int(data.index)) not in refused
             )
             if kept:
                 kept_topics.append(dataclasses.replace(topic_data, partition_data=kept))
         if not kept_topics:
             return None
         body = dataclasses.replace(request.body, topic_data=tuple(kept_topics))
-        return encode_request(Request(request.header, body))
+        return encode_request(as_sent(Request(request.header, body)))

@@ -5,7 +5,8 @@ answer shown to the policies that observe it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import TYPE_CHECKING, Any, cast
 
 from kvproxy.policies.api import Verdict
 from kvproxy.protocol import error_codes
@@ -26,6 +27,24 @@ from kvproxy.proxy.produce_scan import (
 )
 from kvproxy.settings.errors import profile_code
 
+UNKNOWN_TOPIC_ID_POLICY = "topic_id"
+"""`Verdict.policy` of a partition whose topic id the cluster does not know (Produce v13)."""
+
+
+def _topic_keys(decision: ProduceDecision) -> tuple[str | uuid.UUID | None, ...]:
+    """What the answer names each of the decision's topics by: its name, or (v13) its id."""
+    if decision.topic_ids:
+        return decision.topic_ids
+    return tuple(name for name, _ in decision.topics)
+
+
+def _answer_key(topic: Any) -> str | uuid.UUID | None:
+    """What a topic of the broker's answer is named by: its id from v13, else its name."""
+    if hasattr(topic, "topic_id"):
+        return cast("uuid.UUID | None", topic.topic_id)
+    return str(topic.name)
+
+
 if TYPE_CHECKING:
     from kvproxy.proxy.produce import PartitionOutcome, ProduceDecision, ProduceSettings
 
@@ -36,7 +55,7 @@ ANOTHER_PARTITION = (
 )
 _EVERY_VERSION_KNOWS = frozenset({RECORDS_LIMIT, DECODE_BUDGET})
 """Limits answered MESSAGE_TOO_LARGE on every Produce version, never the legacy code."""
-_ANSWERED_WITHOUT_MESSAGE = frozenset({NO_TRANSACTIONAL_ID})
+_ANSWERED_WITHOUT_MESSAGE = frozenset({NO_TRANSACTIONAL_ID, UNKNOWN_TOPIC_ID_POLICY})
 """Refusals whose answer has no `error_message`: the broker's exception says only what its code
 says, and Kafka's ApiError leaves such a message out."""
 
@@ -52,9 +71,10 @@ class ProduceAnswers:
         if not decision.observing:  # the answer is decoded only when some policy observes it
             return
         chains = dict(decision.observing)
+        keys = _topic_keys(decision)
         passed = [
-            (outcome, chains[name])
-            for name, outcomes in decision.topics
+            (outcome, chains[name], key)
+            for (name, outcomes), key in zip(decision.topics, keys, strict=True)
             if name in chains
             for outcome in outcomes
             if not outcome.rejected
@@ -65,12 +85,12 @@ class ProduceAnswers:
             return
         body = decode_response(upstream, PRODUCE, decision.api_version).body
         codes = {
-            (str(topic.name), int(partition.index)): int(partition.error_code)
+            (_answer_key(topic), int(partition.index)): int(partition.error_code)
             for topic in body.responses
             for partition in topic.partition_responses
         }
-        for outcome, chain in passed:
-            code = codes.get((outcome.topic, outcome.index))
+        for outcome, chain, key in passed:
+            code = codes.get((key, outcome.index))
             if code is not None and outcome.produced is not None:
                 chain.observe(outcome.produced, code)
 
@@ -78,16 +98,20 @@ class ProduceAnswers:
         """The client's answer: local errors merged with the broker's answer, in request order."""
         version = decision.api_version
         types = produce_response_types(version)
-        broker_partitions: dict[tuple[str, int], Any] = {}
+        ids = decision.topic_ids
+        by_id = bool(ids)  # v13: the answer names topics by id
+        broker_partitions: dict[tuple[str | uuid.UUID | None, int], Any] = {}
         upstream_body = None
         if upstream is not None:
             upstream_body = decode_response(upstream, PRODUCE, version).body
             for topic in upstream_body.responses:
+                key = topic.topic_id if by_id else str(topic.name)
                 for partition in topic.partition_responses:
-                    broker_partitions[(str(topic.name), int(partition.index))] = partition
+                    broker_partitions[(key, int(partition.index))] = partition
         any_rejected = bool(decision.rejected)
-        topics = []
-        for name, outcomes in decision.topics:
+        topics: list[tuple[str | uuid.UUID | None, list[Any]]] = []
+        for position, (name, outcomes) in enumerate(decision.topics):
+            key = ids[position] if by_id else name
             answers = []
             for outcome in outcomes:
                 if outcome.rejected:
@@ -106,13 +130,13 @@ class ProduceAnswers:
                         )
                     )
                 else:
-                    broker = broker_partitions.get((name, outcome.index))
+                    broker = broker_partitions.get((key, outcome.index))
                     if broker is None:
                         broker = partition_answer(
                             types, outcome.index, error_codes.UNKNOWN_SERVER_ERROR
                         )
                     answers.append(broker)
-            topics.append((name, answers))
+            topics.append((key, answers))
         local_body = produce_answer(types, topics)
         if upstream_body is not None:
             local_body = dataclasses.replace(upstream_body, responses=local_body.responses)

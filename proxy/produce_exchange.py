@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 from kvproxy.protocol.errors import ProtocolError
@@ -50,18 +51,27 @@ class ProduceExchange:
         decisions = client.state.decisions
         # malformed: DecodeError ends the connection
         request = read_unless_many(payload, self._engine.settings.inline_max_partitions)
-        unknown = [] if request is None else decisions.topics_to_describe(request, client)
-        if request is not None and not unknown:
+        ids: list[uuid.UUID] = []
+        unknown: list[str] = []
+        if request is not None:
+            request, ids = decisions.name_topics(request, client)  # v13: topics by id
+            unknown = decisions.topics_to_describe(request, client)
+        if request is not None and not unknown and not ids:
             decision = decisions.decide_inline(self._engine, payload, request)
             if decision is not None:
                 self._apply(client, request.header, decision)
                 return
         client.deciding = self
         client.pause_reading(PauseReason.PRODUCE)
-        client.spawn(self._decide_later(client, payload, request, unknown))
+        client.spawn(self._decide_later(client, payload, request, unknown, ids))
 
     async def _decide_later(
-        self, client: ClientConnection, payload: Frame, request: Request | None, topics: list[str]
+        self,
+        client: ClientConnection,
+        payload: Frame,
+        request: Request | None,
+        topics: list[str],
+        ids: list[uuid.UUID],
     ) -> None:
         """Describe the topics and look up the schema ids the checks need, then decide (on the
         loop if it is cheap, else on the decoding thread); then hand back the requests held
@@ -72,6 +82,9 @@ class ProduceExchange:
                 header, decision = await decide_unread(decisions, self._engine, payload, client)
             else:
                 header = request.header
+                if ids:  # names of v13 topic ids asked first, then their settings described
+                    request, more = await decisions.name_after_asking(request, ids, client)
+                    topics = list(dict.fromkeys([*topics, *more]))
                 decision = await decisions.decide_later(self._engine, payload, request, topics)
         except ProtocolError as exc:
             client.abort_undecodable(exc)

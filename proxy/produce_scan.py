@@ -10,6 +10,7 @@ from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import BudgetExhausted
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.produce_topics import topic_name
 from kvproxy.protocol.records import read_batch
 
 __all__ = [
@@ -72,7 +73,7 @@ def refuse_every_partition(body: Any, verdict: Verdict) -> Parsed:
     """`verdict` for every partition of the request, with its records as sent (for the journal)."""
     return [
         (
-            str(topic_data.name),
+            topic_name(topic_data),
             [
                 (int(data.index), data.records if data.records is not None else b"", verdict)
                 for data in topic_data.partition_data

@@ -13,6 +13,7 @@ error are passed to `topics_seen` (the metrics label only topics the cluster has
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, Protocol, TypeVar
@@ -22,6 +23,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
+from kvproxy.protocol.admin import metadata_topic_ids
 from kvproxy.protocol.api_table import API_TABLE
 from kvproxy.protocol.messages import (
     API_VERSIONS,
@@ -50,6 +52,9 @@ AddressFor = Callable[[int], NodeAddress | None]
 the listener it came through); None: the node has none (the answer leaves it out, or names no
 coordinator)."""
 
+TopicIdsSeen = Callable[[Iterable[tuple[uuid.UUID, str]]], None]
+"""Given the (topic id, name) pairs of each Metadata answer a client gets."""
+
 T = TypeVar("T")
 
 
@@ -59,8 +64,9 @@ class OffLoop(Protocol):
     def __call__(self, work: Callable[[], T], /) -> Awaitable[T]: ...
 
 
-PRODUCE_MAX_VERSION: Final = 12
-"""Produce v13 names topics by id; the policies route by name, so v13 is not offered."""
+PRODUCE_MAX_VERSION: Final = 13
+"""The newest Produce version the policies read (v13 names topics by id: they are given their
+names first, `kvproxy.protocol.produce_topics`)."""
 
 UNKNOWN_APIS: Final = ("remove", "relay")
 """What the proxy does with an API (or a version) newer than `API_TABLE` (`apis.unknown`)."""
@@ -253,17 +259,20 @@ def rewrite_response(
     *,
     topics_seen: Callable[[Iterable[str]], None] | None = None,
     unknown_apis: str = "remove",
+    topic_ids_seen: TopicIdsSeen | None = None,
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """The frame with proxy addresses (or trimmed versions), and the node addresses it named.
 
     An unchanged body is returned as the original bytes, so the common case costs one decode;
     a Produce answer that names no broker (`answer_names_nodes`: almost all) costs none.
     """
-    if api_key == PRODUCE and not answer_names_nodes(frame):
+    if api_key == PRODUCE and not answer_names_nodes(frame, api_version):
         return frame, {}
-    response, existing = decode_answer(frame, api_key, api_version)
+    response, existing, ids = decode_answer(frame, api_key, api_version)
     if topics_seen is not None and existing:
         topics_seen(existing)
+    if topic_ids_seen is not None and ids:
+        topic_ids_seen(ids.items())
     rewritten, learned = rewrite_decoded(
         response, api_key, api_version, address_for, unknown_apis=unknown_apis
     )
@@ -281,13 +290,16 @@ async def rewrite_off_loop(
     topics_seen: Callable[[Iterable[str]], None] | None,
     off_loop: OffLoop,
     unknown_apis: str = "remove",
+    topic_ids_seen: TopicIdsSeen | None = None,
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """`rewrite_response` of an answer too large to decode and encode on the event loop (a
     Metadata answer naming 100,000 topics takes seconds): decoded and encoded by `off_loop`;
     only the node addresses are replaced on the loop (the listeners' ports belong to it)."""
-    response, existing = await off_loop(lambda: decode_answer(frame, api_key, api_version))
+    response, existing, ids = await off_loop(lambda: decode_answer(frame, api_key, api_version))
     if topics_seen is not None and existing:
         topics_seen(existing)
+    if topic_ids_seen is not None and ids:
+        topic_ids_seen(ids.items())
     rewritten, learned = rewrite_decoded(
         response, api_key, api_version, address_for, unknown_apis=unknown_apis
     )
@@ -299,11 +311,13 @@ async def rewrite_off_loop(
 
 def decode_answer(
     frame: bytes | memoryview, api_key: int, api_version: int
-) -> tuple[Response, list[str]]:
-    """The answer decoded, and (Metadata) the topics it names that exist."""
+) -> tuple[Response, list[str], dict[uuid.UUID, str]]:
+    """The answer decoded, and (Metadata) the topics it names that exist, and their ids (v10+:
+    what Produce v13 names them by)."""
     response: Response = decode_response(frame, api_key, api_version)
-    existing = list(existing_topics(response.body)) if api_key == METADATA else []
-    return response, existing
+    if api_key != METADATA:
+        return response, [], {}
+    return response, list(existing_topics(response.body)), metadata_topic_ids(response.body)
 
 
 def rewrite_decoded(

@@ -18,6 +18,7 @@ from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.messages import Request
+from kvproxy.protocol.produce_topics import is_unknown_id, topic_name
 
 __all__ = ["reads_schemas", "request_schema_ids"]
 
@@ -46,7 +47,9 @@ def request_schema_ids(
     version = request.header.api_version
     records_read = partitions_read = 0
     for topic_data in body.topic_data:
-        topic = str(topic_data.name)
+        if is_unknown_id(topic_data):  # answered UNKNOWN_TOPIC_ID, its records unread
+            continue
+        topic = topic_name(topic_data)
         chain = chains[topic]
         if Need.SCHEMAS not in chain.needs:
             continue

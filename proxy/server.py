@@ -37,6 +37,7 @@ from kvproxy.proxy.rejections import RejectionSink, make_journal
 from kvproxy.proxy.relay_state import ConnectionState, ResponseTap, TaskCount
 from kvproxy.proxy.tls_context import client_side_ssl, upstream_side_ssl
 from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.topic_ids import TopicIds
 from kvproxy.proxy.upstream_failures import describe_failure
 from kvproxy.registry.catalog import RegistryCatalog
 
@@ -137,6 +138,13 @@ class ProxyServer:
             self.decode_memory,
             self.metrics,
             schemas=self.schemas,
+            topic_ids=TopicIds(
+                lambda: self._bootstrap,
+                self._upstream_ssl,
+                config.upstream.connect_timeout_ms / 1000,
+                config.topic_configs,
+                connections=self.admin_connections,
+            ),
         )
         self.metrics.decode_memory.set_function(lambda: self.decode_memory.in_use)
         self.metrics.receive_memory.set_function(lambda: self.receive_memory.in_use)

@@ -139,6 +139,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                     nodes.addresses_for(self._client.listener),
                     topics_seen=self._client.metrics.topic_labels.seen,
                     unknown_apis=self._client.state.unknown_apis,
+                    topic_ids_seen=self._client.state.decisions.topic_ids.learn,
                 )
             except (ProtocolError, ProxyError) as exc:
                 self._cannot_rewrite(slot, exc)
@@ -190,6 +191,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                     topics_seen=client.metrics.topic_labels.seen,
                     off_loop=client.state.decisions.off_loop,
                     unknown_apis=client.state.unknown_apis,
+                    topic_ids_seen=client.state.decisions.topic_ids.learn,
                 )
             except (ProtocolError, ProxyError) as exc:
                 self._cannot_rewrite(slot, exc)

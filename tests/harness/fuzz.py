@@ -96,13 +96,14 @@ def _records(count: int, size: int, keyed: bool = True) -> list[Any]:
 def produce_request(
     version: int,
     correlation_id: int,
-    parts: Sequence[tuple[str, int, bytes | None]],
+    parts: Sequence[tuple[Any, int, bytes | None]],
     *,
     acks: int = -1,
     transactional_id: str | None = None,
     client_id: str = CLIENT_ID,
 ) -> bytes:
-    """A Produce request payload of `version` carrying `parts` = [(topic, partition, records)]."""
+    """A Produce request payload of `version` carrying `parts` = [(topic, partition, records)];
+    from v13 a topic is its id (a `uuid.UUID`)."""
     from kio.static.primitive import i16, i32, i32Timedelta
 
     if version <= 2:
@@ -111,7 +112,7 @@ def produce_request(
     else:
         schema = importlib.import_module(f"kio.schema.produce.v{version}.request")
         request_type = schema.ProduceRequest
-    topics: dict[str, list[Any]] = {}
+    topics: dict[Any, list[Any]] = {}
     for topic, partition, records in parts:
         topics.setdefault(topic, []).append(
             schema.PartitionProduceData(index=i32(partition), records=records)
@@ -120,7 +121,9 @@ def produce_request(
         "acks": i16(acks),
         "timeout": i32Timedelta.parse(datetime.timedelta(seconds=10)),
         "topic_data": tuple(
-            schema.TopicProduceData(name=name, partition_data=tuple(data))
+            schema.TopicProduceData(topic_id=name, partition_data=tuple(data))
+            if version >= 13
+            else schema.TopicProduceData(name=name, partition_data=tuple(data))
             for name, data in topics.items()
         ),
     }
