@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -177,9 +177,10 @@ class Outcome:
 
 
 def _frame(
-    case: Case, version: int, topic: str, path: Route, *, shift: int, producers: Producers
+    case: Case, version: int, topic: Any, path: Route, *, shift: int, producers: Producers
 ) -> Any:
-    """The request of `case` for `path`, as a function of its correlation id."""
+    """The request of `case` for `path`, as a function of its correlation id (`topic`: its name,
+    or from Produce v13 its id)."""
     records = case.records
     if records is not None:
         records = adjust(
@@ -212,10 +213,14 @@ def _run_shard(
     topics: dict[tuple[tuple[str, str], ...], str],
     routes: tuple[Route, Route],
     producers: Producers,
+    *,
+    topic_ids: Mapping[str, uuid.UUID],
 ) -> list[Outcome]:
     outcomes = []
     for case in cases:
-        topic = topics[case.settings]
+        topic: Any = topics[case.settings]
+        if version >= 13:  # topics by id
+            topic = topic_ids[topic]
         deadline = time.monotonic() + 30
         while True:
             now = int(time.time() * 1000)
@@ -253,8 +258,11 @@ def run_cases(
     topics: dict[tuple[tuple[str, str], ...], str],
     routes: Sequence[tuple[Route, Route]],
     producers: Producers,
+    *,
+    topic_ids: Mapping[str, uuid.UUID] | None = None,
 ) -> list[Outcome]:
-    """Every case on Produce `version`, direct then through the proxy; the cases in as many
+    """Every case on Produce `version`, direct then through the proxy (from v13 each topic by
+    its id in `topic_ids`, which the proxy asks the cluster about); the cases in as many
     shards as there are pairs of routes (each on its own connections, at once), a case group
     in one shard, in order."""
     groups = sorted({case.group for case in cases})
@@ -262,7 +270,9 @@ def run_cases(
     shards = [[case for case in cases if shard_of[case.group] == i] for i in range(len(routes))]
     with ThreadPoolExecutor(len(routes)) as pool:
         runs = [
-            pool.submit(_run_shard, shard, version, topics, pair, producers)
+            pool.submit(
+                _run_shard, shard, version, topics, pair, producers, topic_ids=topic_ids or {}
+            )
             for shard, pair in zip(shards, routes, strict=True)
         ]
         outcomes = [outcome for run in runs for outcome in run.result()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -22,10 +23,12 @@ from tests.harness.differential import Producers, Route, create_topics, run_case
 from tests.harness.differential_cases import Case, all_cases
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KafkaCluster, run_kafka
 from tests.harness.proxy import run_proxy
+from tests.harness.raw_client import RawKafkaClient
+from tests.harness.requests import topic_id_of
 
-PRODUCE_VERSIONS = {KAFKA_4: range(3, 13), KAFKA_3: range(12)}
-"""What both accept: 4.x refuses v0-v2 (KIP-896) and kvproxy offers up to v12; 3.9 takes
-v0-v11."""
+PRODUCE_VERSIONS = {KAFKA_4: range(3, 14), KAFKA_3: range(12)}
+"""What both accept: 4.x refuses v0-v2 (KIP-896) and takes v3-v13 (v13: topics by id); 3.9
+takes v0-v11."""
 
 
 SHARDS = 4
@@ -37,6 +40,9 @@ class Setup:
     topics: dict[tuple[tuple[str, str], ...], str]
     routes: list[tuple[Route, Route]]
     producers: Producers
+    topic_ids: dict[str, uuid.UUID]
+    """Each topic's id (Produce v13), asked of the broker directly: the proxy learns them by
+    asking the cluster itself, as for a client that learned an id elsewhere."""
 
 
 # Its own brokers (started once), so the whole module stays on one xdist worker.
@@ -78,7 +84,9 @@ def setups(cases: list[Case]) -> Iterator[Callable[[str], Setup]]:
                 for pair in routes:
                     for route in pair:
                         stack.callback(route.close)
-                made[version] = Setup(topics, routes, Producers())
+                with RawKafkaClient(cluster.host, cluster.port) as client:
+                    ids = {name: topic_id_of(client, name) for name in topics.values()}
+                made[version] = Setup(topics, routes, Producers(), ids)
             return made[version]
 
         yield setup
@@ -92,7 +100,7 @@ def test_produce_versions_both_accept(kafka_version: str, setups: Callable[[str]
     low, high = setup.routes[0][0].produce_versions()
     proxy_low, proxy_high = setup.routes[0][1].produce_versions()
     if kafka_version == KAFKA_4:
-        assert (low, high, proxy_high) == (0, 13, 12)
+        assert (low, high, proxy_high) == (0, 13, 13)
     wanted = PRODUCE_VERSIONS[kafka_version]
     assert (max(low, proxy_low, wanted[0]), min(high, proxy_high)) == (wanted[0], wanted[-1])
 
@@ -117,6 +125,7 @@ def test_same_answers_direct_and_through_the_proxy(
         setup.topics,
         setup.routes,
         setup.producers,
+        topic_ids=setup.topic_ids,
     )
     assert len(outcomes) == len(cases)
     problems = unexplained(outcomes, kafka_version, produce_version)
@@ -126,3 +135,24 @@ def test_same_answers_direct_and_through_the_proxy(
         f"{identical} identical, {len(outcomes) - identical} documented differences"
     )
     assert not problems, "\n".join(problems)
+
+
+def test_an_unknown_topic_id_is_answered_as_kafka_answers_it(
+    setups: Callable[[str], Setup],
+) -> None:
+    """Produce v13 naming an id no topic has: Kafka answers UNKNOWN_TOPIC_ID, no message, no
+    offsets; so does the proxy, which asked the cluster before answering."""
+    from tests.harness.engine import batch
+    from tests.harness.fuzz import produce_request
+
+    setup = setups(KAFKA_4)
+    nobody = uuid.uuid4()
+    answers = []
+    for route in setup.routes[0]:
+        answer = route.send(
+            lambda c: produce_request(13, c, [(nobody, 0, batch(b"v"))]), 13, -1, 10
+        )
+        answers.append(answer)
+    direct, proxied = answers
+    assert direct.code == 100  # UNKNOWN_TOPIC_ID
+    assert proxied == direct
