@@ -4,6 +4,7 @@ to encode a million partitions), and the figures of their answers."""
 from __future__ import annotations
 
 import struct
+import uuid
 
 CLIENT_ID = "kvproxy-partitions"
 _FIRST_FLEXIBLE = 9
@@ -33,7 +34,8 @@ def many_partitions_request(
     records: bytes | None = None,
 ) -> bytes:
     """A Produce request (no size prefix) naming `topics[name]` partitions (0, 1, ...) of each
-    topic, every partition holding `records` (None: null records, as in the hostile request)."""
+    topic, every partition holding `records` (None: null records, as in the hostile request);
+    from v13 each name is a topic id's text, written as the id."""
     flexible = version >= _FIRST_FLEXIBLE
     out = bytearray(struct.pack(">hhi", 0, version, correlation_id))
     out += struct.pack(">h", len(CLIENT_ID)) + CLIENT_ID.encode()
@@ -54,7 +56,7 @@ def many_partitions_request(
     if flexible:
         tail += b"\x00"
     for name, count in topics.items():
-        out += _string(name, flexible)
+        out += uuid.UUID(name).bytes if version >= 13 else _string(name, flexible)
         out += _uvarint(count + 1) if flexible else struct.pack(">i", count)
         out += b"".join(struct.pack(">i", index) + tail for index in range(count))
         if flexible:

@@ -4,6 +4,8 @@ reads and writes must be what the codec reads and writes, on every Produce versi
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from kvproxy.protocol import error_codes
@@ -12,21 +14,28 @@ from kvproxy.protocol.produce import partition_answer, produce_answer, produce_r
 from kvproxy.protocol.produce_shape import answer_names_nodes, refusal_answer, scan_produce
 from tests.harness.partitions import many_partitions_request
 
-VERSIONS = range(13)
+VERSIONS = range(14)
+ALPHA, BETA = str(uuid.UUID(int=0xA1)), str(uuid.UUID(int=0xB2))
+"""v13 names topics by id: the scan gives an id as its text."""
+
+
+def _names(version: int) -> tuple[str, str]:
+    return (ALPHA, BETA) if version >= 13 else ("alpha", "beta")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_scan_reads_every_topic_and_partition(version: int) -> None:
+    alpha, beta = _names(version)
     payload = many_partitions_request(
-        version, {"alpha": 3, "beta": 2}, correlation_id=77, records=b"\x01\x02\x03"
+        version, {alpha: 3, beta: 2}, correlation_id=77, records=b"\x01\x02\x03"
     )
     shape = scan_produce(payload, 100, indexes=True)
     assert shape.complete
     assert (shape.api_version, shape.correlation_id, shape.acks) == (version, 77, 1)
     assert shape.partitions == 5
     assert [(name, list(indexes)) for name, indexes in shape.topics] == [
-        ("alpha", [0, 1, 2]),
-        ("beta", [0, 1]),
+        (alpha, [0, 1, 2]),
+        (beta, [0, 1]),
     ]
 
 
@@ -44,7 +53,8 @@ def test_scan_stops_once_past_the_limit(version: int) -> None:
 def test_refusal_answer_is_what_the_codec_writes(version: int) -> None:
     """Byte for byte the codec's answer (message on the first partition only), so every client
     parses it as it parses a broker's."""
-    payload = many_partitions_request(version, {"alpha": 3, "beta": 2}, correlation_id=5)
+    alpha, beta = _names(version)
+    payload = many_partitions_request(version, {alpha: 3, beta: 2}, correlation_id=5)
     shape = scan_produce(payload, 100, indexes=True)
     message = "too many partitions"
     written = refusal_answer(shape, error_codes.MESSAGE_TOO_LARGE, message)
@@ -60,7 +70,7 @@ def test_refusal_answer_is_what_the_codec_writes(version: int) -> None:
                 )
             )
             first = False
-        topics.append((name, answers))
+        topics.append((uuid.UUID(name) if version >= 13 else name, answers))
     response = make_response(PRODUCE, version, 5, produce_answer(types, topics))
     assert written == encode_response(PRODUCE, version, response)
     body = decode_response(written, PRODUCE, version).body
@@ -72,12 +82,14 @@ def test_refusal_answer_is_what_the_codec_writes(version: int) -> None:
 def test_the_harness_request_is_what_the_codec_reads(version: int) -> None:
     from kvproxy.protocol.messages import decode_request
 
-    payload = many_partitions_request(version, {"alpha": 2, "beta": 1}, records=None)
+    alpha, beta = _names(version)
+    payload = many_partitions_request(version, {alpha: 2, beta: 1}, records=None)
     body = decode_request(payload).body
-    assert [(str(t.name), [int(p.index) for p in t.partition_data]) for t in body.topic_data] == [
-        ("alpha", [0, 1]),
-        ("beta", [0]),
+    named = [
+        (str(t.topic_id if version >= 13 else t.name), [int(p.index) for p in t.partition_data])
+        for t in body.topic_data
     ]
+    assert named == [(alpha, [0, 1]), (beta, [0])]
 
 
 def _answer(version: int, *, endpoints: bool = False) -> bytes:
