@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import re
-import socket
-import struct
-import threading
 import time
 import uuid
 from collections import Counter
@@ -33,6 +30,7 @@ from kio.static.primitive import i16, i32, i32Timedelta
 
 from kvproxy.protocol.messages import PRODUCE, decode_response, encode_request, make_request
 from kvproxy.protocol.records import build_batch
+from tests.harness.flipping_relay import PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.java_client import (
     TELEMETRY_REPORTER,
     brokers_load_the_reporter,
@@ -46,10 +44,8 @@ from tests.harness.raw_client import (
     api_versions_v0_request,
     parse_api_versions_v0_response,
 )
+from tests.harness.version_cap_relay import capped_versions
 
-RELAY_HOST = "127.0.0.2"
-MARK = b"flip-me"
-FLIPPED = b"flip-md"  # "e" 0x65 -> "d" 0x64: one bit
 DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
 INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
@@ -93,7 +89,12 @@ def stage(kafka: KafkaCluster) -> Iterator[Stage]:
         "orders": kafka.create_topic(),
         "payments": kafka.create_topic(),
     }
-    rules = [
+    with run_proxy(kafka.bootstrap_servers, topics=topic_rules(topics)) as proxy:
+        yield Stage(kafka, proxy, topics)
+
+
+def topic_rules(topics: dict[str, str]) -> list[dict[str, Any]]:
+    return [
         {"match": topics["orders"], "default_policies": "drop", "policies": ["json"]},
         {
             "match": topics["payments"],
@@ -101,8 +102,18 @@ def stage(kafka: KafkaCluster) -> Iterator[Stage]:
             "policies": ["batch_integrity", "crc", CURRENCY],
         },
     ]
-    with run_proxy(kafka.bootstrap_servers, topics=rules) as proxy:
-        yield Stage(kafka, proxy, topics)
+
+
+@pytest.fixture(scope="module")
+def capped(stage: Stage) -> Iterator[RunningProxy]:
+    """A kvproxy as the stage's, reached on RELAY_HOST through relays that offer Produce up to
+    v12 only: the 4.4 client behind them sends v12."""
+    rules, listen = topic_rules(stage.topics), {"advertised_host": RELAY_HOST}
+    with (
+        run_proxy(stage.kafka.bootstrap_servers, topics=rules, listen=listen) as proxy,
+        capped_versions(RELAY_HOST, [proxy.port, proxy.broker_port(1)], PRODUCE, 12),
+    ):
+        yield proxy
 
 
 def offered(host: str, port: int) -> dict[int, tuple[int, int]]:
@@ -164,7 +175,7 @@ def test_idempotent_producer_records_read_back_exactly_once(stage: Stage) -> Non
     assert len({(r["partition"], r["offset"]) for r in results}) == len(values)
     # enable.idempotence is the Java default: the producer asked for a producer id
     assert any(key == INIT_PRODUCER_ID for key, _ in answered)
-    assert {version for key, version in answered if key == PRODUCE} == {12}
+    assert {version for key, version in answered if key == PRODUCE} == {13}
 
     members = consume(stage.proxy.bootstrap, topic, "idempotent-readers")
     assert read_back(members) == Counter(values)
@@ -172,26 +183,47 @@ def test_idempotent_producer_records_read_back_exactly_once(stage: Stage) -> Non
     assert members[0]["committed"] == {str(p): n for p, n in per_partition.items()}
 
 
-def test_produce_is_capped_at_v12_and_v12_loses_nothing(stage: Stage) -> None:
-    """Kafka 4.4 and its Java client speak Produce v13 (topics named by id); kvproxy offers v12
-    (topics named by name), and the client negotiates down: the same records, offsets and
-    idempotence, which the test above reads back exactly once."""
+def test_produce_v13_through_kvproxy(stage: Stage) -> None:
+    """Kafka 4.4 and its Java client speak Produce v13 (topics named by id), and so does kvproxy:
+    the client sends v13 through it and its records are read back, as the test above shows for
+    idempotence."""
     client_latest = run_java_client("versions", stage.proxy.bootstrap).result["produce_latest"]
     direct = offered(stage.kafka.host, stage.kafka.port)[PRODUCE]
     through = offered(stage.proxy.host, stage.proxy.port)[PRODUCE]
-    assert (client_latest, direct, through) == (13, (0, 13), (0, 12))
+    assert (client_latest, direct, through) == (13, (0, 13), (0, 13))
 
     topic = stage.kafka.create_topic()
     before = len(stage.proxy.responses)
     results = produce(stage.proxy.bootstrap, topic, ["a", "b", "c"])
     assert [(r["partition"], r["offset"]) for r in results] == [(0, 0), (0, 1), (0, 2)]
-    assert {v for k, v in stage.answered(before) if k == PRODUCE} == {12}
+    assert {v for k, v in stage.answered(before) if k == PRODUCE} == {13}
+    members = consume(stage.proxy.bootstrap, topic, "v13-readers")
+    assert read_back(members) == Counter(["a", "b", "c"])
 
 
-def test_produce_v13_sent_anyway(stage: Stage) -> None:
-    """No client sends a version the proxy does not list; one that does gets what Kafka gives an
-    unlisted version, a closed connection. Kafka itself answers an unknown topic id with
-    UNKNOWN_TOPIC_ID."""
+@pytest.mark.parametrize("example", ["orders", "payments"])
+def test_a_refusal_on_v13_is_the_refusal_on_v12(
+    stage: Stage, capped: RunningProxy, example: str
+) -> None:
+    """The same records refused through kvproxy at Produce v13 and, from a client offered at
+    most v12 (the same proxy's config behind a relay), at v12: the same exception class and
+    message for every record."""
+    values = {"orders": ['{"n": 1}', "not json", '{"n": 1}'], "payments": [GBP]}[example]
+    outcomes = {}
+    for version, proxy, host in ((13, stage.proxy, stage.proxy.host), (12, capped, RELAY_HOST)):
+        before = len(proxy.responses)
+        results = produce(
+            f"{host}:{proxy.port}", stage.topics[example], values, props={"linger.ms": "1000"}
+        )
+        assert {v for k, v, _ in proxy.responses[before:] if k == PRODUCE} == {version}
+        outcomes[version] = [failure(result) for result in results]
+    assert outcomes[13] == outcomes[12]
+    documented(stage, example, outcomes[13][-1])
+
+
+def test_an_unknown_topic_id_is_answered_as_kafka_answers_it(stage: Stage) -> None:
+    """A v13 request naming a topic id the cluster does not know: UNKNOWN_TOPIC_ID (100) with
+    no message, straight from Kafka and through kvproxy."""
     body = ProduceRequestV13(
         transactional_id=None,
         acks=i16(-1),
@@ -208,13 +240,14 @@ def test_produce_v13_sent_anyway(stage: Stage) -> None:
         ),
     )
     frame = encode_request(make_request(PRODUCE, 13, 7, "v13", body))
-    with RawKafkaClient(stage.kafka.host, stage.kafka.port) as client:
-        answer = decode_response(client.request(frame), PRODUCE, 13).body
-    [topic] = answer.responses
-    assert int(topic.partition_responses[0].error_code) == ErrorCode.unknown_topic_id.value
-    with RawKafkaClient(stage.proxy.host, stage.proxy.port) as client:
-        client.send_frame(frame)
-        assert client.is_closed_by_peer()
+    answers = []
+    for host, port in ((stage.kafka.host, stage.kafka.port), (stage.proxy.host, stage.proxy.port)):
+        with RawKafkaClient(host, port) as client:
+            [topic] = decode_response(client.request(frame), PRODUCE, 13).body.responses
+        [partition] = topic.partition_responses
+        answers.append((topic.topic_id, int(partition.error_code), partition.error_message))
+    unknown = (body.topic_data[0].topic_id, ErrorCode.unknown_topic_id.value, None)
+    assert answers == [unknown, unknown]
 
 
 def test_transactions_commit_and_abort(stage: Stage) -> None:
@@ -226,10 +259,10 @@ def test_transactions_commit_and_abort(stage: Stage) -> None:
     )  # fmt: skip
     answered = stage.answered(before)
     assert sum(n for (key, _), n in answered.items() if key == END_TXN) == 2
-    # transactions v2 (KIP-890): Produce v12 adds the partition, EndTxn v5 ends the transaction
+    # transactions v2 (KIP-890): Produce (v12+) adds the partition, EndTxn v5 ends it
     assert {v for k, v in answered if k == END_TXN} == {5}
     assert not any(key == ADD_PARTITIONS_TO_TXN for key, _ in answered)
-    assert {v for k, v in answered if k == PRODUCE} == {12}
+    assert {v for k, v in answered if k == PRODUCE} == {13}
 
     committed = [f"committed-{i}" for i in range(5)]
     aborted = [f"aborted-{i}" for i in range(3)]
@@ -381,58 +414,14 @@ def test_policy_violation(stage: Stage) -> None:
 
 @contextlib.contextmanager
 def flipping_relays(ports: list[int]) -> Iterator[None]:
-    """On RELAY_HOST, each port relays to the proxy's same port on 127.0.0.1, and a request frame
-    that carries MARK is forwarded with FLIPPED instead: one bit changed on the way, inside the
-    bytes the batch CRC covers (a client never builds a bad CRC itself)."""
-    servers = [socket.create_server((RELAY_HOST, port)) for port in ports]
-    opened: list[socket.socket] = []
-
-    def read(sock: socket.socket, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = sock.recv(size - len(data))
-            if not chunk:
-                raise EOFError
-            data += chunk
-        return data
-
-    def requests(client: socket.socket, upstream: socket.socket) -> None:
-        with contextlib.suppress(EOFError, OSError):
-            while True:
-                prefix = read(client, 4)
-                frame = read(client, struct.unpack(">i", prefix)[0])
-                upstream.sendall(prefix + frame.replace(MARK, FLIPPED))
-        shut(client, upstream)
-
-    def answers(upstream: socket.socket, client: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := upstream.recv(65536):
-                client.sendall(chunk)
-        shut(client, upstream)
-
-    def accept(server: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = server.accept()
-                upstream = socket.create_connection(("127.0.0.1", server.getsockname()[1]))
-                opened.extend((client, upstream))
-                threading.Thread(target=requests, args=(client, upstream), daemon=True).start()
-                threading.Thread(target=answers, args=(upstream, client), daemon=True).start()
-
-    for server in servers:
-        threading.Thread(target=accept, args=(server,), daemon=True).start()
+    """On RELAY_HOST, each port relays to the proxy's same port, one bit of a request carrying
+    MARK flipped on the way (a client never builds a bad CRC itself)."""
+    relays = [FlippingRelay((RELAY_HOST, port), (PROXY_HOST, port)) for port in ports]
     try:
         yield
     finally:
-        for sock in servers + opened:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-
-def shut(*sockets: socket.socket) -> None:
-    for sock in sockets:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+        for relay in relays:
+            relay.close()
 
 
 def test_corrupt_batch_is_retried_until_delivery_timeout(kafka: KafkaCluster) -> None:
