@@ -59,11 +59,11 @@ def produce_range(host: str, port: int) -> tuple[int, int]:
 def test_proxy_offers_produce_from_v0_as_the_broker_does(
     any_kafka: KafkaCluster, proxy: RunningProxy
 ) -> None:
-    """The proxy keeps the broker's lowest Produce version (librdkafka needs v0 listed) and caps
-    the highest at v12 (v13 names topics by id)."""
+    """The proxy keeps the broker's lowest Produce version (librdkafka needs v0 listed) and its
+    highest (v13, topics by id, included)."""
     direct = produce_range(any_kafka.host, any_kafka.port)
     through = produce_range(proxy.host, proxy.port)
-    expected = {KAFKA_4: ((0, 13), (0, 12)), KAFKA_3: ((0, 11), (0, 11))}[any_kafka.version]
+    expected = {KAFKA_4: ((0, 13), (0, 13)), KAFKA_3: ((0, 11), (0, 11))}[any_kafka.version]
     assert (direct, through) == expected
 
 

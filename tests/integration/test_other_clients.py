@@ -172,10 +172,10 @@ FRANZ_GO = (
 
 def test_franz_go(stage: Stage) -> None:
     """franz-go (idempotent by default; the highest Produce version offered: v11 in front of
-    Tansu, v12 in front of Kafka) shows the code's generic text for every record of the batch
+    Tansu, v13 in front of Kafka) shows the code's generic text for every record of the batch
     and does not retry, not even CORRUPT_MESSAGE; nothing of the batch is stored."""
     seen = refusals(stage, [str(go_program("franz"))])
-    assert seen.versions == ({12} if stage.upstream.is_kafka else {11})  # the highest offered
+    assert seen.versions == ({13} if stage.upstream.is_kafka else {11})  # the highest offered
     assert seen.null_key.errors == [FRANZ_GO] and seen.null_key.types == ["*kerr.Error"]
     assert seen.batch.errors == [FRANZ_GO] * 3 and seen.batch.types == ["*kerr.Error"] * 3
     assert (seen.null_key.attempts, seen.batch.attempts) == (1, 1)
