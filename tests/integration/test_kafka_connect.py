@@ -329,3 +329,27 @@ def test_restarted_task_is_refused_again(stage: Stage) -> None:
     assert committed == []
     assert uncommitted == [(p, k, v) for k, v, p in REFUSED * 2 if p == 0]
     assert ends == {0: 8, 1: 0}  # twice three records and an abort marker
+
+
+def test_a_worker_in_front_of_kafka_3_9(
+    kafka3: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The same worker (4.4.0) through kvproxy in front of Kafka 3.9.2: its internal topics
+    made and compacted, the exactly-once source's records read_committed once."""
+    topic = kafka3.create_topic()
+    directory = tmp_path_factory.mktemp("connect-3.9")
+    with (
+        run_proxy(kafka3.bootstrap_servers) as proxy,
+        run_connect_worker(proxy.bootstrap, directory) as worker,
+    ):
+        worker.put_connector("orders-3-9", source_config(topic, lines(ORDERS)))
+        assert running(worker.wait_for_status("orders-3-9", running))
+        deadline = time.monotonic() + 30
+        while True:
+            records, ends = read(proxy.bootstrap, topic)
+            if records or time.monotonic() > deadline:
+                break
+        assert records == [(0, key, value) for key, value in ORDERS]
+        assert ends == {0: len(ORDERS) + 1}  # the commit marker after them
+        for internal in worker.topics.values():
+            assert compacted(kafka3, internal), internal
