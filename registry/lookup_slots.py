@@ -84,6 +84,10 @@ class LookupSlots:
             granted = queue.popleft()
             if queue:
                 self._waiting[served] = queue  # to the back of the turn
+            if granted.done():
+                # cancelled while waiting, its handler not run yet (it then finds nothing to
+                # forget): the slot goes to the next waiter
+                continue
             self._take(served)
             granted.set_result(None)
 

@@ -59,3 +59,24 @@ async def test_a_waiter_cancelled_holds_nothing() -> None:
     await _settle()
     slots.release(None)
     assert slots.free == 1 and slots.held_by("a") == 0
+
+
+async def test_a_slot_freed_before_a_cancelled_waiter_runs_goes_to_the_next_waiter() -> None:
+    # A lookup cancelled while it waits has its future cancelled at once, but its own
+    # `except CancelledError` runs only on the loop's next turn. A slot released in between
+    # (another lookup ending, as behind a tarpitting registry) must pass over the cancelled
+    # future: granting it raised InvalidStateError out of `release`, ending the releasing
+    # lookup with that error ("Task exception was never retrieved") and losing the slot.
+    slots = LookupSlots(total=1, per_owner=1)
+    await slots.acquire("a")
+    cancelled = asyncio.create_task(slots.acquire("b"))
+    waiting = asyncio.create_task(slots.acquire("c"))
+    await _settle()
+    cancelled.cancel()  # the future is cancelled now; the task's handler has not run yet
+    slots.release("a")  # raised InvalidStateError before
+    await _settle()
+    assert cancelled.cancelled()
+    assert waiting.done() and waiting.exception() is None
+    assert slots.held_by("b") == 0 and slots.held_by("c") == 1
+    slots.release("c")
+    assert slots.free == 1
