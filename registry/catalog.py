@@ -45,6 +45,7 @@ from kvproxy.registry.answers import (
     versions_path,
 )
 from kvproxy.registry.client import Answer, RegistryClient, RequestObserver, Unreachable
+from kvproxy.registry.health import RegistryHealth
 from kvproxy.registry.lookup_slots import LookupSlots
 from kvproxy.settings.schema_registry import SchemaRegistryConfig
 
@@ -59,6 +60,9 @@ its own requests wait, not the registry drown, nor the other clients wait."""
 MAX_REFERENCES = 64
 """Schemas one schema may lead to through its references, transitively."""
 FAILURE_LOG_INTERVAL_S = 10.0
+PROBE_PATH = "/schemas/types"
+"""What asks a registry known silent whether it answers again: small, and the same for every
+registry (no id, no subject, nothing to cache)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,8 @@ class RegistryCatalog:
         self._entries: OrderedDict[int, tuple[SchemaEntry, float]] = OrderedDict()
         self._lookups: dict[int, _Lookup] = {}
         self.slots = LookupSlots(LOOKUPS_AT_ONCE, config.lookups_per_connection)
+        self.health = RegistryHealth(config.negative_cache_ttl_ms)
+        self._probing: asyncio.Task[None] | None = None
         self._last_failure_log = 0.0
 
     def __len__(self) -> int:
@@ -196,6 +202,13 @@ class RegistryCatalog:
         return entry
 
     async def _lookup(self, schema_id: int, owner: Hashable | None) -> SchemaEntry:
+        not_asked = self.health.not_asked()
+        if not_asked is not None:  # the registry is known silent: no request, no slot
+            if self.health.probe_due():
+                self._probing = asyncio.get_running_loop().create_task(self._probe())
+            entry = RegistryUnavailable(schema_id, not_asked)
+            self._store(entry)
+            return entry
         await self.slots.acquire(owner)
         try:
             return await self._lookup_now(schema_id)
@@ -204,13 +217,20 @@ class RegistryCatalog:
 
     async def _lookup_now(self, schema_id: int) -> SchemaEntry:
         fetched_ms = int(time.time() * 1000)
+        health = self.health
         try:
             registered = await resolve(self.client, schema_id)
         except Unreachable as exc:
             entry: SchemaEntry = RegistryUnavailable(schema_id, str(exc)[:500])
+            if exc.silent:
+                health.unanswered(str(exc))
+            else:
+                health.answered()
         except (AnswerError, _Refused) as exc:
+            health.answered()
             entry = RegistryUnavailable(schema_id, str(exc)[:500])
         else:
+            health.answered()
             if registered is None:
                 entry = UnknownSchema(schema_id)
             else:
@@ -218,6 +238,19 @@ class RegistryCatalog:
                 entry = await asyncio.to_thread(compiled, registered, fetched_ms)
         self._store(entry)
         return entry
+
+    async def _probe(self) -> None:
+        """Whether the registry answers again (any answer does), while lookups fail fast."""
+        try:
+            await self.client.get(PROBE_PATH)
+        except Unreachable as exc:
+            if exc.silent:
+                self.health.unanswered(str(exc))
+                return
+        except BaseException:
+            self.health.abandoned()
+            raise
+        self.health.answered()
 
     def _store(self, entry: SchemaEntry) -> None:
         config = self.config
@@ -253,6 +286,8 @@ class RegistryCatalog:
     async def aclose(self) -> None:
         for lookup in list(self._lookups.values()):
             lookup.task.cancel()
+        if self._probing is not None:
+            self._probing.cancel()
         await self.client.aclose()
 
 

@@ -35,7 +35,13 @@ class Answer:
 
 
 class Unreachable(Exception):
-    """No URL gave an answer that counts: each was down, too slow, failed (5xx) or garbled."""
+    """No URL gave an answer that counts: each was down, too slow, failed (5xx) or garbled.
+    `silent` when none answered at all (each timed out or took no connection): the registry,
+    not one id's schema, is what failed."""
+
+    def __init__(self, message: str, *, silent: bool = False) -> None:
+        super().__init__(message)
+        self.silent = silent
 
 
 RequestObserver = Callable[[str, float], None]
@@ -79,12 +85,14 @@ class RegistryClient:
 
     async def get(self, path: str) -> Answer | RegistryError:
         failures = []
+        silent = True
         for base in self.config.url:
             try:
                 return await self._get(base + path)
             except _Failed as failed:
                 failures.append(f"{base}: {failed}")
-        raise Unreachable("; ".join(failures))
+                silent = silent and failed.silent
+        raise Unreachable("; ".join(failures), silent=silent)
 
     async def _get(self, url: str) -> Answer | RegistryError:
         started = time.perf_counter()
@@ -101,10 +109,10 @@ class RegistryClient:
                         body += chunk
                         if len(body) > limit:
                             outcome = "too_large"
-                            raise _Failed(f"the answer is over max_schema_bytes ({limit})")
+                            raise _Failed(f"the answer is over max_schema_bytes ({limit})", False)
             status = response.status_code
             if status >= 500:
-                raise _Failed(str(read_error(status, bytes(body))))
+                raise _Failed(str(read_error(status, bytes(body))), False)
             if 200 <= status < 300:
                 outcome = "ok"
                 return Answer(bytes(body))
@@ -112,10 +120,10 @@ class RegistryClient:
             return read_error(status, bytes(body))
         except TimeoutError:
             outcome = "timeout"
-            raise _Failed(f"no answer within {self.config.timeout_ms} ms") from None
+            raise _Failed(f"no answer within {self.config.timeout_ms} ms", True) from None
         except httpx.HTTPError as exc:
             outcome = "unreachable"
-            raise _Failed(transport_failure(exc)) from None
+            raise _Failed(transport_failure(exc), isinstance(exc, httpx.TransportError)) from None
         finally:
             self._observe(outcome, time.perf_counter() - started)
 
@@ -144,7 +152,12 @@ class RegistryClient:
 
 
 class _Failed(Exception):
-    """This URL gave nothing that counts; the next one is tried."""
+    """This URL gave nothing that counts; the next one is tried. `silent`: it gave no answer
+    at all (a time-out, no connection, the connection lost)."""
+
+    def __init__(self, message: str, silent: bool) -> None:
+        super().__init__(message)
+        self.silent = silent
 
 
 def transport_failure(exc: httpx.HTTPError) -> str:
