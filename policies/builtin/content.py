@@ -193,19 +193,25 @@ class JsonPolicy(RecordCheckPolicy):
     of orjson (simdjson refuses integers beyond 64 bits and objects nested 1024 deep, which
     orjson accepts), and so is an accepted value that starts with a UTF-8 byte order mark,
     which simdjson skips and orjson refuses. tests/unit/test_json_validation.py holds the two
-    to the same verdicts."""
+    to the same verdicts.
+
+    Bounded by what one value may cost: a value over `max_value_bytes` is refused unread; one
+    simdjson declines goes to orjson only up to `max_fallback_bytes` (orjson builds the whole
+    tree, about 15x the text, holding the deciding thread); a thread's reused simdjson parser
+    reads values up to `KEPT_PARSER_BYTES`, a larger one gets a parser dropped with it."""
 
     name = "json"
-    OPTIONS = {"allow_null": True}
+    OPTIONS = {"allow_null": True, "max_value_bytes": 8_388_608, "max_fallback_bytes": 1_048_576}
 
     def setup(self) -> None:
         self.allow_null = self._bool_option("allow_null")
+        self.max_value_bytes = self._int_option("max_value_bytes", minimum=0)
+        self.max_fallback_bytes = self._int_option("max_fallback_bytes", minimum=0)
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         # The valid case reads values straight from the batches; `Record`s word a rejection.
         allow_null = self.allow_null
-        parse = _thread_parse()
-        loads = orjson.loads
+        fast = self._fast_reads
         try:
             for b in batch.batches:
                 for value in b.values():
@@ -213,20 +219,48 @@ class JsonPolicy(RecordCheckPolicy):
                         if not allow_null:
                             raise ValueError
                         continue
-                    try:  # the result is dropped at once: the parser is reused for the next
-                        parse(value)
-                        if value[0] == _BOM_FIRST_BYTE:
-                            raise ValueError
-                    except Exception:  # ValueError, RuntimeError, UnicodeDecodeError: orjson judges
-                        loads(value)
+                    if not fast(value):
+                        raise ValueError
         except ValueError:
             return super().validate(topic, partition, batch)
         return ACCEPT
+
+    def _fast_reads(self, value: bytes) -> bool:
+        """Whether simdjson reads `value` as JSON that orjson accepts too; False also when it is
+        over `max_value_bytes` (not read at all)."""
+        size = len(value)
+        if size > self.max_value_bytes:
+            return False
+        # the parser keeps a buffer as large as the largest value it read: a large value gets
+        # one of its own, dropped with it
+        parse = _thread_parse() if size <= KEPT_PARSER_BYTES else simdjson.Parser().parse
+        try:  # the result is dropped at once: the parser is reused for the next
+            parse(value)
+        except Exception:  # ValueError, RuntimeError, UnicodeDecodeError: orjson judges
+            return False
+        return value[0] != _BOM_FIRST_BYTE
 
     def check(self, record: Record, tp: str) -> str | None:
         value = record.value
         if value is None:
             return None if self.allow_null else f"Record has no value in topic partition {tp}"
+        size = len(value)
+        if size > self.max_value_bytes:
+            return (
+                f"Record value of {size} bytes exceeds the {self.max_value_bytes}-byte limit "
+                f"of the json check (max_value_bytes) in topic partition {tp}"
+            )
+        if self._fast_reads(value):
+            return None
+        if size > self.max_fallback_bytes:
+            # what simdjson declines, orjson reads into a whole tree (about 15x the text): only
+            # a value this small is given to it
+            return (
+                f"Record value of {size} bytes is not JSON the fast reader takes (invalid, or an "
+                f"integer beyond 64 bits, or nesting beyond 1024 levels) and exceeds the "
+                f"{self.max_fallback_bytes}-byte limit of the full reader (max_fallback_bytes) "
+                f"in topic partition {tp}"
+            )
         try:
             orjson.loads(value)
         except ValueError as exc:
@@ -234,6 +268,8 @@ class JsonPolicy(RecordCheckPolicy):
         return None
 
 
+KEPT_PARSER_BYTES = 1_048_576
+"""The largest value a thread's reused simdjson parser reads: what it keeps after a read."""
 _BOM_FIRST_BYTE = 0xEF
 """The first byte of a UTF-8 byte order mark, and of no JSON text that orjson accepts."""
 _parsers = threading.local()
@@ -249,6 +285,13 @@ def _thread_parse() -> Callable[[bytes], object]:
     return parse
 
 
+def _too_large(size: int, limit: int, check: str, tp: str) -> str:
+    return (
+        f"Record value of {size} bytes exceeds the {limit}-byte limit of the {check} check "
+        f"(max_value_bytes) in topic partition {tp}"
+    )
+
+
 def _json_error(exc: ValueError) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg}: line {exc.lineno} column {exc.colno}"
@@ -257,16 +300,18 @@ def _json_error(exc: ValueError) -> str:
 
 class JsonSchemaPolicy(RecordCheckPolicy):
     """The value is JSON valid against the schema file `value` (compiled once, fastjsonschema;
-    its `pattern`s run on RE2, `kvproxy.policies.linear_regex`).
+    its `pattern`s run on RE2, `kvproxy.policies.linear_regex`), when it is at most
+    `max_value_bytes` (the tree orjson builds is about 15x the text).
 
     The message names the failing path as fastjsonschema does (`data.items[0].price must be ...`).
     """
 
     name = "json_schema"
-    OPTIONS = {"value": None, "allow_null": False}
+    OPTIONS = {"value": None, "allow_null": False, "max_value_bytes": 1_048_576}
 
     def setup(self) -> None:
         self.allow_null = self._bool_option("allow_null")
+        self.max_value_bytes = self._int_option("max_value_bytes", minimum=0)
         path = self._path_option("value")
         self.schema_file = path
         self._validate: Any = None
@@ -287,6 +332,8 @@ class JsonSchemaPolicy(RecordCheckPolicy):
         value = record.value
         if value is None:
             return None if self.allow_null else f"Record has no value in topic partition {tp}"
+        if len(value) > self.max_value_bytes:
+            return _too_large(len(value), self.max_value_bytes, self.name, tp)
         try:
             data = orjson.loads(value)
         except ValueError as exc:
@@ -303,13 +350,16 @@ class AvroPolicy(RecordCheckPolicy):
     """The value is one complete Avro datum of the schema file `value` (fastavro, schemaless).
 
     Trailing bytes after the datum are an error. No Confluent wire-format prefix is expected.
+    A value over `max_value_bytes` is refused unread (fastavro builds Python objects of about
+    35x the bytes, and holds the deciding thread while it does).
     """
 
     name = "avro"
-    OPTIONS = {"value": None, "allow_null": False}
+    OPTIONS = {"value": None, "allow_null": False, "max_value_bytes": 1_048_576}
 
     def setup(self) -> None:
         self.allow_null = self._bool_option("allow_null")
+        self.max_value_bytes = self._int_option("max_value_bytes", minimum=0)
         path = self._path_option("value")
         self.schema_file = path
         self._schema: Any = None
@@ -329,6 +379,8 @@ class AvroPolicy(RecordCheckPolicy):
         value = record.value
         if value is None:
             return None if self.allow_null else f"Record has no value in topic partition {tp}"
+        if len(value) > self.max_value_bytes:
+            return _too_large(len(value), self.max_value_bytes, self.name, tp)
         name = Path(str(self.schema_file)).name
         stream = io.BytesIO(value)
         try:

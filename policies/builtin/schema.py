@@ -59,7 +59,9 @@ class SchemaPolicy(BuiltinPolicy):
     magic byte must carry a valid id; others pass) or `off`. `strategy` names the subject as
     Confluent's serializers do: `topic_name` (`<topic>-value`), `record_name` (the record type's
     full name), `topic_record_name` (`<topic>-<record type>`). `validate_payload` decodes the
-    bytes after the header with the schema (Avro, JSON Schema, Protobuf).
+    bytes after the header with the schema (Avro, JSON Schema, Protobuf), when it is at most
+    `max_payload_bytes` (a larger one is refused undecoded: decoders build several times what
+    they read, and hold the thread that decides while they do).
     """
 
     name = "schema"
@@ -68,6 +70,7 @@ class SchemaPolicy(BuiltinPolicy):
         "key": "off",
         "strategy": "topic_name",
         "validate_payload": False,
+        "max_payload_bytes": 1_048_576,
     }
     needs = frozenset({Need.SCHEMAS})
 
@@ -76,6 +79,7 @@ class SchemaPolicy(BuiltinPolicy):
         self.key_mode = self._choice("key", _SIDE_MODES)
         self.strategy = self._choice("strategy", _STRATEGIES)
         self.validate_payload = self._bool_option("validate_payload")
+        self.max_payload_bytes = self._int_option("max_payload_bytes", minimum=0)
         self.sides: tuple[tuple[str, bool], ...] = tuple(
             (side, mode == "required")
             for side, mode in (("value", self.value_mode), ("key", self.key_mode))
@@ -165,7 +169,11 @@ class SchemaPolicy(BuiltinPolicy):
                         index += 1
                         continue
                     compiled = decoders.get(head)
-                    if compiled is not None and compiled.mismatch(value, _HEADER) is None:
+                    if (
+                        compiled is not None
+                        and len(value) <= self.max_payload_bytes
+                        and compiled.mismatch(value, _HEADER) is None
+                    ):
                         index += 1
                         continue
                 message = check.record("value", required, value)
@@ -272,6 +280,12 @@ class _PartitionCheck:
         if subject_error is not None:
             return prefix + subject_error
         if self.payloads:
+            limit = self.policy.max_payload_bytes
+            if len(data) > limit:  # a decoder builds several times the bytes it is given
+                return (
+                    f"{prefix}{len(data)} bytes exceed max_payload_bytes ({limit}): the payload "
+                    f"is not decoded against schema {schema_id}"
+                )
             mismatch = _mismatch(schema, data)
             if mismatch is not None:
                 return f"{prefix}does not match schema {schema_id}: {mismatch[:_REASON_CHARS]}"

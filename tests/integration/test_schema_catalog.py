@@ -607,6 +607,23 @@ async def test_policy_payload_mismatch_per_format(
     assert (await decide(schema_policy(), catalog, values))[0] == ACCEPT
 
 
+async def test_policy_payload_over_max_payload_bytes_is_refused_undecoded(
+    registry: TestRegistry, catalogs: list[RegistryCatalog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    avro_id = registry.register("orders-value", ORDER_AVRO)
+    catalog = open_catalog(catalogs, registry.url)
+    large = framed(avro_id, avro_order("o" * 3_000))
+    policy = schema_policy(validate_payload=True, max_payload_bytes=2_048)
+    verdict, _ = await decide(policy, catalog, [framed(avro_id, avro_order()), large])
+    assert errors(verdict) == [
+        (
+            1,
+            f"{len(large)} bytes exceed max_payload_bytes (2048): the payload is not decoded "
+            f"against schema {avro_id}",
+        )
+    ]
+
+
 async def test_policy_key_side(registry: TestRegistry, catalogs: list[RegistryCatalog]) -> None:
     value_id = registry.register("orders-value", ORDER_AVRO)
     key_id = registry.register("orders-key", json.dumps({"type": "string"}))
