@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, Final
 
+from kvproxy.protocol.errors import TooManyNodes
 from kvproxy.protocol.framing import frame
 from kvproxy.protocol.messages import (
     DESCRIBE_CONFIGS,
@@ -125,9 +126,28 @@ def metadata_topic_ids(answer: Any) -> dict[uuid.UUID, str]:
     return found
 
 
+MAX_NODES_PER_ANSWER: Final = 10_000
+"""The most brokers (or coordinator / leader endpoints) one answer may name: far above any real
+cluster. An answer naming more is refused whole (`TooManyNodes`): a client's connection is
+closed, the proxy's own Metadata refresh counts as failed and keeps the brokers it knows."""
+
+
+def check_node_count(count: int, what: str = "brokers") -> None:
+    """TooManyNodes when an answer names more than `MAX_NODES_PER_ANSWER` nodes."""
+    if count > MAX_NODES_PER_ANSWER:
+        raise TooManyNodes(
+            f"the answer names {count} nodes ({what}), more than the {MAX_NODES_PER_ANSWER} "
+            "one answer may name"
+        )
+
+
 def brokers_of(answer: Any) -> dict[int, tuple[str, int]]:
-    """node id -> (host, port) of every broker a Metadata answer names."""
-    return {int(b.node_id): (str(b.host), int(b.port)) for b in answer.brokers}
+    """node id -> (host, port) of every broker a Metadata answer names (a negative id is no
+    broker: left out); TooManyNodes beyond `MAX_NODES_PER_ANSWER`."""
+    check_node_count(len(answer.brokers))
+    return {
+        int(b.node_id): (str(b.host), int(b.port)) for b in answer.brokers if int(b.node_id) >= 0
+    }
 
 
 def describe_configs_request(version: int, topics: Iterable[str]) -> Any:

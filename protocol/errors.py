@@ -77,3 +77,8 @@ class UnsupportedVersion(ProtocolError):
 
 class EncodeError(ProtocolError):
     """A value that cannot be written (out of range, wrong shape)."""
+
+
+class TooManyNodes(DecodeError):
+    """A broker's answer naming more brokers or endpoints than any cluster has
+    (`kvproxy.protocol.admin.MAX_NODES_PER_ANSWER`): refused whole, never rewritten or learnt."""

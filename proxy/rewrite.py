@@ -23,7 +23,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from kvproxy.protocol.admin import metadata_topic_ids
+from kvproxy.protocol.admin import check_node_count, metadata_topic_ids
 from kvproxy.protocol.api_table import API_TABLE
 from kvproxy.protocol.messages import (
     API_VERSIONS,
@@ -154,15 +154,32 @@ def sni_addresses(name_of: Callable[[int], str], port: Callable[[], int]) -> Add
     return lambda node_id: (name_of(node_id), port())
 
 
+class Nodes(Protocol):
+    """Gives a list of an answer's nodes rewritten: `brokers` (a broker list) leaves an entry
+    with a negative id out, otherwise (coordinators, leader endpoints) it keeps its id with
+    no address."""
+
+    def __call__(self, nodes: tuple[Any, ...], /, *, brokers: bool) -> tuple[Any, ...]: ...
+
+
 def _rewrite_nodes(
-    nodes: tuple[Any, ...], address_for: AddressFor, learned: dict[int, NodeAddress]
+    nodes: tuple[Any, ...],
+    address_for: AddressFor,
+    learned: dict[int, NodeAddress],
+    *,
+    brokers: bool,
 ) -> tuple[Any, ...]:
+    """Every node at the proxy address `address_for` gives it. A negative id is no broker
+    (Kafka names "no coordinator" or "no leader" so, host "" and port -1): whatever address
+    the broker put beside it never reaches the client."""
+    check_node_count(len(nodes))
     rewritten = []
     for node in nodes:
         # DescribeCluster names the field broker_id; every other answer node_id
         node_id = int(node.broker_id if hasattr(node, "broker_id") else node.node_id)
         if node_id < 0:
-            rewritten.append(node)
+            if not brokers:
+                rewritten.append(_no_address(node))
             continue
         address = address_for(node_id)
         if address is None:
@@ -172,6 +189,12 @@ def _rewrite_nodes(
         learned[node_id] = (node.host, int(node.port))
         rewritten.append(dataclasses.replace(node, host=address[0], port=address[1]))
     return tuple(rewritten)
+
+
+def _no_address(node: Any) -> Any:
+    if node.host == "" and int(node.port) == -1:
+        return node
+    return dataclasses.replace(node, host="", port=type(node.port)(-1))
 
 
 def _no_coordinator(node: Any) -> Any:
@@ -184,32 +207,28 @@ def _no_coordinator(node: Any) -> Any:
     )
 
 
-Rewriter = Callable[[Any, int, Callable[[tuple[Any, ...]], tuple[Any, ...]]], Any]
+Rewriter = Callable[[Any, int, Nodes], Any]
 """Gives an answer body (of a version) with its nodes replaced by what the function makes of
 them: the one place that knows where an API's answer names brokers."""
 
 
-def _brokers(body: Any, _version: int, nodes: Callable[[tuple[Any, ...]], tuple[Any, ...]]) -> Any:
-    return dataclasses.replace(body, brokers=nodes(body.brokers))
+def _brokers(body: Any, _version: int, nodes: Nodes) -> Any:
+    return dataclasses.replace(body, brokers=nodes(body.brokers, brokers=True))
 
 
-def _coordinators(
-    body: Any, version: int, nodes: Callable[[tuple[Any, ...]], tuple[Any, ...]]
-) -> Any:
+def _coordinators(body: Any, version: int, nodes: Nodes) -> Any:
     if version >= 4:
-        return dataclasses.replace(body, coordinators=nodes(body.coordinators))
-    if int(body.node_id) < 0:
-        return body
-    (node,) = nodes((body,))  # before v4 the body itself is the coordinator's address
+        return dataclasses.replace(body, coordinators=nodes(body.coordinators, brokers=False))
+    if int(body.node_id) < 0:  # no coordinator: no address either
+        return _no_address(body)
+    (node,) = nodes((body,), brokers=False)  # before v4 the body itself is the coordinator
     return node
 
 
-def _node_endpoints(
-    body: Any, _version: int, nodes: Callable[[tuple[Any, ...]], tuple[Any, ...]]
-) -> Any:
+def _node_endpoints(body: Any, _version: int, nodes: Nodes) -> Any:
     if not body.node_endpoints:
         return body
-    return dataclasses.replace(body, node_endpoints=nodes(body.node_endpoints))
+    return dataclasses.replace(body, node_endpoints=nodes(body.node_endpoints, brokers=False))
 
 
 _REWRITERS: Final[Mapping[int, tuple[int, Rewriter]]] = MappingProxyType(
@@ -241,7 +260,11 @@ def _rewrite_body(
     first, rewriter = _REWRITERS[api_key]
     if api_version < first:
         return body
-    return rewriter(body, api_version, lambda nodes: _rewrite_nodes(nodes, address_for, learned))
+
+    def nodes(entries: tuple[Any, ...], /, *, brokers: bool) -> tuple[Any, ...]:
+        return _rewrite_nodes(entries, address_for, learned, brokers=brokers)
+
+    return rewriter(body, api_version, nodes)
 
 
 def existing_topics(body: Any) -> Iterable[str]:
