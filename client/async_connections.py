@@ -23,6 +23,10 @@ from kvproxy.protocol.framing import FrameDecoder
 
 __all__ = ["CLIENT_ID", "AdminConnections", "ask_once"]
 
+DECODE_INLINE_BYTES = 256 * 1024
+"""Answers larger than this (a Metadata answer naming a million brokers is 12 MB) are decoded on
+a worker thread, not on the event loop."""
+
 CLIENT_ID = "kvproxy"
 """The client id of the proxy's and the offline commands' own requests."""
 
@@ -77,6 +81,8 @@ class _Link:
                 if not chunk:
                     raise ConnectionError(f"{host}:{port} closed the connection")
                 self.decoder.receive_data(chunk)
+            if len(payload) > DECODE_INLINE_BYTES:  # a hostile answer holds no one else
+                return await asyncio.to_thread(self.conversation.answer, bytes(payload))
             return self.conversation.answer(bytes(payload))
         except BaseException:
             self.close()

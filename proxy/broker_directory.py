@@ -89,15 +89,21 @@ class BrokerDirectory:
 
     def port_or_none(self, node_id: int) -> int | None:
         """As `port_for`, but None (logged once per node) for a node with no port: answers to
-        clients leave such a node out rather than fail, so the other brokers stay usable."""
-        try:
-            return self.port_for(node_id)
-        except ProxyError as exc:
-            if node_id not in self._unmapped and len(self._unmapped) < _MAX_UNMAPPED_LOGGED:
+        clients leave such a node out rather than fail, so the other brokers stay usable.
+        No exception is made for a node past the first `_MAX_UNMAPPED_LOGGED` (an answer
+        naming thousands of nodes with no port costs a lookup each). Called on the event loop
+        and on the decoding thread (`rewrite_off_loop`): it only reads and claims ports."""
+        port = self._listen.port_or_none(node_id)
+        if port is not None and self._port_owners.setdefault(port, node_id) == node_id:
+            return port
+        if node_id not in self._unmapped and len(self._unmapped) < _MAX_UNMAPPED_LOGGED:
+            try:
+                self.port_for(node_id)
+            except ProxyError as exc:
                 self._unmapped.add(node_id)
                 log.error("%s; answers to clients leave node %d out", exc, node_id)
                 self._metrics.unmapped_nodes.set(len(self._unmapped))
-            return None
+        return None
 
     def knows_nodes(self, nodes: dict[int, tuple[str, int]]) -> bool:
         """True when every node is known at that address and has its listener open (or has

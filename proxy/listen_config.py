@@ -154,6 +154,13 @@ class ListenConfig(Section):
             )
         return self.broker_port_base + index
 
+    def port_or_none(self, node_id: int) -> int | None:
+        """As `broker_port`, None (no exception) when the mapping gives the node no port."""
+        if self.lowest_node_id is None:
+            return self.broker_port_base + node_id % self.max_brokers
+        index = node_id - self.lowest_node_id
+        return self.broker_port_base + index if 0 <= index < self.max_brokers else None
+
     def plan_ports(self, node_ids: Iterable[int]) -> tuple[dict[int, int], list[str]]:
         """node id -> port for every node that gets one, and why the others do not (a port
         taken by a node that came earlier in `node_ids`, or no port at all)."""

@@ -12,7 +12,7 @@ import ssl
 
 from kvproxy.client.async_connections import AdminConnections
 from kvproxy.client.async_requests import answers_api_versions, fetch_broker_addresses
-from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.errors import ProtocolError, TooManyNodes
 from kvproxy.proxy.broker_directory import BrokerDirectory
 from kvproxy.proxy.cluster_readiness import ClusterReadiness
 from kvproxy.proxy.upstream_failures import describe_failure
@@ -43,6 +43,8 @@ class MetadataRefresh:
 
         `strict` (at start): a node with no port raises ProxyError, so `serve` refuses to run
         rather than serve part of the cluster; later such a node is logged and left out.
+        An answer naming more than `MAX_NODES_PER_ANSWER` brokers is a failed refresh: none
+        of them is learnt, the brokers known before stay, and the reason is logged once.
 
         A SASL-only listener closes the connection on the proxy's Metadata request (it carries
         no credentials) but answers ApiVersions, which Kafka serves before authentication: such
@@ -55,6 +57,8 @@ class MetadataRefresh:
                 )
             except (OSError, TimeoutError, ProtocolError) as exc:
                 why = describe_failure(exc, self._timeout)
+                if isinstance(exc, TooManyNodes):
+                    why += "; the brokers learnt before are kept"
                 if isinstance(exc, ConnectionError) and await answers_api_versions(
                     host, port, self._upstream_ssl, self._timeout
                 ):

@@ -316,20 +316,25 @@ async def rewrite_off_loop(
     topic_ids_seen: TopicIdsSeen | None = None,
 ) -> tuple[bytes | memoryview, dict[int, NodeAddress]]:
     """`rewrite_response` of an answer too large to decode and encode on the event loop (a
-    Metadata answer naming 100,000 topics takes seconds): decoded and encoded by `off_loop`;
-    only the node addresses are replaced on the loop (the listeners' ports belong to it)."""
-    response, existing, ids = await off_loop(lambda: decode_answer(frame, api_key, api_version))
+    Metadata answer naming 100,000 topics takes seconds): decoded, rewritten and encoded by
+    `off_loop` in one piece (`address_for` is called there: it only reads and claims ports), so
+    an answer naming many nodes holds no other client; the loop is given the topics it names.
+    An answer naming more than `MAX_NODES_PER_ANSWER` nodes raises `TooManyNodes` there."""
+
+    def work() -> tuple[bytes | memoryview, dict[int, NodeAddress], list[str], Any]:
+        response, existing, ids = decode_answer(frame, api_key, api_version)
+        rewritten, learned = rewrite_decoded(
+            response, api_key, api_version, address_for, unknown_apis=unknown_apis
+        )
+        out = frame if rewritten is None else encode_answer(rewritten, api_key, api_version)
+        return out, learned, existing, ids
+
+    out, learned, existing, ids = await off_loop(work)
     if topics_seen is not None and existing:
         topics_seen(existing)
     if topic_ids_seen is not None and ids:
         topic_ids_seen(ids.items())
-    rewritten, learned = rewrite_decoded(
-        response, api_key, api_version, address_for, unknown_apis=unknown_apis
-    )
-    if rewritten is None:
-        return frame, learned
-    done = rewritten
-    return await off_loop(lambda: encode_answer(done, api_key, api_version)), learned
+    return out, learned
 
 
 def decode_answer(
