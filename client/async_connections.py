@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvproxy.client.core import Conversation
+from kvproxy.protocol.admin import check_node_count, metadata_broker_count
 from kvproxy.protocol.framing import FrameDecoder
+from kvproxy.protocol.messages import METADATA
 
 __all__ = ["CLIENT_ID", "AdminConnections", "ask_once"]
 
@@ -81,6 +83,8 @@ class _Link:
                 if not chunk:
                     raise ConnectionError(f"{host}:{port} closed the connection")
                 self.decoder.receive_data(chunk)
+            if api_key == METADATA:  # too many brokers: refused before decoding
+                check_node_count(metadata_broker_count(payload, version))
             if len(payload) > DECODE_INLINE_BYTES:  # a hostile answer holds no one else
                 return await asyncio.to_thread(self.conversation.answer, bytes(payload))
             return self.conversation.answer(bytes(payload))

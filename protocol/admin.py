@@ -18,8 +18,9 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, Final
 
-from kvproxy.protocol.errors import TooManyNodes
+from kvproxy.protocol.errors import BufferUnderflow, TooManyNodes
 from kvproxy.protocol.framing import frame
+from kvproxy.protocol.headers import read_unsigned_varint
 from kvproxy.protocol.messages import (
     DESCRIBE_CONFIGS,
     FETCH,
@@ -139,6 +140,27 @@ def check_node_count(count: int, what: str = "brokers") -> None:
             f"the answer names {count} nodes ({what}), more than the {MAX_NODES_PER_ANSWER} "
             "one answer may name"
         )
+
+
+def metadata_broker_count(frame: bytes | memoryview, version: int) -> int:
+    """How many brokers a Metadata answer (its frame, size prefix removed) says it names, read
+    from the array's length before anything is decoded (a million brokers decode to a million
+    objects)."""
+    offset = 4  # the correlation id
+    if version >= 9:  # flexible: the header's tagged fields
+        count, offset = read_unsigned_varint(frame, offset)
+        for _ in range(count):
+            _, offset = read_unsigned_varint(frame, offset)
+            size, offset = read_unsigned_varint(frame, offset)
+            offset += size
+    if version >= 3:
+        offset += 4  # throttle_time_ms
+    if version >= 9:
+        length, _ = read_unsigned_varint(frame, offset)
+        return max(length - 1, 0)
+    if offset + 4 > len(frame):
+        raise BufferUnderflow("the answer ended before its broker count")
+    return max(int.from_bytes(frame[offset : offset + 4], "big", signed=True), 0)
 
 
 def brokers_of(answer: Any) -> dict[int, tuple[str, int]]:

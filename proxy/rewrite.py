@@ -23,7 +23,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from kvproxy.protocol.admin import check_node_count, metadata_topic_ids
+from kvproxy.protocol.admin import check_node_count, metadata_broker_count, metadata_topic_ids
 from kvproxy.protocol.api_table import API_TABLE
 from kvproxy.protocol.messages import (
     API_VERSIONS,
@@ -342,6 +342,8 @@ def decode_answer(
 ) -> tuple[Response, list[str], dict[uuid.UUID, str]]:
     """The answer decoded, and (Metadata) the topics it names that exist, and their ids (v10+:
     what Produce v13 names them by)."""
+    if api_key == METADATA:  # too many brokers: refused before a million objects are made
+        check_node_count(metadata_broker_count(frame, api_version))
     response: Response = decode_response(frame, api_key, api_version)
     if api_key != METADATA:
         return response, [], {}

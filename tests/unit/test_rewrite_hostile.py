@@ -157,3 +157,15 @@ def test_an_answer_naming_more_brokers_than_the_bound_is_refused() -> None:
     within = frame_of(METADATA, 12, _metadata_v12(brokers[:MAX_NODES_PER_ANSWER]))
     _, learned = rewrite_response(within, METADATA, 12, ADDRESSES)
     assert len(learned) == MAX_NODES_PER_ANSWER
+
+
+@pytest.mark.parametrize("version", [0, 1, 3, 8, 9, 12])
+def test_the_broker_count_is_read_before_decoding(version: int) -> None:
+    """What `metadata_broker_count` reads from the frame is what the answer decodes to."""
+    from kvproxy.protocol.admin import metadata_broker_count
+    from tests.harness.stub_upstream import StubCluster
+
+    with StubCluster((1, 2, 3, 4)) as stub:
+        answer = stub._metadata(version, 5, type("NoTopics", (), {"topics": ()})())
+    assert metadata_broker_count(answer, version) == 4
+    assert len(decode_response(answer, METADATA, version).body.brokers) == 4
