@@ -21,8 +21,8 @@ from kvproxy.protocol.framing import Frame, FrameDecoder, size_prefix
 from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.reasons import CloseReason, PauseReason
 from kvproxy.proxy.rewrite import (
-    REWRITE_INLINE_BYTES,
     needs_rewrite,
+    rewrite_inline,
     rewrite_off_loop,
     rewrite_response,
 )
@@ -127,7 +127,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             )
             return
         if needs_rewrite(slot.api_key, slot.api_version):
-            if len(payload) > REWRITE_INLINE_BYTES:  # rewritten off the loop, answered in order
+            if not rewrite_inline(payload, slot.api_key, slot.api_version):  # off the loop
                 self._client.spawn(self._learn_then_answer(slot, payload, None))
                 return
             nodes = self._client.state.nodes

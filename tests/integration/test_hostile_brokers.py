@@ -144,3 +144,41 @@ def test_the_refresh_keeps_its_last_good_view_when_an_answer_is_oversized(
     said = [r.getMessage() for r in caplog.records if f"{TOO_MANY} nodes" in r.getMessage()]
     assert len(said) == 1, said  # the same reason is said once, not at every retry
     assert "metadata from" in said[0] and "learnt before are kept" in said[0]
+
+
+def test_a_small_answer_naming_many_brokers_is_rewritten_off_the_loop(
+    hostile: HostileStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5,000 brokers with short names (about 90 KB, within the bound): held on a gate where
+    their count is checked, another client's ApiVersions is answered meanwhile (before: an
+    answer under 256 KiB was rewritten on the loop, which the gate held), then the answer
+    comes, naming no broker's own host."""
+    import kvproxy.proxy.rewrite as rewrite_module
+
+    real_check = rewrite_module.check_node_count
+    reached, gate = threading.Event(), threading.Event()
+
+    def gated(count: int, what: str = "brokers") -> None:
+        if count > 1000:
+            reached.set()
+            assert gate.wait(60)
+        real_check(count, what)
+
+    monkeypatch.setattr(rewrite_module, "check_node_count", gated)
+    with run_proxy(hostile.bootstrap, max_brokers=10) as running:
+        hostile.extra = tuple((100 + n, f"s{n}") for n in range(5_000))
+        with (
+            RawKafkaClient(running.host, running.port) as asking,
+            RawKafkaClient(running.host, running.port) as innocent,
+        ):
+            asking.send_frame(metadata_request(12, 31, [hostile.topic]))
+            try:
+                wait_until(reached.is_set, "the rewrite reached its gate", timeout=60)
+                answer = innocent.request(api_versions_request(3, 5), timeout=30)
+                assert int(decode_response(answer, API_VERSIONS, 3).body.error_code) == 0
+            finally:
+                gate.set()
+            big = asking.recv_frame(timeout=60)
+    brokers = decode_response(big, METADATA, 12).body.brokers
+    assert {1, 2, 3} <= {int(b.node_id) for b in brokers}
+    assert {str(b.host) for b in brokers} == {running.host}
