@@ -3,7 +3,8 @@ nothing cost the proxy, and what another client sees meanwhile.
 
 Tansu, `kvproxy serve` from this file's checkout with an SNI listener (default limits unless
 `--limits` gives some, as YAML: "{max_tls_handshakes: 1000}"). The hostile client opens
-`--connections` connections (default 5,000) from 127.0.0.3 to the SNI port, each sending the
+`--connections` connections (default 5,000) from 127.0.0.3 (`--addresses N`: spread over
+127.0.1.3 ... 127.0.N.3) to the SNI port, each sending the
 first 10 bytes of a ClientHello, and holds them `--hold` seconds (default 10); the other client of
 `bench/hostile.py` (one small Produce at a time, from 127.0.0.2, on the plain bootstrap port)
 runs throughout. The whole run is capped at 60 s of attack; this process raises its own open file
@@ -75,7 +76,9 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
-def attack(port: int, count: int, hold_s: float, proxy: Any, started: float) -> dict[str, Any]:
+def attack(
+    port: int, count: int, hold_s: float, proxy: Any, *, started: float, addresses: int
+) -> dict[str, Any]:
     hello = client_hello_start()
     socks: list[socket.socket] = []
     refused_connect = 0
@@ -85,7 +88,7 @@ def attack(port: int, count: int, hold_s: float, proxy: Any, started: float) -> 
             if time.monotonic() - started > ATTACK_CAP_S:
                 break
             sock = socket.socket()
-            sock.bind((HOSTILE_HOST, 0))
+            sock.bind((f"127.0.{1 + n % addresses}.3", 0) if addresses > 1 else (HOSTILE_HOST, 0))
             sock.settimeout(5)
             try:
                 sock.connect(("127.0.0.1", port))
@@ -137,7 +140,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 quiet_end = time.perf_counter()
                 rss_before, fds_before = p.rss_bytes(), fds_of(p)
                 start = time.perf_counter()
-                figures = attack(sni_port, args.connections, args.hold, p, time.monotonic())
+                figures = attack(
+                    sni_port,
+                    args.connections,
+                    args.hold,
+                    p,
+                    started=time.monotonic(),
+                    addresses=args.addresses,
+                )
                 end = time.perf_counter()
                 time.sleep(5)
                 rss_after, fds_after = p.rss_bytes(), fds_of(p)
@@ -148,6 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "connections": args.connections,
         "hold_s": args.hold,
+        "addresses": args.addresses,
         "limits": args.limits or "defaults",
         "bench_open_file_limit": limit,
         **figures,
@@ -168,6 +179,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=5000)
     parser.add_argument("--hold", type=float, default=10.0)
     parser.add_argument("--limits", default="", help="YAML mapping")
+    parser.add_argument("--addresses", type=int, default=1, help="from 127.0.N.3, N=1..")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report(run(args), args.json)

@@ -8,8 +8,9 @@ logged as the other connection refusals are).
 A handshake begun while half of `max_tls_handshakes` or more are in progress gets the short
 timeout `limits.tls_handshake_pressure_timeout_ms`: stalled handshakes give their slots back
 sooner, and those already under way (real clients among them) are never cut short. After a burst
-of handshakes the memory their sessions held is handed back to the system (glibc's `malloc_trim`),
-which otherwise keeps it.
+of handshakes (256 or more in progress, then a quarter of that) the memory their sessions held is
+handed back to the system: a full garbage collection (the TLS protocol and its app protocol make a
+reference cycle) and glibc's `malloc_trim`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import collections
 import ctypes
 import ctypes.util
 import functools
+import gc
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -117,7 +119,10 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def trim_memory() -> None:
-    """Hand the free memory of the C heap back to the system (glibc only)."""
+    """Collect the reference cycles a TLS protocol and its app protocol make (they hold the
+    sessions' buffers until collected), then hand the free memory of the C heap back to the
+    system (glibc only)."""
+    gc.collect()
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
