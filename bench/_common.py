@@ -332,11 +332,13 @@ def start_proxy(
     rules: str = "",
     workers: int = 1,
     extra_yaml: str = "",
+    listen_yaml: str = "",
     ready_timeout: float = 20.0,
 ) -> Iterator[ProxyProcess]:
     """`kvproxy serve` in front of `upstream`, default checks unless `rules` adds topic rules.
 
-    `rules` is YAML appended to the config (say `RECORD_LEVEL_RULE.format(pattern="rl-*")`).
+    `rules` is YAML appended to the config (say `RECORD_LEVEL_RULE.format(pattern="rl-*")`);
+    `listen_yaml` more keys of the `listen` mapping (", sni: {...}").
     Stopped with SIGTERM (then SIGKILL) on exit; its stderr goes to a file, printed on failure.
     """
     with tempfile.TemporaryDirectory(prefix="kvbench-") as tmp:
@@ -344,7 +346,7 @@ def start_proxy(
         port = free_port()
         config = Path(tmp) / "kvproxy.yaml"
         config.write_text(
-            f"listen: {{port: {port}, broker_port_base: {base}, max_brokers: 200}}\n"
+            f"listen: {{port: {port}, broker_port_base: {base}, max_brokers: 200{listen_yaml}}}\n"
             f"upstream: {{bootstrap_servers: ['{upstream}']}}\n"
             "metrics: {port: 0}\n" + extra_yaml + rules
         )

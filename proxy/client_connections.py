@@ -17,6 +17,7 @@ from kvproxy.proxy.config import LimitsConfig
 from kvproxy.proxy.metrics import MAX_NODE_LABELS, ProxyMetrics
 from kvproxy.proxy.reasons import CloseReason
 from kvproxy.proxy.relay_state import REFUSAL_LOG_INTERVAL_S, listener_words
+from kvproxy.proxy.tls_accept import handshake_done
 from kvproxy.proxy.upstream_dialer import UpstreamDialer
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class ClientConnections:
         `limits.max_connections_per_listener` or `limits.max_connections_per_client`."""
         limits = self._limits
         listener, host = (client.listener, client.node_id), client.client_host
+        handshake_done(client.transport)  # no longer counted as a handshake in progress
         self._count_accepted(client)
         if (
             self._per_listener[listener] >= limits.max_connections_per_listener
@@ -72,6 +74,21 @@ class ClientConnections:
         self._clients.add(client)
         self._metrics.client_connections.inc()
         return True
+
+    def open_from(self, host: str) -> int:
+        """Open connections from the address `host`, over all listeners."""
+        return self._per_client[host]
+
+    def open_on(self, listener: tuple[str, int | None]) -> int:
+        """Open connections of (listener, node)."""
+        return self._per_listener[listener]
+
+    def refuse(self, reason: CloseReason) -> None:
+        """A connection refused when accepted, before its TLS handshake (`tls_admission`):
+        counted under `reason` and logged with the other refusals."""
+        self._metrics.closed.labels(reason).inc()
+        self._refused += 1
+        self.log_refusals(asyncio.get_running_loop().time())
 
     def _count_accepted(self, client: ClientConnection) -> None:
         node_id = client.node_id

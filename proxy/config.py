@@ -126,6 +126,20 @@ class LimitsConfig(Section):
     """Open client connections from one IP address, over all listeners. One misbehaving host
     (a connection leak, a reconnect loop) should not take every slot of a listener: a tenth of the
     listener limit leaves room for nine other such hosts. Hosts behind one NAT share the count."""
+    max_tls_handshakes: int = Field(default=1_000, ge=2)
+    """TLS handshakes in progress at once on every TLS listener of this process. A handshake in
+    progress holds a socket and the TLS session's buffers (about 60 KiB); a real client's takes
+    a round trip and a few milliseconds, so even a fleet reconnecting at once stays far below.
+    A connection accepted beyond it is closed at once (`too_many_handshakes`)."""
+    max_tls_handshakes_per_client: int = Field(default=100, ge=1)
+    """TLS handshakes in progress at once from one IP address: one host cannot take every
+    handshake slot. Beyond it a new connection is closed at once (`too_many_handshakes`)."""
+    tls_handshake_timeout_ms: int = Field(default=60_000, ge=10)
+    """A TLS handshake not finished this long after accept is closed (reason `timeout`)."""
+    tls_handshake_pressure_timeout_ms: int = Field(default=5_000, ge=10)
+    """The timeout of a handshake begun while half of `max_tls_handshakes` or more are in
+    progress: connections that stall their handshake give their slot back sooner, while a real
+    client (a round trip and a few milliseconds) still finishes well within it."""
     idle_timeout_ms: int = Field(default=600_000, ge=10)
     """A connection with no request in flight and no bytes received for this long is closed
     (10 minutes, just above Kafka's `connections.max.idle.ms` of 9 minutes, so the broker, which

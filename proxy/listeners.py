@@ -35,6 +35,7 @@ from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.sni_route import SniRoute
 from kvproxy.proxy.timeout_sweep import sweep_timeouts
 from kvproxy.proxy.tls_accept import HandshakeFailures, serve_tls
+from kvproxy.proxy.tls_admission import HandshakeGate
 from kvproxy.proxy.tls_context import ListenerContext, listener_context
 from kvproxy.proxy.upstream_dialer import UpstreamDialer
 
@@ -94,6 +95,8 @@ class Listeners:
             connect_timeout_s=timeout,
         )
         self.connections = ClientConnections(config.limits, metrics, upstreams)
+        self.handshakes = HandshakeGate(config.limits, self.connections)
+        """TLS handshakes in progress, admitted against the limits from accept."""
         sni = config.listen.sni
         self._sni_route = (
             None if sni is None else SniRoute(sni, self.brokers, self.metadata.refresh)
@@ -125,6 +128,7 @@ class Listeners:
             route=self._sni_route,
             failures=self.handshake_failures,
             reuse_port=self._reuse_port,
+            gate=self.handshakes,
         )
         bound = self._sni_server.sockets[0].getsockname()
         log.info(
@@ -193,6 +197,7 @@ class Listeners:
             route=None,
             failures=self.handshake_failures,
             reuse_port=self._reuse_port,
+            gate=self.handshakes,
         )
 
     def is_open(self, node_id: int) -> bool:

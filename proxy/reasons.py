@@ -24,6 +24,7 @@ class CloseReason(StrEnum):
     IDLE = "idle"
     INTERNAL_ERROR = "internal_error"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOO_MANY_HANDSHAKES = "too_many_handshakes"
 
 
 class PauseReason(StrEnum):

@@ -39,6 +39,13 @@ Route: TypeAlias = Callable[[str | None], int | Refusal | None]
 """SNI listener: the server name (None: the client sent none) -> node id, None for the
 bootstrap, or a Refusal (reason label, e.g. "no_matching_name", "unknown_node", "no_sni")."""
 
+Gate: TypeAlias = Callable[
+    [Callable[[float, Callable[[], None]], asyncio.BaseProtocol], tuple[str, int | None]],
+    asyncio.BaseProtocol,
+]
+"""Admits a connection before its TLS protocol is made (`kvproxy.proxy.tls_admission`):
+(make the TLS protocol from a timeout and what ends the count, (listener, node)) -> a protocol."""
+
 AppProtocol: TypeAlias = Callable[[int | None, "Acceptance"], asyncio.BaseProtocol]
 """Makes the app protocol of an accepted connection: (the listener's node, its acceptance)."""
 
@@ -80,8 +87,11 @@ class Acceptance:
         route: Route | None,
         failures: HandshakeFailures,
         handshake_timeout_s: float,
+        end: Callable[[], None] | None = None,
     ) -> None:
         self.listener = listener
+        self.end_handshake = end
+        """Ends its count among the handshakes in progress (`tls_admission`); None: not counted."""
         self.node_id = node_id
         self.peer = "unknown"
         self.server_name = None
@@ -114,6 +124,16 @@ class Acceptance:
         finally:
             self._context.accepting = None
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.handshake_ended()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def handshake_ended(self) -> None:
+        """The handshake is over (done, failed or closed): it no longer counts as in progress."""
+        end, self.end_handshake = self.end_handshake, None
+        if end is not None:
+            end()
+
     def recorded(self, failure: ssl.SSLError) -> None:
         """The SSL object's handshake raised `failure` (kept if it is the first)."""
         if self.failure is None:
@@ -137,6 +157,7 @@ class Acceptance:
         return None
 
     def _handshake_ended(self, waiter: asyncio.Future[None]) -> None:
+        self.handshake_ended()
         ended = None if waiter.cancelled() else waiter.exception()
         if ended is None and self.failure is None and self.refusal is None:
             return
@@ -173,6 +194,15 @@ def acceptance_class(loop: asyncio.AbstractEventLoop) -> type[Acceptance]:
     return found
 
 
+def handshake_done(transport: asyncio.BaseTransport | None) -> None:
+    """The app protocol of `transport` is connected: its handshake (if TLS) is over."""
+    if transport is None:
+        return
+    acceptance = getattr(transport.get_extra_info("ssl_object"), "acceptance", None)
+    if isinstance(acceptance, Acceptance):
+        acceptance.handshake_ended()
+
+
 def on_server_name(tls: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> int | None:
     """The listener contexts' `sni_callback`: hands the name to the connection's acceptance."""
     acceptance: Acceptance | None = getattr(tls, "acceptance", None)
@@ -194,12 +224,14 @@ async def serve_tls(
     failures: HandshakeFailures,
     reuse_port: bool,
     handshake_timeout_s: float = 60.0,
+    gate: Gate | None = None,
 ) -> asyncio.Server:
-    """A TLS listener whose failed handshakes are logged and counted (see the module's text)."""
+    """A TLS listener whose failed handshakes are logged and counted (see the module's text);
+    with a `gate`, each connection is admitted by it first (`kvproxy.proxy.tls_admission`)."""
     context.sni_callback = on_server_name
     accepting = acceptance_class(loop)
 
-    def accept() -> asyncio.BaseProtocol:
+    def make(timeout_s: float, end: Callable[[], None] | None) -> asyncio.BaseProtocol:
         return accepting(  # type: ignore[return-value]
             loop,
             app_protocol,
@@ -208,8 +240,14 @@ async def serve_tls(
             node_id=node_id,
             route=route,
             failures=failures,
-            handshake_timeout_s=handshake_timeout_s,
+            handshake_timeout_s=timeout_s,
+            end=end,
         )
+
+    def accept() -> asyncio.BaseProtocol:
+        if gate is None:
+            return make(handshake_timeout_s, None)
+        return gate(make, (listener, node_id))
 
     return await loop.create_server(
         accept, host=host, port=port, reuse_address=True, reuse_port=reuse_port
