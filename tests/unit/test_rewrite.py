@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i16, i32, i32Timedelta, i64
+from kio.static.primitive import i16, i32
 
 from kvproxy.protocol.api_table import API_TABLE
 from kvproxy.protocol.messages import (
@@ -20,8 +19,6 @@ from kvproxy.protocol.messages import (
     SHARE_ACKNOWLEDGE,
     SHARE_FETCH,
     decode_response,
-    encode_response,
-    make_response,
     supported_versions,
 )
 from kvproxy.proxy.rewrite import (
@@ -33,20 +30,14 @@ from kvproxy.proxy.rewrite import (
     trim_api_versions,
     unsupported_api_versions_answer,
 )
-
-PROXY_HOST = "proxy.example"
-ZERO = i32Timedelta.parse(datetime.timedelta(0))
-
-
-def port_for(node_id: int) -> int:
-    return 20_000 + node_id
-
-
-ADDRESSES = proxy_addresses(PROXY_HOST, port_for)
-
-
-def frame_of(api_key: int, version: int, body: Any, correlation_id: int = 42) -> bytes:
-    return encode_response(api_key, version, make_response(api_key, version, correlation_id, body))
+from tests.harness.rewrite_answers import (
+    ADDRESSES,
+    PROXY_HOST,
+    ZERO,
+    fetch_v16_answer,
+    frame_of,
+    produce_v10_answer,
+)
 
 
 def rewrite(api_key: int, version: int, body: Any) -> tuple[bytes, Any, dict[int, tuple[str, int]]]:
@@ -378,36 +369,12 @@ def test_describe_cluster_brokers(version: int) -> None:
 # ---- Produce v10 / Fetch v16 node_endpoints ----
 
 
-def _produce_v10(endpoints: tuple[Any, ...]) -> Any:
-    from kio.schema.produce.v10.response import (
-        PartitionProduceResponse,
-        ProduceResponse,
-        TopicProduceResponse,
-    )
-
-    return ProduceResponse(
-        responses=(
-            TopicProduceResponse(
-                name="orders",
-                partition_responses=(
-                    PartitionProduceResponse(
-                        index=i32(0),
-                        error_code=ErrorCode(6),  # NOT_LEADER_OR_FOLLOWER: the new leader is named
-                        base_offset=i64(-1),
-                        record_errors=(),
-                    ),
-                ),
-            ),
-        ),
-        throttle_time=ZERO,
-        node_endpoints=endpoints,
-    )
-
-
 def test_produce_v10_node_endpoints() -> None:
     from kio.schema.produce.v10.response import NodeEndpoint
 
-    body = _produce_v10((NodeEndpoint(node_id=i32(4), host="kafka-4", port=i32(9095), rack="r"),))
+    body = produce_v10_answer(
+        (NodeEndpoint(node_id=i32(4), host="kafka-4", port=i32(9095), rack="r"),)
+    )
     _, decoded, learned = rewrite(PRODUCE, 10, body)
     assert [(e.node_id, e.host, e.port, e.rack) for e in decoded.node_endpoints] == [
         (4, PROXY_HOST, 20_004, "r")
@@ -417,7 +384,7 @@ def test_produce_v10_node_endpoints() -> None:
 
 
 def test_produce_v10_without_endpoints_is_the_same_bytes_object() -> None:
-    original = frame_of(PRODUCE, 10, _produce_v10(()))
+    original = frame_of(PRODUCE, 10, produce_v10_answer(()))
     out, learned = rewrite_response(original, PRODUCE, 10, ADDRESSES)
     assert out is original
     assert learned == {}
@@ -434,46 +401,16 @@ def test_a_produce_answer_naming_no_broker_is_passed_on_undecoded(
         raise AssertionError("decoded")
 
     monkeypatch.setattr(rewrite_module, "decode_response", no_decoding)
-    original = frame_of(PRODUCE, 10, _produce_v10(()))
+    original = frame_of(PRODUCE, 10, produce_v10_answer(()))
     out, learned = rewrite_response(original, PRODUCE, 10, ADDRESSES)
     assert out is original
     assert learned == {}
 
 
-def _fetch_v16(endpoints: tuple[Any, ...]) -> Any:
-    import uuid
-
-    from kio.schema.fetch.v16.response import (
-        FetchableTopicResponse,
-        FetchResponse,
-        PartitionData,
-    )
-
-    return FetchResponse(
-        throttle_time=ZERO,
-        error_code=ErrorCode(0),
-        responses=(
-            FetchableTopicResponse(
-                topic_id=uuid.UUID(int=9),
-                partitions=(
-                    PartitionData(
-                        partition_index=i32(0),
-                        error_code=ErrorCode(0),
-                        high_watermark=i64(5),
-                        aborted_transactions=None,
-                        records=b"",
-                    ),
-                ),
-            ),
-        ),
-        node_endpoints=endpoints,
-    )
-
-
 def test_fetch_v16_node_endpoints() -> None:
     from kio.schema.fetch.v16.response import NodeEndpoint
 
-    body = _fetch_v16(
+    body = fetch_v16_answer(
         (
             NodeEndpoint(node_id=i32(1), host="kafka-1", port=i32(9092)),
             NodeEndpoint(node_id=i32(2), host="kafka-2", port=i32(9092)),
@@ -489,7 +426,7 @@ def test_fetch_v16_node_endpoints() -> None:
 
 
 def test_fetch_v16_without_endpoints_is_the_same_bytes_object() -> None:
-    original = frame_of(FETCH, 16, _fetch_v16(()))
+    original = frame_of(FETCH, 16, fetch_v16_answer(()))
     out, learned = rewrite_response(original, FETCH, 16, ADDRESSES)
     assert out is original
     assert learned == {}

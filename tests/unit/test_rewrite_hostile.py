@@ -20,7 +20,14 @@ from kvproxy.protocol.messages import (
     decode_response,
 )
 from kvproxy.proxy.rewrite import rewrite_response
-from tests.unit.test_rewrite import ADDRESSES, PROXY_HOST, ZERO, _fetch_v16, _produce_v10, frame_of
+from tests.harness.rewrite_answers import (
+    ADDRESSES,
+    PROXY_HOST,
+    ZERO,
+    fetch_v16_answer,
+    frame_of,
+    produce_v10_answer,
+)
 
 SECRET = "secret-broker.internal"
 
@@ -105,11 +112,15 @@ def _hostile_answers() -> list[tuple[int, int, Any]]:
         (
             PRODUCE,
             10,
-            _produce_v10(
+            produce_v10_answer(
                 (ProduceEndpoint(node_id=i32(-2), host=SECRET, port=i32(9092), rack=None),)
             ),
         ),
-        (FETCH, 16, _fetch_v16((FetchEndpoint(node_id=i32(-3), host=SECRET, port=i32(9092)),))),
+        (
+            FETCH,
+            16,
+            fetch_v16_answer((FetchEndpoint(node_id=i32(-3), host=SECRET, port=i32(9092)),)),
+        ),
     ]
 
 

@@ -111,6 +111,7 @@ class Client:
     def __init__(self, listener: str, node_id: int | None, host: str = "10.0.0.1") -> None:
         self.listener, self.node_id = listener, node_id
         self.client_host, self.peer = host, f"{host}:1"
+        self.transport = None  # a plain connection: no TLS handshake to stop counting
 
 
 def test_connection_limits_count_each_node_of_the_sni_listener_apart() -> None:
