@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -95,6 +96,20 @@ class ConnectWorker:
 
     def log(self) -> str:
         return self.log_file.read_text(errors="replace")
+
+    def wait_for_log(self, patterns: list[str], timeout: float = 60) -> str:
+        """The worker's log once every regular expression of `patterns` is found in it (a task
+        is FAILED in its status before its producer is closed and says so); raises naming the
+        first missing pattern otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self.log()
+            missing = [pattern for pattern in patterns if not re.search(pattern, log)]
+            if not missing:
+                return log
+            if time.monotonic() > deadline:
+                raise ConnectError(f"not in the worker's log within {timeout}s: {missing[0]}")
+            time.sleep(0.2)
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """(HTTP status, decoded JSON answer or None) of one REST call."""
