@@ -25,7 +25,8 @@ typedef struct {
 } Scan;
 
 /* A zigzag varint of at most max_bytes bytes; 0 when it does not end within them or within the
- * buffer. Its value is exact up to 9 bytes (the longest read for a value here is 5). */
+ * buffer. One of 5 bytes is Kafka's int: 0 too when its fifth byte holds bits beyond the 32nd,
+ * which Kafka's ByteUtils.readVarint drops and aiokafka's reader keeps (the reader decides). */
 static inline int
 read_varint(Cursor *cur, int max_bytes, int64_t *value)
 {
@@ -40,6 +41,8 @@ read_varint(Cursor *cur, int max_bytes, int64_t *value)
         uint8_t byte = cur->data[cur->pos++];
         raw |= (uint64_t)(byte & 0x7F) << shift;
         if (!(byte & 0x80)) {
+            if (max_bytes == 5 && (raw >> 32))
+                return 0;
             *value = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
             return 1;
         }
@@ -47,35 +50,20 @@ read_varint(Cursor *cur, int max_bytes, int64_t *value)
     return 0;
 }
 
-/* The timestamp delta: a zigzag varint of up to 10 bytes (70 bits, as Python reads it), added
- * to first_timestamp; 0 unless it ends in time and the sum is an int64. */
+/* The timestamp delta: a zigzag varlong of up to 10 bytes read as Kafka's ByteUtils.readVarlong
+ * and aiokafka's reader read it, into 64 bits (a tenth byte gives only its lowest bit), added
+ * to first_timestamp as Java adds two longs: wrapping. 0 only when it does not end in time. */
 static inline int
 read_timestamp(Cursor *cur, int64_t first, int64_t *timestamp)
 {
-    uint64_t low = 0, high = 0; /* bits 0-63 and 64-69 of the raw varint */
+    uint64_t raw = 0;
     Py_ssize_t end = cur->size - cur->pos < 10 ? cur->size : cur->pos + 10;
     for (int shift = 0; cur->pos < end; shift += 7) {
         uint8_t byte = cur->data[cur->pos++];
-        uint64_t bits = byte & 0x7F;
-        low |= bits << shift;
-        if (shift == 63)
-            high = bits >> 1;
+        raw |= (uint64_t)(byte & 0x7F) << shift; /* shift 63: all but the lowest bit drop */
         if (!(byte & 0x80)) {
-            uint64_t magnitude = (low >> 1) | (high << 63); /* (raw >> 1), low 64 bits */
-            if (high >> 1) /* |delta| >= 2**64: no int64 first_timestamp brings it in range */
-                return 0;
-            if (low & 1) { /* delta = -(magnitude + 1) */
-                uint64_t room = (uint64_t)first - (uint64_t)INT64_MIN; /* first - INT64_MIN */
-                if (magnitude >= room)
-                    return 0;
-                *timestamp = (int64_t)((uint64_t)first - magnitude - 1);
-            }
-            else {
-                uint64_t room = (uint64_t)INT64_MAX - (uint64_t)first; /* INT64_MAX - first */
-                if (magnitude > room)
-                    return 0;
-                *timestamp = (int64_t)((uint64_t)first + magnitude);
-            }
+            uint64_t delta = (raw >> 1) ^ (0 - (raw & 1)); /* zigzag, as two's complement */
+            *timestamp = (int64_t)((uint64_t)first + delta);
             return 1;
         }
     }

@@ -48,15 +48,16 @@ PYTHON_SKIM_FROM_BYTES_PER_RECORD = 16 * 1024
 the C reader's copies cost more than the Python steps, and a single copy can hold the GIL for
 long."""
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_UINT64 = 2**64 - 1
+_INT64_HALF, _INT64_SPAN = 2**63, 2**64
 
 
 class _Malformed(Exception):
     """Not plainly well formed: the C reader decides."""
 
 
-def _varint(view: memoryview, pos: int, max_bytes: int) -> tuple[int, int]:
-    """A zigzag varint at `pos` of at most `max_bytes` bytes; (value, position after it)."""
+def _raw_varint(view: memoryview, pos: int, max_bytes: int) -> tuple[int, int]:
+    """The unsigned varint at `pos` of at most `max_bytes` bytes; (value, position after it)."""
     result = 0
     shift = 0
     end = min(len(view), pos + max_bytes)
@@ -65,9 +66,29 @@ def _varint(view: memoryview, pos: int, max_bytes: int) -> tuple[int, int]:
         pos += 1
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
+            return result, pos
         shift += 7
     raise _Malformed
+
+
+def _varint(view: memoryview, pos: int, max_bytes: int) -> tuple[int, int]:
+    """A zigzag varint at `pos` of at most `max_bytes` bytes; (value, position after it). One of
+    5 bytes is Kafka's int: a fifth byte with bits beyond the 32nd, which Kafka's
+    `ByteUtils.readVarint` drops and aiokafka's reader keeps, is left to the reader."""
+    raw, pos = _raw_varint(view, pos, max_bytes)
+    if max_bytes == 5 and raw >> 32:
+        raise _Malformed
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _timestamp(view: memoryview, pos: int, first_timestamp: int) -> tuple[int, int]:
+    """The record's timestamp: its delta, a zigzag varlong of at most 10 bytes read into 64 bits
+    as Kafka's `ByteUtils.readVarlong` and aiokafka's reader read it (of a tenth byte only the
+    lowest bit counts), added to the first timestamp as Java adds longs, wrapping."""
+    raw, pos = _raw_varint(view, pos, 10)
+    raw &= _UINT64
+    delta = (raw >> 1) ^ -(raw & 1)
+    return (first_timestamp + delta + _INT64_HALF) % _INT64_SPAN - _INT64_HALF, pos
 
 
 def _skip(view: memoryview, pos: int, nullable: bool) -> tuple[bool, int]:
@@ -111,11 +132,10 @@ def _skim(
         if length < 0 or start + length > len(view):
             raise _Malformed
         _, pos = _varint(view, pos, 1)  # attributes: one byte, read as a varint by aiokafka
-        delta, pos = _varint(view, pos, 10)
+        timestamp, pos = _timestamp(view, pos, first_timestamp)
         _, pos = _varint(view, pos, 5)  # offset delta
-        timestamp = max_timestamp if log_append else first_timestamp + delta
-        if not _INT64_MIN <= timestamp <= _INT64_MAX:
-            raise _Malformed
+        if log_append:
+            timestamp = max_timestamp
         null_key, pos = _skip(view, pos, nullable=True)
         _, pos = _skip(view, pos, nullable=True)  # value
         headers, pos = _varint(view, pos, 5)

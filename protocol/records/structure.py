@@ -46,7 +46,8 @@ def v2_structure_error(
 
 
 def _read_varint(data: memoryview, pos: int) -> tuple[int | None, int]:
-    """A zigzag varint (at most 5 bytes) at `pos`, or None when the input ends inside it."""
+    """A zigzag varint at `pos` read as Kafka's `ByteUtils.readVarint` reads an int: at most 5
+    bytes, the bits beyond the 32nd dropped; None when the input ends inside it."""
     raw = 0
     for shift in range(0, 35, 7):
         if pos >= len(data):
@@ -55,5 +56,6 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int | None, int]:
         pos += 1
         raw |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            raw &= 0xFFFF_FFFF
             return (raw >> 1) ^ -(raw & 1), pos
     return -1, pos  # longer than an int's varint: Kafka refuses it as malformed

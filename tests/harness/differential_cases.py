@@ -17,6 +17,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -454,12 +455,33 @@ def _stateless(case: Case) -> bool:
     return len(records) < 51 or struct.unpack_from(">q", records, 43)[0] < 0
 
 
+def varlong_cases() -> list[Case]:
+    """A timestamp delta of 10 bytes whose raw value passes 64 bits: Kafka keeps the low 64 (and
+    so must the proxy's checks). Written for the moment they are made (the broker's and the
+    proxy's clock then), not moved: their first timestamps are far from any clock."""
+    now = int(time.time() * 1000)
+    # raw 2**64: in 70 bits now + 10 minutes; Kafka reads delta 0, a timestamp 2**63 ms ago
+    ago = now + 600_000 - 2**63
+    hidden_past = v2_batch([(0, ago + 2**63, b"k", b"v")], base_timestamp=ago, max_timestamp=ago)
+    # raw 2**64 + 1: in 70 bits 2**63 ms before the first; Kafka reads -1, 30 days ahead
+    ahead = now + 30 * 24 * HOUR_MS
+    hidden_future = v2_batch(
+        [(0, ahead + 1 - 2**63 - 1, b"k", b"v")], base_timestamp=ahead + 1, max_timestamp=ahead
+    )
+    week = settings_of(message_timestamp_before_max_ms=7 * 24 * HOUR_MS)
+    return [
+        Case("varlong/delta-2**64-past-a-week", hidden_past, week, group="varlong/past"),
+        Case("varlong/delta-2**64+1-a-month-ahead", hidden_future, (), group="varlong/ahead"),
+    ]
+
+
 def all_cases(work: Path) -> list[Case]:
     """Every case, the port's repeated inputs once (several of its tests send the same
     records to topics with the same settings: the proxy's checks are the default ones here)."""
     cases: list[Case] = []
     seen: set[tuple[object, ...]] = set()
-    for case in (*port_cases(work), *corpus_cases(), *made_cases(), *mutated_cases()):
+    every = (*port_cases(work), *corpus_cases(), *made_cases(), *varlong_cases(), *mutated_cases())
+    for case in every:
         key = (case.records, case.settings, case.clock_ms, case.acks)
         if _stateless(case) and case.name.startswith("port/"):
             if key in seen:

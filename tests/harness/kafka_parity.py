@@ -211,7 +211,9 @@ def patch(raw: bytes, fmt: str, position: int, value: int, *, fix_crc: bool = Tr
 
 
 def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
+    """`value` zigzag-encoded, whatever its width (a delta beyond int64 takes 10 bytes or more,
+    as a hostile client may write it)."""
+    zigzag = value << 1 if value >= 0 else ((-value) << 1) - 1
     out = bytearray()
     while True:
         byte = zigzag & 0x7F

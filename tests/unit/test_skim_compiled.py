@@ -119,7 +119,8 @@ def plain(*records: bytes) -> bytes:
 
 def agree(buffer: Any, count: int, first: int, max_ts: int, log_append: bool) -> Any:
     """Both skims on the same input; their common answer. The compiled value reader declines
-    exactly the batches the skims decline, and reads the others' values as aiokafka does."""
+    exactly the batches the skims decline, and what they accept aiokafka's C reader reads to the
+    same values, count, timestamps and null keys."""
     expected = python_skim_v2(buffer, count, first, max_ts, log_append)
     shown = (bytes(buffer)[V2_HEADER_SIZE : V2_HEADER_SIZE + 80], count, first, max_ts, log_append)
     assert compiled_skim()(buffer, count, first, max_ts, log_append) == expected, shown
@@ -127,16 +128,26 @@ def agree(buffer: Any, count: int, first: int, max_ts: int, log_append: bool) ->
     if expected is None:
         assert values is None, shown
     else:
-        assert values == reader_values(bytes(buffer), count), shown
+        records = reader_records(bytes(buffer), count, first, max_ts, log_append)
+        assert values == [record.value for record in records], shown
+        if records:
+            stamps = [record.timestamp for record in records]
+            nulls = sum(record.key is None for record in records)
+            assert expected == (len(records), min(stamps), max(stamps), nulls), shown
     return expected
 
 
-def reader_values(batch: bytes, count: int) -> list[bytes | None]:
-    """The values aiokafka's C reader reads from an uncompressed batch (the count put in its
-    header, which `plain` leaves zero)."""
+def reader_records(
+    batch: bytes, count: int, first: int = 0, max_ts: int = 0, log_append: bool = False
+) -> list[Any]:
+    """The records aiokafka's C reader reads from an uncompressed batch, with the count, first
+    and max timestamps and timestamp type put in its header (which `plain` leaves zero)."""
     header = bytearray(batch[:V2_HEADER_SIZE])
+    header[21:23] = (0x08 if log_append else 0).to_bytes(2, "big")
+    header[27:35] = first.to_bytes(8, "big", signed=True)
+    header[35:43] = max_ts.to_bytes(8, "big", signed=True)
     header[V2_HEADER_SIZE - 4 :] = max(count, 0).to_bytes(4, "big")  # a negative one reads none
-    return [record.value for record in DefaultRecordBatch(bytes(header) + batch[V2_HEADER_SIZE:])]
+    return list(DefaultRecordBatch(bytes(header) + batch[V2_HEADER_SIZE:]))
 
 
 def test_a_plain_batch_gives_a_record_scan() -> None:
@@ -168,7 +179,17 @@ def test_any_buffer_is_read(wrap: Callable[[bytes], Any], records: int) -> None:
     assert agree(wrap(batch + b"\0"), records, 10, 20, False) is None
 
 
-def test_timestamps_at_the_ends_of_int64() -> None:
+def kafka_timestamp(first: int, delta: int) -> int:
+    """What Kafka makes of a record's timestamp whose delta `varint` encodes: the varlong read
+    into a long (`ByteUtils.readVarlong` keeps the low 64 bits of the raw value), added to the
+    first timestamp as Java adds two longs."""
+    raw = (delta << 1 if delta >= 0 else ((-delta) << 1) - 1) & (2**64 - 1)
+    value = (raw >> 1) ^ -(raw & 1)
+    return (first + value + 2**63) % 2**64 - 2**63
+
+
+def test_timestamps_at_the_ends_of_int64_wrap_as_kafkas() -> None:
+    """A sum beyond int64 wraps, as Java's; no timestamp delta of 10 bytes is declined."""
     cases = [
         (INT64_MAX, 0),
         (INT64_MAX - 5, 5),
@@ -187,13 +208,49 @@ def test_timestamps_at_the_ends_of_int64() -> None:
         (-1, 2**63),
         (0, 2**63),
     ]
-    accepted = 0
     for first, delta in cases:
-        for log_append in (False, True):
-            batch = plain(raw_record(delta=delta))
-            accepted += agree(batch, 1, first, INT64_MAX, log_append) is not None
-            accepted += agree(batch, 1, first, INT64_MIN, log_append) is not None
-    assert accepted > 16
+        batch = plain(raw_record(delta=delta))
+        stamp = kafka_timestamp(first, delta)
+        assert agree(batch, 1, first, INT64_MAX, False) == (1, stamp, stamp, 0), (first, delta)
+        assert agree(batch, 1, first, INT64_MIN, True) == (1, INT64_MIN, INT64_MIN, 0)
+
+
+NOW = 1_796_000_000_000  # 2026-11-30, in ms
+TEN_MINUTES, THIRTY_DAYS = 600_000, 30 * 86_400_000
+
+
+@pytest.mark.parametrize(
+    ("first", "delta", "stored"),
+    [
+        # 2**64 raw: read in 70 bits, now + 10 minutes; Kafka keeps none of it (delta 0)
+        (NOW + TEN_MINUTES - 2**63, 2**63, NOW + TEN_MINUTES - 2**63),
+        # 2**64 + 1 raw: read in 70 bits, 2**63 ms before the first; Kafka reads -1
+        (NOW + THIRTY_DAYS + 1, -(2**63) - 1, NOW + THIRTY_DAYS),
+    ],
+    ids=["hides-a-timestamp-2**63-in-the-past", "hides-a-timestamp-30-days-ahead"],
+)
+def test_a_delta_beyond_64_bits_gives_the_timestamp_kafka_stores(
+    first: int, delta: int, stored: int
+) -> None:
+    """The check sees the timestamp Kafka 4.4 stores (-9223370240691356141 for the first case,
+    on the day it was found), not the one 70 bits of the varint would give."""
+    batch = plain(raw_record(delta=delta))
+    assert len(varint(delta)) == 10
+    assert kafka_timestamp(first, delta) == stored
+    assert agree(batch, 1, first, first, False) == (1, stored, stored, 0)
+    [record] = reader_records(batch, 1, first, first)
+    assert record.timestamp == stored
+
+
+@pytest.mark.parametrize(("fifth", "accepted"), [(0x0F, True), (0x10, False), (0x7F, False)])
+def test_a_five_byte_varint_is_kafkas_int(fifth: int, accepted: bool) -> None:
+    """Kafka's `readVarint` drops a fifth byte's bits beyond the 32nd, aiokafka's reader keeps
+    them: such a varint (here an offset delta, which the skims do not use) is left to the
+    reader, whose answer is the one given."""
+    body = bytes([0]) + varint(0) + bytes([0x80, 0x80, 0x80, 0x80, fifth])
+    body += field(b"k") + field(b"v") + varint(0)
+    batch = plain(varint(len(body)) + body)
+    assert (agree(batch, 1, 0, 0, False) is not None) is accepted
 
 
 @pytest.mark.parametrize(("width", "accepted"), [(5, True), (6, False)])
