@@ -24,6 +24,7 @@ from kvproxy.protocol.messages import API_VERSIONS, PRODUCE, supported_versions
 from kvproxy.proxy.client_reading import ClientReading
 from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.fds import OutOfFileDescriptors
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.metrics import api_name
 from kvproxy.proxy.produce_exchange import ProduceExchange
 from kvproxy.proxy.reasons import CloseReason, PauseReason
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
     from kvproxy.proxy.upstream_connection import UpstreamConnection
 
 log = logging.getLogger("kvproxy")
+_closing_lines = {
+    reason: LineLimit(f"closing connection ({reason or 'unlabelled'})", log)
+    for reason in (None, *CloseReason)
+}
+"""The "closing connection" lines, limited per reason: a flood of one kind of close (thousands
+of clients while the broker is down) does not hide the others."""
 
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
 
@@ -259,7 +266,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Close both sides; `reason` (a bounded label) counts the close in the metrics."""
         if self._closing:
             return
-        log.log(level, "closing connection: %s (on %s)", why, listener_words(self))
+        words = listener_words(self)
+        _closing_lines[reason].log(level, "closing connection: %s (on %s)", why, words)
         if reason is not None:
             self.metrics.closed.labels(reason).inc()
         self._closing = True

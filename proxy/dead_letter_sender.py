@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable
 from kvproxy.journal.bounds import MAX_TOPIC_CHARS, clip
 from kvproxy.protocol.budget import Allowance, MemoryBudget
 from kvproxy.proxy.dead_letter import send_dead_letter
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("kvproxy")
+_not_written = LineLimit("dead letter not written", log)
 
 
 class DeadLetterSender:
@@ -106,7 +108,9 @@ class DeadLetterSender:
             batch = await self._off_loop(build)
         except Exception as exc:  # e.g. no memory to compress the copy: counted, never raised
             self._metrics.dead_letters.labels("failed").inc()
-            log.warning("dead letter for %s-%d not built: %r", topic, partition, exc)
+            _not_written.log(
+                logging.WARNING, "dead letter for %s-%d not built: %r", topic, partition, exc
+            )
             return
         try:
             await send_dead_letter(
@@ -119,6 +123,6 @@ class DeadLetterSender:
             )
         except ConnectionError as exc:
             self._metrics.dead_letters.labels("failed").inc()
-            log.warning("dead letter not written: %s", exc)
+            _not_written.log(logging.WARNING, "dead letter not written: %s", exc)
         else:
             self._metrics.dead_letters.labels("written").inc()

@@ -24,6 +24,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from kvproxy.proxy.log_limits import LineLimit
+
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS_PER_LISTENER",
     "RESERVED_FDS",
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("kvproxy")
+_loop_errors = LineLimit("event loop error", logging.getLogger("asyncio"))
+"""What asyncio's own handler writes (a callback's or a transport's error), limited: a peer can
+make one per connection."""
 
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 LOG_INTERVAL_S = 10.0
@@ -172,7 +177,7 @@ class FdExhaustion:
                 self.report("new client connections wait until descriptors are free", exc)
             elif previous is not None:
                 previous(loop, context)
-            else:
+            elif _loop_errors.take(logging.ERROR, lambda: message):
                 loop.default_exception_handler(context)
 
         return handler

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, TextIO
 
 from kvproxy.journal.bounds import MAX_CLIENT_ID_CHARS, MAX_MESSAGE_CHARS, MAX_TOPIC_CHARS, clip
 from kvproxy.protocol.error_codes import error_name
+from kvproxy.proxy.log_limits import LineLimit
 
 log = logging.getLogger("kvproxy.rejections")
 
@@ -138,6 +139,41 @@ def configure_logging(
     root.setLevel(level)
     if log_format == "json":
         logging.captureWarnings(True)  # warnings become records too: every line stays JSON
+    sys.unraisablehook = log_unraisable
+
+
+_proxy_log = logging.getLogger("kvproxy")
+_server_names = LineLimit("TLS server name not ASCII", _proxy_log)
+_unraisables = LineLimit("exception ignored", _proxy_log)
+
+
+def log_unraisable(unraisable: Any) -> None:
+    """`sys.unraisablehook`: what CPython would print to stderr as "Exception ignored in: ..."
+    becomes a log record in the log's format, limited (`kvproxy.proxy.log_limits`).
+
+    A TLS client's server name that is not ASCII is one: CPython's server name callback cannot
+    decode it, fails the handshake (an internal_error alert) before the proxy's callback runs,
+    and reports the name's bytes; that is one warning line, the name clipped."""
+    exc, what = unraisable.exc_value, unraisable.object
+    if isinstance(what, bytes) and isinstance(exc, UnicodeDecodeError):
+        _server_names.log(
+            logging.WARNING,
+            "TLS handshake refused: a client's server name is not ASCII (%s)",
+            clip(repr(what), 120),
+            extra={"event": "tls_server_name_not_ascii"},
+        )
+        return
+    try:
+        shown = clip(repr(what), 200)
+    except Exception:  # an object whose repr fails: its type says enough
+        shown = f"<{type(what).__name__}>"
+    _unraisables.log(
+        logging.ERROR,
+        "%s: %s",
+        unraisable.err_msg or "Exception ignored in",
+        shown,
+        exc_info=(unraisable.exc_type, exc, unraisable.exc_traceback),
+    )
 
 
 @dataclass(frozen=True, slots=True)

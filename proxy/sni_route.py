@@ -17,10 +17,12 @@ from typing import Final
 from kvproxy.proxy.broker_directory import BrokerDirectory
 from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.listen_config import ListenSni
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.sni_names import NO_ROUTE
 from kvproxy.proxy.tls_accept import Refusal
 
 log = logging.getLogger("kvproxy")
+_refresh_failed = LineLimit("SNI refresh failed", log)
 
 REFRESH_INTERVAL_S: Final = 1.0
 """At most one Metadata request a second for names of unknown nodes, however many clients
@@ -67,7 +69,11 @@ class SniRoute:
         try:
             await self._refresh()
         except (OSError, ProxyError) as exc:  # the next unknown name asks again
-            log.warning("asking the cluster for its brokers (an unknown node's name): %s", exc)
+            _refresh_failed.log(
+                logging.WARNING,
+                "asking the cluster for its brokers (an unknown node's name): %s",
+                exc,
+            )
 
     def stop(self) -> None:
         """Cancel the refresh under way (the listeners are closing)."""

@@ -11,6 +11,7 @@ import asyncio
 
 from kvproxy.proxy.client_connections import ClientConnections
 from kvproxy.proxy.config import LimitsConfig
+from kvproxy.proxy.log_limits import flush_ended
 
 _SWEEP_MIN_S = 0.01
 _SWEEP_MAX_S = 5.0
@@ -18,7 +19,7 @@ _SWEEP_MAX_S = 5.0
 
 async def sweep_timeouts(limits: LimitsConfig, connections: ClientConnections) -> None:
     """Every tick, let each connection close itself if its time is up, and log the connections
-    refused since the last line about them. Runs until cancelled."""
+    refused and the lines not written since the last line about them. Runs until cancelled."""
     idle_after = limits.idle_timeout_ms / 1000
     stall_after = limits.request_timeout_ms / 1000
     frame_after = limits.frame_receive_timeout_ms / 1000
@@ -30,3 +31,4 @@ async def sweep_timeouts(limits: LimitsConfig, connections: ClientConnections) -
         for client in connections.open_now():
             client.check_timeouts(now, idle_after, stall_after)
         connections.log_refusals(now)
+        flush_ended()

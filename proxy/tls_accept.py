@@ -22,10 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.tls_context import ListenerContext
 
 log = logging.getLogger("kvproxy")
+_route_failed = LineLimit("choosing a server name's node failed", log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,12 @@ class Acceptance:
         try:
             choice = self._route(server_name)
         except Exception:
-            log.exception("choosing the node of server name %r failed", server_name)
+            _route_failed.log(
+                logging.ERROR,
+                "choosing the node of server name %r failed",
+                server_name,
+                exc_info=True,
+            )
             self.refusal = Refusal("other")
             return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
         if isinstance(choice, Refusal):

@@ -39,9 +39,11 @@ from kvproxy.policies.topic_settings import from_cluster
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.topics import is_legal_topic_name
 from kvproxy.proxy.config import TopicConfigsConfig
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.lookup_budget import ClientLookupBudget, RequestPacer
 
 log = logging.getLogger("kvproxy")
+_failed = LineLimit("DescribeConfigs failed", log)
 
 MAX_TOPICS: Final = 10_000
 """Topics whose answer is kept; with names of at most 249 characters, a few MB at most."""
@@ -258,7 +260,7 @@ class TopicConfigCache:
                         host, port, self._ssl, self._timeout, topics, connections=self._connections
                     )
             except (OSError, TimeoutError, ProtocolError) as exc:
-                log.warning("DescribeConfigs to %s:%s failed: %s", host, port, exc)
+                _failed.log(logging.WARNING, "DescribeConfigs to %s:%s failed: %s", host, port, exc)
                 continue
             for topic in topics:
                 settings = described.get(topic)

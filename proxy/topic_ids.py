@@ -28,9 +28,11 @@ from kvproxy.client.async_connections import AdminConnections
 from kvproxy.client.async_requests import topic_names_of
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.proxy.config import TopicConfigsConfig
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.lookup_budget import ClientLookupBudget, RequestPacer
 
 log = logging.getLogger("kvproxy")
+_failed = LineLimit("Metadata by topic id failed", log)
 
 MAX_TOPIC_IDS: Final = 100_000
 """Ids kept (an id and a name of at most 249 characters: a few tens of MB at the most)."""
@@ -112,7 +114,9 @@ class TopicIds:
                     host, port, self._ssl, self._timeout, ids, connections=self._connections
                 )
             except (OSError, TimeoutError, ProtocolError) as exc:
-                log.warning("Metadata by topic id to %s:%s failed: %s", host, port, exc)
+                _failed.log(
+                    logging.WARNING, "Metadata by topic id to %s:%s failed: %s", host, port, exc
+                )
                 continue
             self.learn(found.items())
             until = time.monotonic() + self.settings.absent_ttl_ms / 1000

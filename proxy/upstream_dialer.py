@@ -13,6 +13,7 @@ from kvproxy.proxy.broker_directory import BrokerDirectory
 from kvproxy.proxy.config import LimitsConfig
 from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.fds import FdExhaustion, OutOfFileDescriptors, out_of_fds
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.metadata_refresh import MetadataRefresh
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.upstream_connection import UpstreamConnection
@@ -22,6 +23,12 @@ if TYPE_CHECKING:
     from kvproxy.proxy.connection import ClientConnection
 
 log = logging.getLogger("kvproxy")
+_unreachable = LineLimit("upstream unreachable", log)
+
+MAX_OTHER_UPSTREAM_LABELS = 32
+"""Addresses besides the bootstrap servers that get their own `upstream` label in
+`kvproxy_upstream_connect_failures_total` (a broker may name any host and port); the rest are
+counted as `other`."""
 
 
 class UpstreamDialer:
@@ -48,6 +55,7 @@ class UpstreamDialer:
         self._timeout = connect_timeout_s
         self.open_count = 0
         """Upstream connections open now."""
+        self._labelled: set[str] = {f"{host}:{port}" for host, port in brokers.bootstrap_servers}
 
     async def open(self, client: ClientConnection, node_id: int | None) -> UpstreamConnection:
         """The upstream side of `client`, which came through the listener of `node_id`."""
@@ -65,20 +73,31 @@ class UpstreamDialer:
         for host, port in candidates:
             try:
                 upstream = await self._connect(client, host, port)
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError, UnicodeError) as exc:  # Unicode: a host IDNA refuses
                 if out_of_fds(exc):  # the proxy's shortage, not the broker's: not counted
                     what = f"closed the connection of client {client.peer}: no descriptor left"
                     self._fds.report(f"{what} for its connection to {host}:{port}", exc)
                     raise OutOfFileDescriptors("out of file descriptors") from exc
                 why = describe_failure(exc, self._timeout)
                 errors.append(f"{host}:{port}: {why}")
-                self._metrics.connect_failures.labels(f"{host}:{port}").inc()
-                log.warning("upstream %s:%s unreachable: %s", host, port, why)
+                self._metrics.connect_failures.labels(self._label(host, port)).inc()
+                _unreachable.log(logging.WARNING, "upstream %s:%s unreachable: %s", host, port, why)
                 continue
             self.open_count += 1
             self._metrics.upstream_connections.inc()
             return upstream
         raise ProxyError("no upstream reachable (" + "; ".join(errors) + ")")
+
+    def _label(self, host: str, port: int) -> str:
+        """The `upstream` label of a failed address: itself for a bootstrap server and the first
+        `MAX_OTHER_UPSTREAM_LABELS` others, `other` beyond."""
+        address = f"{host}:{port}"
+        if address in self._labelled:
+            return address
+        if len(self._labelled) < len(self._brokers.bootstrap_servers) + MAX_OTHER_UPSTREAM_LABELS:
+            self._labelled.add(address)
+            return address
+        return "other"
 
     def closed(self) -> None:
         """An upstream connection this opened has closed."""

@@ -26,6 +26,8 @@ def describe_failure(exc: BaseException, timeout_s: float) -> str:
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed: {exc.reason or exc}"
     text = str(exc) or type(exc).__name__
+    if isinstance(exc, UnicodeError):  # a name the IDNA codec refuses ("..", a 64-byte label)
+        return f"not a host name a resolver can be asked for: {text}"
     if isinstance(exc, ProtocolError):
         return f"the answer is not Kafka's: {text}"
     return text

@@ -30,6 +30,8 @@ class ProxyProcess:
     config_path: Path
     config: dict[str, Any]
     workers: int = 1
+    arguments: tuple[str, ...] = ()
+    """More `kvproxy serve` arguments (`--log-format json`)."""
     proc: subprocess.Popen[bytes] | None = None
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     starts: int = 0
@@ -82,6 +84,7 @@ class ProxyProcess:
 
     def start(self, timeout: float = 90) -> None:
         command = [sys.executable, "-m", "kvproxy.cli", "serve", "-c", str(self.config_path)]
+        command += self.arguments
         if self.workers != 1:
             command += ["--workers", str(self.workers), "--reload-interval", "0"]
         self.starts += 1

@@ -15,6 +15,7 @@ import pytest
 
 from kvproxy.protocol.admin import MAX_NODES_PER_ANSWER
 from kvproxy.protocol.messages import API_VERSIONS, METADATA, decode_response
+from tests.harness.metrics import closed
 from tests.harness.processes import wait_until
 from tests.harness.proxy import run_proxy
 from tests.harness.raw_client import RawKafkaClient
@@ -69,6 +70,36 @@ def hostile() -> Any:
         cluster.close()
 
 
+def ask_with_the_rewrite_held(
+    monkeypatch: pytest.MonkeyPatch, running: Any, topic: str
+) -> RawKafkaClient:
+    """A client's Metadata request for `topic`, its answer's rewrite held on a gate where the
+    node count is checked (off the loop): another client's ApiVersions is answered meanwhile,
+    then the gate opens. The asking client, its answer still to read."""
+    import kvproxy.proxy.rewrite as rewrite_module
+
+    real_check = rewrite_module.check_node_count
+    reached, gate = threading.Event(), threading.Event()
+
+    def gated(count: int, what: str = "brokers") -> None:
+        if count > 1000:
+            reached.set()
+            assert gate.wait(60)
+        real_check(count, what)
+
+    monkeypatch.setattr(rewrite_module, "check_node_count", gated)
+    asking = RawKafkaClient(running.host, running.port)
+    with RawKafkaClient(running.host, running.port) as innocent:
+        asking.send_frame(metadata_request(12, 31, [topic]))
+        try:
+            wait_until(reached.is_set, "the rewrite reached its gate", timeout=60)
+            answer = innocent.request(api_versions_request(3, 5), timeout=30)
+            assert int(decode_response(answer, API_VERSIONS, 3).body.error_code) == 0
+        finally:
+            gate.set()
+    return asking
+
+
 def test_a_broker_with_a_negative_node_id_never_reaches_the_client(hostile: HostileStub) -> None:
     """The entry is left out of the client's answer, as Kafka never lists such a broker; the
     other brokers are named at the proxy (before: relayed as the broker wrote it)."""
@@ -89,32 +120,10 @@ def test_an_oversized_answer_closes_the_connection_and_holds_no_one_else(
     """The count is checked beside the rewrite, off the loop: held there on a gate, another
     client's ApiVersions is answered meanwhile (before: the rewrite ran on the loop, which the
     gate held: nobody was answered). Then the asking connection is closed, with a log line."""
-    import kvproxy.proxy.rewrite as rewrite_module
-
-    real_check = rewrite_module.check_node_count
-    reached, gate = threading.Event(), threading.Event()
-
-    def gated(count: int, what: str = "brokers") -> None:
-        if count > 1000:
-            reached.set()
-            assert gate.wait(60)
-        real_check(count, what)
-
-    monkeypatch.setattr(rewrite_module, "check_node_count", gated)
     caplog.set_level(logging.WARNING, "kvproxy")
     with run_proxy(hostile.bootstrap, max_brokers=10) as running:
         hostile.extra = tuple((100 + n, f"broker-{n:06d}.{SECRET}") for n in range(TOO_MANY - 3))
-        with (
-            RawKafkaClient(running.host, running.port) as asking,
-            RawKafkaClient(running.host, running.port) as innocent,
-        ):
-            asking.send_frame(metadata_request(12, 31, [hostile.topic]))
-            try:
-                wait_until(reached.is_set, "the rewrite reached its gate", timeout=60)
-                answer = innocent.request(api_versions_request(3, 5), timeout=30)
-                assert int(decode_response(answer, API_VERSIONS, 3).body.error_code) == 0
-            finally:
-                gate.set()
+        with ask_with_the_rewrite_held(monkeypatch, running, hostile.topic) as asking:
             assert asking.is_closed_by_peer(timeout=30)
     said = [r.getMessage() for r in caplog.records]
     assert any(f"{TOO_MANY} nodes" in line and "more than" in line for line in said), said
@@ -153,32 +162,32 @@ def test_a_small_answer_naming_many_brokers_is_rewritten_off_the_loop(
     their count is checked, another client's ApiVersions is answered meanwhile (before: an
     answer under 256 KiB was rewritten on the loop, which the gate held), then the answer
     comes, naming no broker's own host."""
-    import kvproxy.proxy.rewrite as rewrite_module
-
-    real_check = rewrite_module.check_node_count
-    reached, gate = threading.Event(), threading.Event()
-
-    def gated(count: int, what: str = "brokers") -> None:
-        if count > 1000:
-            reached.set()
-            assert gate.wait(60)
-        real_check(count, what)
-
-    monkeypatch.setattr(rewrite_module, "check_node_count", gated)
     with run_proxy(hostile.bootstrap, max_brokers=10) as running:
         hostile.extra = tuple((100 + n, f"s{n}") for n in range(5_000))
-        with (
-            RawKafkaClient(running.host, running.port) as asking,
-            RawKafkaClient(running.host, running.port) as innocent,
-        ):
-            asking.send_frame(metadata_request(12, 31, [hostile.topic]))
-            try:
-                wait_until(reached.is_set, "the rewrite reached its gate", timeout=60)
-                answer = innocent.request(api_versions_request(3, 5), timeout=30)
-                assert int(decode_response(answer, API_VERSIONS, 3).body.error_code) == 0
-            finally:
-                gate.set()
+        with ask_with_the_rewrite_held(monkeypatch, running, hostile.topic) as asking:
             big = asking.recv_frame(timeout=60)
     brokers = decode_response(big, METADATA, 12).body.brokers
     assert {1, 2, 3} <= {int(b.node_id) for b in brokers}
     assert {str(b.host) for b in brokers} == {running.host}
+
+
+def test_a_broker_host_no_resolver_takes_closes_its_clients_as_no_upstream(
+    hostile: HostileStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker named at host ".." (which the IDNA codec refuses with a UnicodeError, not an
+    OSError): a client of its listener is closed as `no_upstream`, the reason said in words
+    (before: `internal_error`, "internal error: UnicodeError('encoding with 'idna' codec
+    failed ...')")."""
+    caplog.set_level(logging.WARNING, "kvproxy")
+    hostile.extra, hostile.to_proxy = ((4, ".."),), True
+    with run_proxy(hostile.bootstrap, max_brokers=10) as running:
+        assert running.call(running.server.listeners.metadata.refresh())
+        with RawKafkaClient(running.host, running.broker_port(4)) as client:
+            assert client.is_closed_by_peer(timeout=30)
+        wait_until(lambda: closed(running, "no_upstream") == 1, "the close counted", timeout=10)
+        assert closed(running, "internal_error") == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert any(
+        line.startswith("upstream ..:9092 unreachable: not a host name a resolver can be asked")
+        for line in said
+    ), said
