@@ -14,8 +14,6 @@ Runs against the checkout it is in (run it from an older commit's worktree for t
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import socket
 import sys
@@ -26,15 +24,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import free_port, report
+from _common import report
 from prometheus_client import generate_latest
 
-from kvproxy.proxy.config import LimitsConfig
-from kvproxy.proxy.errors import ProxyError
-from kvproxy.proxy.fds import FdExhaustion
 from kvproxy.proxy.metrics import ProxyMetrics
-from kvproxy.proxy.upstream_dialer import UpstreamDialer
 from tests.harness.metrics import scrape
+from tests.harness.named_ports import connect_failure_series, dial_new_ports
 from tests.harness.proxy import run_proxy
 from tests.harness.stub_upstream import StubCluster
 
@@ -90,49 +85,14 @@ def broker_down(clients: int) -> dict[str, Any]:
     }
 
 
-class _Brokers:
-    def __init__(self, bootstrap: tuple[str, int]) -> None:
-        self.bootstrap_servers = (bootstrap,)
-        self._ports = iter(range(20_000, 65_000))
-
-    def address_of(self, node_id: int) -> tuple[str, int]:
-        return "127.0.0.1", next(self._ports)
-
-
-class _Client:
-    peer = "127.0.0.1:1"
-
-
 def new_ports(ports: int) -> dict[str, Any]:
     metrics = ProxyMetrics()
     before = len(generate_latest(metrics.registry))
-    dialer = UpstreamDialer(
-        _Brokers(("127.0.0.1", free_port())),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        metrics,
-        FdExhaustion(),
-        limits=LimitsConfig(),
-        upstream_ssl=None,
-        connect_timeout_s=5,
-    )
     logging.getLogger("kvproxy").setLevel(logging.CRITICAL)
-
-    async def dial_all() -> None:
-        for node_id in [None, *([0] * ports)]:
-            with contextlib.suppress(ProxyError):
-                await dialer.open(_Client(), node_id)  # type: ignore[arg-type]
-
-    asyncio.run(dial_all())
-    series = [
-        sample
-        for family in metrics.registry.collect()
-        if family.name == "kvproxy_upstream_connect_failures"
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    ]
+    dial_new_ports(ports, metrics)
     return {
         "ports": ports,
-        "series": len(series),
+        "series": len(connect_failure_series(metrics)),
         "metrics_bytes_before": before,
         "metrics_bytes_after": len(generate_latest(metrics.registry)),
     }

@@ -19,9 +19,12 @@ import contextlib
 import socket
 import ssl
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from tests.harness.metrics import ServesMetrics, scrape
 from tests.harness.processes import wait_until
@@ -36,6 +39,7 @@ __all__ = [
     "JAVA_IPV4",
     "SniEndpoint",
     "accepted_connections",
+    "running_sni_proxy",
     "sni_proxy",
     "wait_for_sni",
 ]
@@ -115,6 +119,30 @@ def sni_proxy(
     }
     proxy = ProxyProcess.in_front_of(directory, servers, listen={"sni": sni})
     return proxy, SniEndpoint(port, tls.ca)
+
+
+@contextlib.contextmanager
+def running_sni_proxy(
+    directory: Path,
+    servers: list[str],
+    tls: TlsFiles,
+    *,
+    arguments: tuple[str, ...] = (),
+    lowest_node_id: int | None = None,
+) -> Iterator[tuple[ProxyProcess, SniEndpoint]]:
+    """`sni_proxy` started (with more `serve` `arguments`), serving TLS on its SNI port, and
+    stopped on exit."""
+    proxy, sni = sni_proxy(directory, servers, tls)
+    proxy.arguments = arguments
+    if lowest_node_id is not None:
+        proxy.config["listen"]["lowest_node_id"] = lowest_node_id
+        proxy.config_path.write_text(yaml.safe_dump(proxy.config))
+    try:
+        proxy.start()
+        wait_for_sni(sni)
+        yield proxy, sni
+    finally:
+        proxy.close()
 
 
 def wait_for_sni(endpoint: SniEndpoint, timeout: float = 30) -> None:

@@ -4,7 +4,6 @@ traceback CPython prints to stderr; a broker naming new addresses does not make 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -16,24 +15,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import kvproxy.proxy.connection as connection_module
 import kvproxy.proxy.upstream_dialer as dialer_module
-from kvproxy.proxy.config import LimitsConfig
-from kvproxy.proxy.errors import ProxyError
-from kvproxy.proxy.fds import FdExhaustion
 from kvproxy.proxy.log_limits import DEFAULT_BURST, LineLimit
 from kvproxy.proxy.metrics import ProxyMetrics
 from kvproxy.proxy.reasons import CloseReason
-from kvproxy.proxy.upstream_dialer import MAX_OTHER_UPSTREAM_LABELS, UpstreamDialer
+from kvproxy.proxy.upstream_dialer import MAX_OTHER_UPSTREAM_LABELS
 from tests.harness import Broker
 from tests.harness.metrics import closed
+from tests.harness.named_ports import connect_failure_series, dial_new_ports
 from tests.harness.processes import wait_until
 from tests.harness.proxy import run_proxy
-from tests.harness.sni import BOOTSTRAP_NAME, CERTIFICATE_NAMES, sni_proxy, wait_for_sni
+from tests.harness.sni import (
+    BOOTSTRAP_NAME,
+    CERTIFICATE_NAMES,
+    running_sni_proxy,
+    wait_for_sni,
+)
 from tests.harness.stub_upstream import StubCluster
-from tests.harness.tansu import free_port
 from tests.harness.tls import make_tls_files
 from tests.harness.upstream import TANSU_NODE_ID
 
@@ -78,52 +78,15 @@ def test_clients_while_the_broker_is_down_write_a_few_lines(
     assert all("no upstream reachable" in line for line in closing), closing
 
 
-class _Brokers:
-    """A broker directory that names node 0 at a new port every time it is asked."""
-
-    def __init__(self, bootstrap: tuple[str, int]) -> None:
-        self.bootstrap_servers = (bootstrap,)
-        self._ports = iter(range(40_000, 41_000))
-
-    def address_of(self, node_id: int) -> tuple[str, int]:
-        return "127.0.0.1", next(self._ports)
-
-
-class _Client:
-    peer = "127.0.0.1:1"
-
-
 def test_connect_failures_to_addresses_a_broker_names_are_labelled_within_a_bound() -> None:
     """A broker naming node 0 at 100 new (closed) ports: the bootstrap server and the first 32
     addresses have their own `upstream` label, the rest are counted as `other` (before: one
-    series per address, 1,500 for 1,500 ports)."""
+    series per address, 1,501 for 1,500 ports)."""
     metrics = ProxyMetrics()
-    dead = free_port()
-    dialer = UpstreamDialer(
-        _Brokers(("127.0.0.1", dead)),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]  # never asked: every node has an address
-        metrics,
-        FdExhaustion(),
-        limits=LimitsConfig(),
-        upstream_ssl=None,
-        connect_timeout_s=5,
-    )
-
-    async def dial_all() -> None:
-        for node_id in [None, *([0] * 100)]:
-            with contextlib.suppress(ProxyError):
-                await dialer.open(_Client(), node_id)  # type: ignore[arg-type]
-
-    asyncio.run(dial_all())
-    series = {
-        sample.labels["upstream"]: sample.value
-        for family in metrics.registry.collect()
-        if family.name == "kvproxy_upstream_connect_failures"
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    }
+    bootstrap = dial_new_ports(100, metrics)
+    series = connect_failure_series(metrics)
     assert len(series) == 1 + MAX_OTHER_UPSTREAM_LABELS + 1
-    assert series[f"127.0.0.1:{dead}"] == 1
+    assert series[bootstrap] == 1
     assert series["other"] == 100 - MAX_OTHER_UPSTREAM_LABELS
     assert sum(series.values()) == 101
 
@@ -145,16 +108,12 @@ def _hello_naming(name: bytes) -> bytes:
 @contextlib.contextmanager
 def _json_sni_proxy(directory: Path, tansu: Broker) -> Iterator[Any]:
     with make_tls_files(hostnames=CERTIFICATE_NAMES) as tls:
-        proxy, sni = sni_proxy(directory, [tansu.bootstrap], tls)
-        proxy.arguments = ("--log-format", "json")
-        proxy.config["listen"]["lowest_node_id"] = TANSU_NODE_ID - 1
-        proxy.config_path.write_text(yaml.safe_dump(proxy.config))
-        try:
-            proxy.start()
-            wait_for_sni(sni)
-            yield proxy, sni
-        finally:
-            proxy.close()
+        json_log = ("--log-format", "json")
+        lowest = TANSU_NODE_ID - 1
+        with running_sni_proxy(
+            directory, [tansu.bootstrap], tls, arguments=json_log, lowest_node_id=lowest
+        ) as stage:
+            yield stage
 
 
 def test_a_server_name_that_is_not_ascii_is_a_json_line_not_a_traceback(

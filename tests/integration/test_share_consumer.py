@@ -34,8 +34,7 @@ from tests.harness.sni import (
     JAVA_IPV4,
     SniEndpoint,
     accepted_connections,
-    sni_proxy,
-    wait_for_sni,
+    running_sni_proxy,
 )
 from tests.harness.tls import make_tls_files
 
@@ -191,14 +190,11 @@ def sni_stage(
     kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ProxyProcess, SniEndpoint]]:
     directory: Path = tmp_path_factory.mktemp("share-sni")
-    with make_tls_files(directory / "tls", hostnames=CERTIFICATE_NAMES) as tls:
-        proxy, sni = sni_proxy(directory, kafka.bootstrap_servers, tls)
-        try:
-            proxy.start()
-            wait_for_sni(sni)
-            yield proxy, sni
-        finally:
-            proxy.close()
+    with (
+        make_tls_files(directory / "tls", hostnames=CERTIFICATE_NAMES) as tls,
+        running_sni_proxy(directory, kafka.bootstrap_servers, tls) as stage,
+    ):
+        yield stage
 
 
 @pytest.mark.parametrize("mode", ["implicit", "explicit"])
