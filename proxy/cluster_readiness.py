@@ -13,9 +13,11 @@ from collections.abc import Awaitable, Callable
 from kvproxy.journal import Journal
 from kvproxy.proxy.fds import FdExhaustion, out_of_fds
 from kvproxy.proxy.fds import describe as describe_fd_shortage
+from kvproxy.proxy.log_limits import LineLimit
 from kvproxy.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("kvproxy")
+_failures = LineLimit("cluster not answering", log)
 
 READINESS_INTERVAL_S = 5.0
 METADATA_RETRY_S = 1.0
@@ -70,7 +72,7 @@ class ClusterReadiness:
     def failed(self, problem: str) -> None:
         """No bootstrap server answered the proxy's Metadata request; `problem` says why."""
         if problem != self._cluster_problem:  # each new reason once, not every retry
-            log.warning("%s", problem)
+            _failures.log(logging.WARNING, "%s", problem)  # a broker may vary its reasons
         self._cluster_problem = problem
 
     async def watch(self, refresh: Callable[[], Awaitable[bool]]) -> None:
