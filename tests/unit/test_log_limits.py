@@ -66,3 +66,46 @@ def test_a_line_below_the_level_is_neither_written_nor_counted(
     for _ in range(10):
         assert not limit.log(logging.DEBUG, "quiet")
     assert [limit.log(logging.WARNING, "loud") for _ in range(4)] == [True] * 3 + [False]
+
+
+def test_what_cpython_would_print_as_ignored_is_a_log_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`sys.unraisablehook` as `configure_logging` installs it: an exception CPython would print
+    to stderr ("Exception ignored in: ...") is an ERROR record with its traceback."""
+    import io
+    import sys
+    import types
+
+    from kvproxy.proxy.logs import configure_logging, log_unraisable
+
+    caplog.set_level(logging.WARNING, "kvproxy")
+    hook, root = sys.unraisablehook, logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        configure_logging("json", stream=io.StringIO())
+        assert sys.unraisablehook is log_unraisable
+    finally:
+        sys.unraisablehook = hook
+        logging.captureWarnings(False)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+    try:
+        raise OSError("in a finalizer")
+    except OSError as exc:
+        error = exc
+    unraisable = types.SimpleNamespace(
+        exc_type=OSError,
+        exc_value=error,
+        exc_traceback=error.__traceback__,
+        err_msg=None,
+        object="<a finalizer>",
+    )
+    log_unraisable(unraisable)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Exception ignored in")]
+    assert record.levelno == logging.ERROR
+    assert record.getMessage() == "Exception ignored in: '<a finalizer>'"
+    assert record.exc_info is not None and record.exc_info[1] is error
