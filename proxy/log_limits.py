@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_BURST", "DEFAULT_WINDOW_S", "LineLimit", "flush_ended"]
+__all__ = ["DEFAULT_BURST", "DEFAULT_WINDOW_S", "LineLimit", "flush_ended", "start_afresh"]
 
 DEFAULT_BURST = 5
 """Lines written per window before the rest are only counted."""
@@ -44,17 +44,16 @@ class LineLimit:
         self._burst = burst
         self._window_s = window_s
         self._clock = clock
-        self._started = -window_s
-        self._written = 0
-        self._unwritten = 0
         self._last = ""
+        self._started = -window_s
+        self._written = self._unwritten = 0
         self._level = logging.NOTSET
         _limits.add(self)
 
     def log(self, level: int, message: str, *args: Any, **options: Any) -> bool:
         """`logger.log(level, message, *args, **options)` unless this window's lines are spent;
         whether it was written. A line below the logger's level is neither written nor counted."""
-        if not self.take(level, lambda: message % args if args else message):
+        if not self.take(level, lambda: _words(message, args)):
             return False
         self._logger.log(level, message, *args, **options)
         return True
@@ -74,6 +73,12 @@ class LineLimit:
         self._level = max(self._level, level)
         self._last = words()
         return False
+
+    def forget(self) -> None:
+        """A new window with nothing counted, as when it was made."""
+        self._started = -self._window_s
+        self._written = self._unwritten = 0
+        self._level = logging.NOTSET
 
     def flush(self) -> None:
         """Say how many lines were not written if the window has ended."""
@@ -100,6 +105,22 @@ class LineLimit:
         self._written = 0
         self._unwritten = 0
         self._level = logging.NOTSET
+
+
+def _words(message: str, args: tuple[Any, ...]) -> str:
+    """`message % args` as logging would make it, or the message itself where they do not fit
+    (logging reports such a line; a summary just quotes it)."""
+    try:
+        return message % args if args else message
+    except (TypeError, ValueError):
+        return message
+
+
+def start_afresh() -> None:
+    """Every limit back to a new window with nothing counted (what was not written is
+    forgotten): for one process running many proxies in turn, a test suite's."""
+    for limit in list(_limits):
+        limit.forget()
 
 
 def flush_ended() -> None:

@@ -55,7 +55,8 @@ class UpstreamDialer:
         self._timeout = connect_timeout_s
         self.open_count = 0
         """Upstream connections open now."""
-        self._labelled: set[str] = {f"{host}:{port}" for host, port in brokers.bootstrap_servers}
+        self._other_labels: set[str] = set()
+        """Addresses besides the bootstrap servers with a label of their own."""
 
     async def open(self, client: ClientConnection, node_id: int | None) -> UpstreamConnection:
         """The upstream side of `client`, which came through the listener of `node_id`."""
@@ -92,10 +93,10 @@ class UpstreamDialer:
         """The `upstream` label of a failed address: itself for a bootstrap server and the first
         `MAX_OTHER_UPSTREAM_LABELS` others, `other` beyond."""
         address = f"{host}:{port}"
-        if address in self._labelled:
+        if (host, port) in self._brokers.bootstrap_servers or address in self._other_labels:
             return address
-        if len(self._labelled) < len(self._brokers.bootstrap_servers) + MAX_OTHER_UPSTREAM_LABELS:
-            self._labelled.add(address)
+        if len(self._other_labels) < MAX_OTHER_UPSTREAM_LABELS:
+            self._other_labels.add(address)
             return address
         return "other"
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from kvproxy.proxy.log_limits import start_afresh
 from tests.harness import Broker, RawKafkaClient, run_tansu
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KAFKA_VERSIONS, KafkaCluster, run_kafka
 from tests.harness.proxy import RunningProxy, run_proxy
@@ -91,6 +92,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # One SparkSession (one JVM) per worker: keep every Spark test on the same one.
             item.add_marker(pytest.mark.spark)
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_limits() -> None:
+    """Each test's proxies start with the peer-caused log lines' windows unspent (they are per
+    process: a test before this one in the same worker may have spent them)."""
+    start_afresh()
 
 
 @pytest.fixture(scope="session")

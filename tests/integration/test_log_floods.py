@@ -16,11 +16,8 @@ from typing import Any
 
 import pytest
 
-import kvproxy.proxy.connection as connection_module
-import kvproxy.proxy.upstream_dialer as dialer_module
-from kvproxy.proxy.log_limits import DEFAULT_BURST, LineLimit
+from kvproxy.proxy.log_limits import DEFAULT_BURST
 from kvproxy.proxy.metrics import ProxyMetrics
-from kvproxy.proxy.reasons import CloseReason
 from kvproxy.proxy.upstream_dialer import MAX_OTHER_UPSTREAM_LABELS
 from tests.harness import Broker
 from tests.harness.metrics import closed
@@ -40,17 +37,6 @@ from tests.harness.upstream import TANSU_NODE_ID
 CLIENTS = 300
 
 
-@pytest.fixture
-def fresh_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The limits of the lines under test with a window of their own (earlier tests in this
-    process may have spent theirs)."""
-    log = logging.getLogger("kvproxy")
-    monkeypatch.setattr(dialer_module, "_unreachable", LineLimit("upstream unreachable", log))
-    fresh = {reason: LineLimit(f"closing {reason}", log) for reason in (None, *CloseReason)}
-    monkeypatch.setattr(connection_module, "_closing_lines", fresh)
-
-
-@pytest.mark.usefixtures("fresh_limits")
 def test_clients_while_the_broker_is_down_write_a_few_lines(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
