@@ -13,7 +13,7 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# gcc builds the compiled record scan (protocol/records/_skim.c; the image has Python's headers).
+# gcc builds the compiled record scan (kvproxy/protocol/records/_skim.c; the image has Python's headers).
 # It stays in this stage: the final image gets only the virtualenv.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -23,17 +23,7 @@ WORKDIR /src
 # Only what `pip install .` reads: the project metadata (README.md is its `readme`), setup.py (the
 # compiled record skim) and the packages.
 COPY pyproject.toml setup.py README.md ./
-COPY protocol ./protocol
-COPY policies ./policies
-COPY settings ./settings
-COPY registry ./registry
-COPY journal ./journal
-COPY proxy ./proxy
-COPY pipeline ./pipeline
-COPY producer ./producer
-COPY commands ./commands
-COPY client ./client
-# kvproxy/ holds the command line and a link to each folder above; all install as kvproxy.*
+# kvproxy/ is the one package: every layer is a folder in it
 COPY kvproxy ./kvproxy
 RUN /opt/kvproxy/bin/pip install . \
     && /opt/kvproxy/bin/python -c "import kvproxy.protocol.records._skim"

@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 .PHONY: setup compiler system-deps java-deps client-deps localhost-names haproxy valgrind browser lint test demo bench \
 	fuzz clean
 
-# The compiled record scan (protocol/records/_skim.c) is built by the install: a change to it
+# The compiled record scan (kvproxy/protocol/records/_skim.c) is built by the install: a change to it
 # reinstalls; the compiler comes first (order-only: installing it does not force a reinstall)
 # The Go client programs (tests/harness/go_clients) need Go 1.21 or later; where the machine has
 # none (Debian 12 packages Go 1.19), `client-deps` takes this release from the Go module proxy
@@ -20,15 +20,13 @@ GO_TOOLCHAIN_VERSION = go1.26.8
 GO_TOOLCHAIN = $(HOME)/.cache/kvproxy/go-toolchain
 GO_ARCH = $(shell uname -m | sed -e 's/x86_64/amd64/' -e 's/aarch64/arm64/')
 
-$(STAMP): pyproject.toml setup.py protocol/records/_skim.c | compiler
+$(STAMP): pyproject.toml setup.py kvproxy/protocol/records/_skim.c | compiler
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-venv && \
 		$(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@# setuptools warns that folders named like the package may shadow it: here kvproxy/ is the
-	@# package itself (its links to the layers), so the notice says nothing to act on
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	@touch $(STAMP)
 
 # gcc and Python's headers, for the compiled record scan; without them the install still

@@ -1,4 +1,4 @@
-"""The record skim compiled (protocol/records/_skim.c, see protocol/records/skim.py).
+"""The record skim compiled (kvproxy/protocol/records/_skim.c; its twin is records/skim.py).
 
 Everything else about the package is in pyproject.toml. The extension is optional: where no C
 compiler is found the install goes on without it and the pure-Python skim runs.
@@ -10,7 +10,7 @@ setup(
     ext_modules=[
         Extension(
             "kvproxy.protocol.records._skim",
-            sources=["protocol/records/_skim.c"],
+            sources=["kvproxy/protocol/records/_skim.c"],
             optional=True,
         )
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROXY = Path(__file__).resolve().parents[2] / "proxy"
+PROXY = Path(__file__).resolve().parents[2] / "kvproxy" / "proxy"
 UPSTREAM_SIDE = "upstream_connection.py"
 
 

@@ -8,14 +8,14 @@ nothing once kvproxy is installed (or another distribution's module of that name
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-    "package-dir"
-]
-LAYERS = {package.removeprefix("kvproxy.") for package in PACKAGE_DIRS} - {"kvproxy"}
+LAYERS = {
+    path.name
+    for path in (ROOT / "kvproxy").iterdir()
+    if path.is_dir() and (path / "__init__.py").exists()
+}
 
 IMPORT = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.MULTILINE)
 RUN_MODULE = re.compile(r"python3?\s+-m\s+([\w.]+)")

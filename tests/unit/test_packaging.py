@@ -46,23 +46,25 @@ def test_license_is_an_spdx_expression() -> None:
     assert not any(c.startswith("License ::") for c in PYPROJECT["project"].get("classifiers", []))
 
 
-PACKAGE_DIRS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
-"""Each installed package (`kvproxy.proxy`) and the folder of the repository it is made of."""
+PACKAGE = ROOT / "kvproxy"
+"""The one package: every layer is a folder in it (kvproxy/proxy, kvproxy/protocol, ...)."""
+
+LAYERS = sorted(
+    path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()
+)
+"""The layers' names (`proxy`, `protocol`, ...): never imported bare."""
 
 
 def _source_modules() -> dict[str, Path]:
-    """Every module of the distribution by its installed name (`kvproxy.proxy.server`)."""
+    """Every module of the distribution by its installed name (`kvproxy.proxy.serve.server`)."""
     found: dict[str, Path] = {}
-    for package, folder in PACKAGE_DIRS.items():
-        for directory, subdirectories, files in os.walk(ROOT / folder):
-            subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]
-            if package == "kvproxy":
-                subdirectories.clear()  # the links to the other folders: listed on their own
-            relative = Path(directory).relative_to(ROOT / folder).parts
-            for name in files:
-                if name.endswith(".py"):
-                    parts = [package, *relative, name.removesuffix(".py")]
-                    found[".".join(parts).removesuffix(".__init__")] = Path(directory) / name
+    for directory, subdirectories, files in os.walk(PACKAGE):
+        subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]
+        relative = Path(directory).relative_to(ROOT).parts
+        for name in files:
+            if name.endswith(".py"):
+                parts = [*relative, name.removesuffix(".py")]
+                found[".".join(parts).removesuffix(".__init__")] = Path(directory) / name
     return found
 
 
@@ -100,13 +102,15 @@ def test_every_mypy_override_names_a_module_mypy_checks_or_imports() -> None:
     assert unused == [], f"mypy reports these as unused sections: {unused}"
 
 
-def test_every_folder_of_the_repository_is_linked_into_the_namespace() -> None:
-    """kvproxy/<layer> links to the folder at the top, so that the editable install, mypy and
-    import-linter see the names the wheel installs."""
-    for package, folder in PACKAGE_DIRS.items():
-        if package != "kvproxy":
-            link = ROOT / "kvproxy" / package.removeprefix("kvproxy.")
-            assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+def test_the_package_is_a_plain_folder_with_no_links() -> None:
+    """Tools that read imports as text (import graphs, IDEs, grep) see the files the wheel
+    installs: no layer is a link to a folder elsewhere, and no layer sits outside the package."""
+    links = [str(path) for path in PACKAGE.rglob("*") if path.is_symlink()]
+    assert links == []
+    assert "package-dir" not in PYPROJECT["tool"]["setuptools"]
+    outside = [name for name in LAYERS if (ROOT / name).exists()]
+    assert outside == []
+    assert {"protocol", "policies", "proxy", "pipeline", "producer"} <= set(LAYERS)
 
 
 def test_the_wheel_installs_only_the_kvproxy_package(tmp_path: Path) -> None:
@@ -118,13 +122,9 @@ def test_the_wheel_installs_only_the_kvproxy_package(tmp_path: Path) -> None:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in PACKAGE_DIRS.values():
-        shutil.copytree(
-            ROOT / folder,
-            source / folder,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
+    shutil.copytree(
+        PACKAGE, source / "kvproxy", ignore=shutil.ignore_patterns("__pycache__", "*.so")
+    )
     wheels = tmp_path / "wheels"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -151,8 +151,7 @@ def test_the_wheel_installs_only_the_kvproxy_package(tmp_path: Path) -> None:
 
     installed = tmp_path / "site"
     archive.extractall(installed)
-    bare = ["protocol", "policies", "settings", "registry", "journal", "proxy", "pipeline",
-            "producer", "commands", "client"]  # fmt: skip
+    bare = LAYERS
     probe = (
         "import sys, kvproxy.proxy.server, kvproxy.policies.builtin, kvproxy.commands.cli;"
         "print(kvproxy.proxy.server.__file__);"
@@ -184,7 +183,7 @@ def test_the_proxy_module_run_by_itself_says_which_command_to_run() -> None:
 def test_no_file_imports_a_layer_by_its_bare_name() -> None:
     """With the repository's root on the path (pytest, `python -m`), `import proxy` would load a
     second copy of a module beside `kvproxy.proxy`: every file names the namespace."""
-    bare = {package.removeprefix("kvproxy.") for package in PACKAGE_DIRS} - {"kvproxy"}
+    bare = set(LAYERS)
     offenders = []
     for path in ROOT.rglob("*.py"):
         if ".venv" in path.parts:

@@ -60,7 +60,7 @@ def test_the_installed_package_has_the_compiled_skim_and_uses_it() -> None:
     assert batch_v2.skim_v2 is _skim.skim_v2
     assert batch_v2.values_v2 is _skim.values_v2
     assert batch_v2.SKIM_FROM_BYTES_PER_RECORD == 0  # every batch is skimmed
-    source = ROOT / "protocol" / "records" / "_skim.c"
+    source = ROOT / "kvproxy" / "protocol" / "records" / "_skim.c"
     assert Path(_skim.__file__).stat().st_mtime >= source.stat().st_mtime, (
         "_skim.c changed after the module was built: reinstall (make setup)"
     )
