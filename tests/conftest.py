@@ -32,12 +32,13 @@ automatically):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from kvproxy.proxy.log_limits import start_afresh
-from tests.harness import Broker, RawKafkaClient, run_tansu
+from tests.harness import Broker, RawKafkaClient, process_groups, run_tansu
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KAFKA_VERSIONS, KafkaCluster, run_kafka
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.upstream import UPSTREAMS, Upstream
@@ -47,6 +48,10 @@ KAFKA_FIXTURES = {"kafka", "kafka3", "any_kafka"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Brokers and kvproxy run in sessions of their own: killed on SIGTERM/SIGINT/SIGHUP too, and
+    # in an xdist worker as soon as its controller is gone (tests/harness/process_groups.py).
+    worker = hasattr(config, "workerinput") or "PYTEST_XDIST_WORKER" in os.environ
+    process_groups.install(watch_parent=worker)
     config.addinivalue_line(
         "markers",
         "upstreams(*names): run the test once per named broker behind ``upstream`` "

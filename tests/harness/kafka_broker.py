@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from tests.harness.process_groups import register
+
 __all__ = [
     "KAFKA_3",
     "KAFKA_4",
@@ -336,6 +338,7 @@ class KafkaNode:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            register(self.proc)  # killed if pytest is stopped before stop() (process_groups.py)
         finally:
             log.close()
 

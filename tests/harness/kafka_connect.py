@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.kafka_broker import KAFKA_4, java_command, kafka_classpath
+from tests.harness.process_groups import register
 from tests.harness.proxy import free_port_range
 
 PLUGINS = Path(__file__).with_name("connect_plugins")
@@ -217,6 +218,7 @@ def run_connect_worker(
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
+    register(proc, group=False)  # killed if pytest is stopped (process_groups.py)
     rest_url = f"http://{HOST}:{rest_port}"
     worker = ConnectWorker(bootstrap, rest_url, log_file, group_id, topics, proc)
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.kafka_broker import KAFKA_4, kafka_classpath
+from tests.harness.process_groups import register
 
 FILES = Path(__file__).with_name("kafka_streams")
 SOURCE = FILES / "KvproxyStreamsApp.java"
@@ -196,6 +197,7 @@ def running_app(
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    register(proc, group=False)  # killed if pytest is stopped (process_groups.py)
     app = StreamsApp(proc)
     try:
         yield app

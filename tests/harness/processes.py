@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvproxy.protocol.messages import API_VERSIONS, decode_response
+from tests.harness.process_groups import register
 from tests.harness.raw_client import RawClientError, RawKafkaClient
 from tests.harness.requests import api_versions_request
 
@@ -69,6 +70,7 @@ def kvproxy_serve(
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        register(proc, group=False)  # killed if pytest is stopped (process_groups.py)
         try:
             yield proc
         finally:

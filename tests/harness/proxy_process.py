@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import yaml
 
+from tests.harness.process_groups import register
 from tests.harness.processes import REPO, wait_for_answer, wait_until
 from tests.harness.proxy import free_port_range
 from tests.harness.tansu import free_port
@@ -100,6 +101,7 @@ class ProxyProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
             )
+            register(self.proc)  # with its workers, if pytest is stopped (process_groups.py)
         wait_for_answer(self.config["listen"]["port"], self.proc, timeout)
         if self.workers != 1:
             wait_until(

@@ -38,6 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.harness.process_groups import register
+
 __all__ = [
     "Broker",
     "TansuError",
@@ -238,6 +240,7 @@ class TansuServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a ^C in the terminal does not reach it twice
         )
+        register(self.proc)  # killed if pytest is stopped before stop() (process_groups.py)
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
