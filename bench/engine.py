@@ -11,7 +11,8 @@ What it measures, all in one process on the same bytes, so every figure has its 
     both read every record), records/s, on 16 KiB of 100-byte records, uncompressed and with each
     codec (the same records compressed).
 (c) the proxy's per-request work: `decode_request` + `ProduceEngine.decide` (what
-    proxy/produce_exchange.py does per Produce request) over a Produce v9 frame carrying one 1 MiB
+    kvproxy/proxy/produce/exchange.py does per Produce request) over a Produce v9 frame carrying
+    one 1 MiB
     batch, then one 16 KiB batch, default chain, topic not compacted: GB/s of frame bytes and
     requests/s.
 (d) the limits: CRC32C, memcpy, aiokafka's C record parser (counting only; reading each record's
@@ -76,7 +77,7 @@ from kvproxy.protocol.compression import Codec, decompress
 from kvproxy.protocol.messages import PRODUCE, decode_request, encode_request, make_request
 from kvproxy.protocol.records import build_batch
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
-from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
 
 TOPIC = "bench-engine"
 BATCH_LEVEL_POLICIES: tuple[str, ...] = ("batch_integrity", "crc")
@@ -145,7 +146,7 @@ def make_engine() -> ProduceEngine:
 
 
 def handle_produce(engine: ProduceEngine, frame: bytes) -> ProduceDecision:
-    """What proxy/produce_exchange.py does with a Produce frame before sending anything."""
+    """What kvproxy/proxy/produce/exchange.py does with a Produce frame before sending anything."""
     return engine.decide(frame, decode_request(frame))
 
 

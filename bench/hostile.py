@@ -44,7 +44,7 @@ check that the bench works, not a measurement).
         [--memory-guard-gib 8] [--timeout SECONDS] [--smoke]
 
 The proxy runs from this file's checkout (`python -m kvproxy.cli serve` in its root); the output
-names the file its `kvproxy.proxy.server` module is read from and the commit.
+names the file its `kvproxy.proxy.serve.server` module is read from and the commit.
 """
 
 from __future__ import annotations

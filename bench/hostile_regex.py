@@ -40,7 +40,7 @@ from _common import ROOT, create_topic, start_proxy, tansu
 from hostile import OtherClient, framed, percentile, produce_request
 
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.proxy.config.proxy_config import load_config_and_rules
 from kvproxy.settings.loading import ConfigError
 from tests.harness.schema_registry import TestRegistry
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import report
 from prometheus_client import generate_latest
 
-from kvproxy.proxy.metrics import ProxyMetrics
+from kvproxy.proxy.ops.metrics import ProxyMetrics
 from tests.harness.metrics import scrape
 from tests.harness.named_ports import connect_failure_series, dial_new_ports
 from tests.harness.proxy import run_proxy

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from kvproxy.proxy.signals import queue_sighup
+from kvproxy.proxy.serve.signals import queue_sighup
 
 
 def build_parser() -> argparse.ArgumentParser:

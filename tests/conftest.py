@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvproxy.proxy.log_limits import start_afresh
+from kvproxy.proxy.ops.log_limits import start_afresh
 from tests.harness import Broker, RawKafkaClient, process_groups, run_tansu
 from tests.harness.kafka_broker import KAFKA_3, KAFKA_4, KAFKA_VERSIONS, KafkaCluster, run_kafka
 from tests.harness.proxy import RunningProxy, run_proxy

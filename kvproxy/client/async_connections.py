@@ -5,7 +5,8 @@ the brokers and the metrics' topic label) or opened for one request (`ask_once`)
 A connection per request cost a TCP (and TLS) handshake per name a client invented: 5,000 names
 that are no topic opened 10,000 connections to the cluster. Here each broker address has one
 connection, opened at the first request and kept; requests on it go one at a time (the answers
-are short and the names batched, see `kvproxy.proxy.topic_configs`). A connection that fails or
+are short and the names batched, see `kvproxy.proxy.lookups.topic_configs`). A connection that
+fails or
 times out is closed and the next request opens a new one; a request that fails on a connection kept
 from before (the broker closed it while idle) is sent once more on a new one.
 """

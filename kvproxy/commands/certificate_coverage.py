@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from kvproxy.proxy.sni_names import NODE_ID, SniNames, normal_name
+from kvproxy.proxy.config.sni_names import NODE_ID, SniNames, normal_name
 
 
 @dataclass(frozen=True, slots=True)

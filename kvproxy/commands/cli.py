@@ -17,14 +17,14 @@ from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import skim
-from kvproxy.proxy.config import LimitsConfig, ProxyConfig, load_config_and_rules
-from kvproxy.proxy.fds import (
+from kvproxy.proxy.config.listen_config import ListenConfig
+from kvproxy.proxy.config.proxy_config import LimitsConfig, ProxyConfig, load_config_and_rules
+from kvproxy.proxy.ops.fds import (
     DEFAULT_MAX_CONNECTIONS_PER_LISTENER,
     connections_allowed,
     open_file_limit_target,
 )
-from kvproxy.proxy.listen_config import ListenConfig
-from kvproxy.proxy.signals import queue_sighup
+from kvproxy.proxy.serve.signals import queue_sighup
 from kvproxy.settings.audit_file import read_audit_file
 from kvproxy.settings.loading import ConfigError, read_document
 
@@ -81,12 +81,12 @@ def _add_check(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from kvproxy.proxy.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
     from kvproxy.proxy.errors import ProxyError  # noqa: PLC0415
-    from kvproxy.proxy.logs import configure_logging  # noqa: PLC0415
-    from kvproxy.proxy.reload import file_signature  # noqa: PLC0415
-    from kvproxy.proxy.server import WorkerRole  # noqa: PLC0415
-    from kvproxy.proxy.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
+    from kvproxy.proxy.ops.logs import configure_logging  # noqa: PLC0415
+    from kvproxy.proxy.serve.app import run  # noqa: PLC0415  (keeps `kvproxy dump` free of asyncio start-up)
+    from kvproxy.proxy.serve.reload import file_signature  # noqa: PLC0415
+    from kvproxy.proxy.serve.server import WorkerRole  # noqa: PLC0415
+    from kvproxy.proxy.serve.workers import WorkersError, WorkerSettings, run_workers  # noqa: PLC0415
 
     queue_sighup()  # before anything else: a SIGHUP while starting is not fatal
     configure_logging(args.log_format, worker=args.worker_index)
@@ -129,7 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _raise_open_file_limit(config: ProxyConfig, *, log_unchanged: bool) -> None:
     """The soft limit on open files up to the hard one, said once: each client connection holds
     two descriptors, and a soft limit of 1024 (many systems' default) runs out at about 500."""
-    from kvproxy.proxy.fds import raise_open_file_limit  # noqa: PLC0415  (tests replace it)
+    from kvproxy.proxy.ops.fds import raise_open_file_limit  # noqa: PLC0415  (tests replace it)
 
     log = logging.getLogger("kvproxy")
     before, after, problem = raise_open_file_limit()
@@ -353,9 +353,9 @@ def _check_cluster(config: ProxyConfig) -> tuple[int, list[int] | None]:
     import asyncio  # noqa: PLC0415
 
     from kvproxy.client.async_requests import fetch_broker_addresses  # noqa: PLC0415
-    from kvproxy.proxy.embedded import run_embedded_broker  # noqa: PLC0415
-    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
-    from kvproxy.proxy.upstream_failures import describe_failure  # noqa: PLC0415
+    from kvproxy.proxy.cluster.upstream_failures import describe_failure  # noqa: PLC0415
+    from kvproxy.proxy.listen.tls_context import upstream_side_ssl  # noqa: PLC0415
+    from kvproxy.proxy.serve.embedded import run_embedded_broker  # noqa: PLC0415
 
     timeout = config.upstream.connect_timeout_ms / 1000
     context = upstream_side_ssl(config)

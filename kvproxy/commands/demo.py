@@ -31,10 +31,10 @@ from kvproxy.protocol.error_codes import error_name
 from kvproxy.protocol.framing import FrameDecoder, frame
 from kvproxy.protocol.messages import PRODUCE, decode_response, encode_request, make_request
 from kvproxy.protocol.records import build_batch, read_batch
-from kvproxy.proxy.app import running_proxy
-from kvproxy.proxy.config import ProxyConfig, parse_config
-from kvproxy.proxy.logs import RejectionEvent
-from kvproxy.proxy.server import ProxyServer
+from kvproxy.proxy.config.proxy_config import ProxyConfig, parse_config
+from kvproxy.proxy.ops.logs import RejectionEvent
+from kvproxy.proxy.serve.app import running_proxy
+from kvproxy.proxy.serve.server import ProxyServer
 
 DEMO_TOPIC = "kvproxy-demo"
 COMPACTED_TOPIC = "customers"

@@ -37,8 +37,8 @@ from kvproxy.policies.topic_settings import from_cluster
 from kvproxy.protocol.error_codes import error_name
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import iter_batches
-from kvproxy.proxy.config import ProxyConfig, load_config
-from kvproxy.proxy.logs import escape_controls
+from kvproxy.proxy.config.proxy_config import ProxyConfig, load_config
+from kvproxy.proxy.ops.logs import escape_controls
 from kvproxy.settings.loading import ConfigError
 
 REPLAYED_FILE = "replayed.ids"
@@ -255,9 +255,9 @@ def _replay(args: argparse.Namespace) -> int:
 async def _replay_async(
     args: argparse.Namespace, directory: Path, config: ProxyConfig, config_dir: Path
 ) -> int:
-    from kvproxy.proxy.config import build_routing_for  # noqa: PLC0415
+    from kvproxy.proxy.config.proxy_config import build_routing_for  # noqa: PLC0415
     from kvproxy.proxy.errors import ProxyError  # noqa: PLC0415
-    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
+    from kvproxy.proxy.listen.tls_context import upstream_side_ssl  # noqa: PLC0415
 
     try:
         routing = build_routing_for(config, config_dir)
@@ -403,7 +403,7 @@ async def _replay_async(
 def _running_embedded_broker(directory: Path, config_file: str) -> tuple[str, int]:
     """The broker of the `kvproxy serve` running this config: the embedded broker lives inside
     serve and keeps its data in memory, so replay writes there, or nowhere."""
-    from kvproxy.proxy.embedded import ADDRESS_FILE, advertised_broker  # noqa: PLC0415
+    from kvproxy.proxy.serve.embedded import ADDRESS_FILE, advertised_broker  # noqa: PLC0415
 
     broker = advertised_broker(directory)
     if broker is None:

@@ -29,7 +29,7 @@ from kvproxy.policies.topic_settings import (
     settings_read_by,
 )
 from kvproxy.protocol.errors import ProtocolError
-from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
+from kvproxy.proxy.config.proxy_config import ProxyConfig, load_config_and_rules
 
 YAML = "yaml"
 KAFKA_DEFAULT = "Kafka default"
@@ -133,7 +133,7 @@ def ask_cluster(config: ProxyConfig, topics: list[str]) -> ClusterAnswer:
     """Which of `topics` exist (all the cluster's topics when none are named) and their
     settings, asked of the first bootstrap server that answers (or an embedded broker)."""
     if config.upstream.embedded:
-        from kvproxy.proxy.embedded import run_embedded_broker  # noqa: PLC0415
+        from kvproxy.proxy.serve.embedded import run_embedded_broker  # noqa: PLC0415
 
         with run_embedded_broker() as broker:
             return _ask(config, ((broker.host, broker.port),), topics)
@@ -148,8 +148,8 @@ def _ask(
         list_topics,
         topics_exist,
     )
-    from kvproxy.proxy.tls_context import upstream_side_ssl  # noqa: PLC0415
-    from kvproxy.proxy.upstream_failures import describe_failure  # noqa: PLC0415
+    from kvproxy.proxy.cluster.upstream_failures import describe_failure  # noqa: PLC0415
+    from kvproxy.proxy.listen.tls_context import upstream_side_ssl  # noqa: PLC0415
 
     timeout = config.upstream.connect_timeout_ms / 1000
     context = upstream_side_ssl(config)

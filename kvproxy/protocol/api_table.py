@@ -24,7 +24,7 @@ pass unchanged.
 
 `newest` is the newest version Kafka's specifications define: a broker offering more, or an API
 missing here, is newer than this table, and whether its answers carry addresses is unknown
-(`kvproxy.proxy.rewrite.offered_range` decides what to do with it).
+(`kvproxy.proxy.cluster.rewrite.offered_range` decides what to do with it).
 """
 
 from __future__ import annotations

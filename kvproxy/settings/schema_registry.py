@@ -67,7 +67,7 @@ class SchemaRegistryConfig(Section):
     negative_cache_ttl_ms: int = Field(default=5_000, ge=0)
     """How long "no such id", "not registered under this subject" and a failed lookup are
     trusted before the registry is asked again; after a lookup no URL answered at all, how long
-    fresh ids fail fast without asking (`registry/health.py`)."""
+    fresh ids fail fast without asking (`kvproxy/registry/health.py`)."""
     cache_max_schemas: int = Field(default=10_000, ge=1, le=1_000_000)
     """Ids held at most (the answers stored longest ago go first)."""
     max_lookups_per_request: int = Field(default=64, ge=1, le=10_000)

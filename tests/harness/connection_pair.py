@@ -12,9 +12,9 @@ from kvproxy.protocol.framing import size_prefix
 from kvproxy.protocol.messages import PRODUCE, encode_response, make_response
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.connection import ClientConnection
-from kvproxy.proxy.server import ProxyServer
-from kvproxy.proxy.upstream_connection import UpstreamConnection
+from kvproxy.proxy.relay.client_connection import ClientConnection
+from kvproxy.proxy.relay.upstream_connection import UpstreamConnection
+from kvproxy.proxy.serve.server import ProxyServer
 from tests.harness.fuzz import produce_request as produce_payload
 from tests.harness.proxy import proxy_config
 

@@ -1,4 +1,5 @@
-"""Driving `kvproxy.proxy.produce.ProduceEngine` without sockets: a one-record batch, a decision on
+"""Driving `kvproxy.proxy.produce.engine.ProduceEngine` without sockets: a one-record batch, a
+decision on
 a
 whole Produce request, and the broker's answer to what was forwarded."""
 
@@ -9,7 +10,7 @@ from typing import Any
 from kvproxy.protocol.messages import PRODUCE, decode_request, encode_response, make_response
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.produce import ProduceEngine
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.fuzz import produce_request
 
 TOPIC = "orders"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from kvproxy.proxy.config import LimitsConfig
+from kvproxy.proxy.config.proxy_config import LimitsConfig
 from kvproxy.proxy.errors import ProxyError
-from kvproxy.proxy.fds import FdExhaustion
-from kvproxy.proxy.metrics import ProxyMetrics
-from kvproxy.proxy.upstream_dialer import UpstreamDialer
+from kvproxy.proxy.ops.fds import FdExhaustion
+from kvproxy.proxy.ops.metrics import ProxyMetrics
+from kvproxy.proxy.relay.upstream_dialer import UpstreamDialer
 from tests.harness.tansu import free_port
 
 

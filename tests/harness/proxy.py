@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import uvloop
 
-from kvproxy.proxy.config import ProxyConfig, parse_config
-from kvproxy.proxy.server import ProxyServer, ProxyStats
+from kvproxy.proxy.config.proxy_config import ProxyConfig, parse_config
+from kvproxy.proxy.serve.server import ProxyServer, ProxyStats
 
 T = TypeVar("T")
 HOST = "127.0.0.1"

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from kvproxy.protocol.messages import PRODUCE, decode_response
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.serve.reload import ConfigReloader
 from tests.harness import Broker
 from tests.harness.processes import HOST, REPO, wait_for_answer
 from tests.harness.produce import JSON_ONLY, batch, partitions_of, produce_frame

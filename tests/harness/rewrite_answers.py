@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i32Timedelta, i64
 
 from kvproxy.protocol.messages import encode_response, make_response
-from kvproxy.proxy.rewrite import proxy_addresses
+from kvproxy.proxy.cluster.rewrite import proxy_addresses
 
 PROXY_HOST = "proxy.example"
 ZERO = i32Timedelta.parse(datetime.timedelta(0))

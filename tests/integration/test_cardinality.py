@@ -18,7 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvproxy.policies import config as policies_config
-from kvproxy.proxy import logs, rejections, topic_configs, topic_labels
+from kvproxy.proxy.lookups import topic_configs
+from kvproxy.proxy.ops import logs, topic_labels
+from kvproxy.proxy.refusals import sink as rejections
 from tests.harness import Broker
 from tests.harness.fuzz import produce_request
 from tests.harness.metrics import get

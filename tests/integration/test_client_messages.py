@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from kvproxy.protocol.messages import PRODUCE
-from kvproxy.proxy.logs import TEXT_FORMAT, JsonFormatter
+from kvproxy.proxy.ops.logs import TEXT_FORMAT, JsonFormatter
 from tests.harness.clients import LINGER_MS
 from tests.harness.flipping_relay import MARK, PROXY_HOST, RELAY_HOST, FlippingRelay
 from tests.harness.kcat import run_kcat

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kvproxy.proxy.embedded import api_versions_ok, run_embedded_broker
+from kvproxy.proxy.serve.embedded import api_versions_ok, run_embedded_broker
 
 
 def test_demo_sends_records_through_kvproxy() -> None:

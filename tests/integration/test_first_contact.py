@@ -29,7 +29,7 @@ from kvproxy.protocol.messages import (
     make_request,
 )
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.config import ProxyConfig
+from kvproxy.proxy.config.proxy_config import ProxyConfig
 from kvproxy.proxy.errors import ProxyError
 from tests.harness import Broker, RawKafkaClient, create_topic, unique_topic_name
 from tests.harness.clients import consume_through, produce_through, sasl_plain_producer

@@ -57,7 +57,7 @@ from kvproxy.protocol.compression import MAX_DECOMPRESSED_BYTES, Codec, compress
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.messages import API_VERSIONS, PRODUCE, decode_response
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.slots import MAX_SILENT_SLOTS
+from kvproxy.proxy.relay.response_slots import MAX_SILENT_SLOTS
 from tests.harness import fuzz
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.raw_client import RawClientError, RawKafkaClient
@@ -618,7 +618,7 @@ def test_inner_message_with_unknown_codec_bits_is_rejected_without_a_policy_cras
     a compressed wrapper whose inner message has compression bits 5-7 (no such codec) must be
     rejected like one with bits 1-4 ("Compressed outer record should not have an inner record
     with a compression attribute set", CORRUPT_MESSAGE for Produce v2). The batch_integrity
-    policy words that message with `Codec(attributes & 7)` (`policies/builtin/broker.py`,
+    policy words that message with `Codec(attributes & 7)` (`kvproxy/policies/builtin/broker.py`,
     `java_record`), which raises ValueError for 5-7: the policy crashes instead (the partition
     is still rejected, fail closed, and a policy crash is counted and logged with a traceback).
     """
@@ -646,7 +646,8 @@ def test_a_client_leaving_during_a_topic_lookup_does_not_strand_the_others() -> 
     Three clients produce to the same topic, whose compaction the proxy must first learn with
     DescribeConfigs (here it takes a second: the first bootstrap server never answers). B's
     request starts the lookup; A's and C's wait on the same future
-    (`proxy/topic_configs.py`, `TopicConfigCache.refresh`). A's connection then ends (here: the
+    (`kvproxy/proxy/lookups/topic_configs.py`, `TopicConfigCache.refresh`). A's connection then
+    ends (here: the
     Fetch request A sent before its Produce makes the upstream close, so the proxy closes A), so
     A's task is cancelled; a task cancelled while it awaits a future cancels that future, so C's
     wait ends in CancelledError (C's connection stays paused for ever: no answer, no close, no

@@ -76,7 +76,7 @@ def ask_with_the_rewrite_held(
     """A client's Metadata request for `topic`, its answer's rewrite held on a gate where the
     node count is checked (off the loop): another client's ApiVersions is answered meanwhile,
     then the gate opens. The asking client, its answer still to read."""
-    import kvproxy.proxy.rewrite as rewrite_module
+    import kvproxy.proxy.cluster.rewrite as rewrite_module
 
     real_check = rewrite_module.check_node_count
     reached, gate = threading.Event(), threading.Event()

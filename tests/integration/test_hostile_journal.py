@@ -160,7 +160,7 @@ def test_dead_letters_pending_stay_within_their_bytes(
     and said once."""
     import asyncio
 
-    import kvproxy.proxy.dead_letter_sender as sender_module
+    import kvproxy.proxy.refusals.dead_letter_sender as sender_module
 
     gate = threading.Event()
     sent: list[str] = []

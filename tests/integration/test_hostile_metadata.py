@@ -36,7 +36,7 @@ def test_an_innocent_client_is_answered_while_a_large_metadata_answer_is_rewritt
             assert gate.wait(60)
         return real_decode(frame, api_key, api_version)
 
-    monkeypatch.setattr("kvproxy.proxy.rewrite.decode_response", gated)
+    monkeypatch.setattr("kvproxy.proxy.cluster.rewrite.decode_response", gated)
     names = [f"hostile-{i:06d}" for i in range(TOPICS)]
     with (
         run_proxy(tansu.bootstrap) as running,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from kvproxy.proxy.log_limits import DEFAULT_BURST
-from kvproxy.proxy.metrics import ProxyMetrics
-from kvproxy.proxy.upstream_dialer import MAX_OTHER_UPSTREAM_LABELS
+from kvproxy.proxy.ops.log_limits import DEFAULT_BURST
+from kvproxy.proxy.ops.metrics import ProxyMetrics
+from kvproxy.proxy.relay.upstream_dialer import MAX_OTHER_UPSTREAM_LABELS
 from tests.harness import Broker
 from tests.harness.metrics import closed
 from tests.harness.named_ports import connect_failure_series, dial_new_ports

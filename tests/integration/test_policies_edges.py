@@ -95,8 +95,8 @@ def test_truncated_batch_is_refused_in_every_mode(
     truncated = batch(b"this batch is cut short")[:-6]
     topics = [{"match": topic, "mode": mode}]
     bug = (
-        "BUG (proxy/produce.py ProduceEngine._check): for a mode-off topic it returns ACCEPT "
-        "before parse_records, so the malformed batch is forwarded to the broker"
+        "BUG (kvproxy/proxy/produce/engine.py ProduceEngine._check): for a mode-off topic it "
+        "returns ACCEPT before parse_records, so the malformed batch is forwarded to the broker"
     )
     with run_proxy(upstream.bootstrap, topics=topics) as proxy:
         try:

@@ -260,8 +260,8 @@ def test_a_closed_connection_pair_is_freed_without_the_cycle_collector(
     the frame buffers their last answers held go back to the pool instead of waiting for gc."""
     import gc
 
-    from kvproxy.proxy.connection import ClientConnection
-    from kvproxy.proxy.upstream_connection import UpstreamConnection
+    from kvproxy.proxy.relay.client_connection import ClientConnection
+    from kvproxy.proxy.relay.upstream_connection import UpstreamConnection
 
     def alive() -> int:
         return sum(

@@ -22,7 +22,7 @@ from kvproxy.protocol.messages import (
     make_request,
     supported_versions,
 )
-from kvproxy.proxy.rewrite import PRODUCE_MAX_VERSION
+from kvproxy.proxy.cluster.rewrite import PRODUCE_MAX_VERSION
 from tests.harness.proxy import RunningProxy
 from tests.harness.raw_client import RawKafkaClient
 from tests.harness.requests import (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.serve.reload import ConfigReloader
 from tests.harness import Broker
 from tests.harness.produce import INVALID_RECORD, stored
 from tests.harness.proxy import run_proxy
@@ -180,7 +180,7 @@ def test_a_change_made_while_the_proxy_starts_is_reloaded(
     """`serve` reads the file, then opens its listeners, then starts watching the file: a change
     written in between is the file's state when watching starts, and must still be applied. The
     watch compares with the file as it was read (`loaded`), not as it is when watching starts."""
-    from kvproxy.proxy.reload import file_signature
+    from kvproxy.proxy.serve.reload import file_signature
 
     topic = make_topic(prefix="reload-early")
     config = tmp_path / "kvproxy.yaml"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.serve.reload import ConfigReloader
 from kvproxy.settings.yaml_file import MAX_FILE_BYTES
 from tests.harness import Broker
 from tests.harness.produce import INVALID_RECORD

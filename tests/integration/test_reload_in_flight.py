@@ -19,7 +19,7 @@ import yaml
 
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.messages import PRODUCE
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.serve.reload import ConfigReloader
 from tests.harness import create_topic, unique_topic_name
 from tests.harness.capture import RecordingRelay, read_produce_request, recording_tansu
 from tests.harness.produce import JSON_ONLY, stored

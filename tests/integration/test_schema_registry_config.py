@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kvproxy.cli import main
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.serve.reload import ConfigReloader
 from tests.harness import Broker
 from tests.harness.proxy import run_proxy
 from tests.harness.reload import reload_once

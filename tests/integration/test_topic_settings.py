@@ -22,7 +22,7 @@ from kvproxy.policies.api import TopicConfig
 from kvproxy.policies.config import build_routing
 from kvproxy.protocol.journal import encode_entry
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.config import TopicConfigsConfig
+from kvproxy.proxy.config.proxy_config import TopicConfigsConfig
 from tests.harness import Broker, free_port
 from tests.harness.proxy import RunningProxy, run_proxy
 from tests.harness.quarantine import new_entry

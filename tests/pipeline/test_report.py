@@ -1,4 +1,5 @@
-"""pipeline/report.py: the page parses, shows its figures, escapes data, keeps colours straight."""
+"""kvproxy/pipeline/report.py: the page parses, shows its figures, escapes data, keeps colours
+straight."""
 
 from __future__ import annotations
 

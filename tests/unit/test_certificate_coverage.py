@@ -24,7 +24,7 @@ from kvproxy.commands.certificate_coverage import (
     covers,
     read_certificate,
 )
-from kvproxy.proxy.sni_names import SniNames
+from kvproxy.proxy.config.sni_names import SniNames
 from tests.harness.stub_upstream import run_stub_cluster
 
 NAMES = SniNames("kafka.example.com", "broker-$(nodeId).kafka.example.com")

@@ -1,4 +1,5 @@
-"""kvproxy.proxy.config: defaults, and an error message that names the key for every bad value."""
+"""kvproxy.proxy.config.proxy_config: defaults, and an error message that names the key for every
+bad value."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from kvproxy.proxy.config import load_config, parse_config
+from kvproxy.proxy.config.proxy_config import load_config, parse_config
 from kvproxy.settings.addresses import parse_host_port
 from kvproxy.settings.loading import ConfigError
 
@@ -347,7 +348,7 @@ def test_errors_are_sorted_by_line_and_name_it(tmp_path: Path) -> None:
 
 
 def test_rejection_log_limits_are_configurable() -> None:
-    from kvproxy.proxy.server import ProxyServer
+    from kvproxy.proxy.serve.server import ProxyServer
 
     config = parse_config(
         {"upstream": UPSTREAM, "logs": {"rejections_per_window": 3, "rejection_window_ms": 500}}

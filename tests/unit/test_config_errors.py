@@ -20,7 +20,7 @@ import pytest
 from kvproxy.cli import main
 from kvproxy.policies.config import build_routing
 from kvproxy.policies.errors import PolicyConfigError
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.serve.reload import ConfigReloader
 from tests.harness.reload import reload_once
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvproxy.policies.errors import MAX_PROBLEM_CHARS, MAX_VALUE_CHARS, short_repr
-from kvproxy.proxy.config import load_config_and_rules
-from kvproxy.proxy.reload import ConfigReloader
+from kvproxy.proxy.config.proxy_config import load_config_and_rules
+from kvproxy.proxy.serve.reload import ConfigReloader
 from kvproxy.settings.loading import ConfigError
 from kvproxy.settings.yaml_file import MAX_FILE_BYTES, read_yaml_with_lines
 from tests.harness.reload import reload_once

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kvproxy.proxy.config import ProxyConfig, load_config, parse_config
-from kvproxy.proxy.reload import sections_needing_restart
-from kvproxy.proxy.tls_context import client_side_ssl, upstream_side_ssl
+from kvproxy.proxy.config.proxy_config import ProxyConfig, load_config, parse_config
+from kvproxy.proxy.listen.tls_context import client_side_ssl, upstream_side_ssl
+from kvproxy.proxy.serve.reload import sections_needing_restart
 from kvproxy.settings.loading import ConfigError
 from tests.harness.tls import TlsFiles, make_tls_files
 

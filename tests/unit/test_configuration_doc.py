@@ -6,14 +6,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvproxy.proxy.config import ProxyConfig
+from kvproxy.proxy.config.proxy_config import ProxyConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_the_introduction_lists_every_section_read() -> None:
     introduction = DOC.read_text().split("\n## ", 1)[0]
-    paragraph = next(p for p in introduction.split("\n\n") if "`proxy/config.py`" in p)
+    paragraph = next(
+        p for p in introduction.split("\n\n") if "`kvproxy/proxy/config/proxy_config.py`" in p
+    )
     named = set(re.findall(r"`([a-z_]+)`", paragraph))
     assert named == set(ProxyConfig.model_fields), paragraph
 

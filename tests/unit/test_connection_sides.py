@@ -27,8 +27,8 @@ def _upstream_transport_uses(path: Path) -> list[str]:
 def test_only_the_upstream_side_touches_the_broker_transport() -> None:
     """Every module of the relay but the upstream side itself: the connection, the Produce
     exchange, the reading bookkeeping, the dialer that opens the upstream connection."""
-    modules = sorted(p for p in PROXY.glob("*.py") if p.name != UPSTREAM_SIDE)
-    assert {"connection.py", "produce_exchange.py", "upstream_dialer.py"} <= {
+    modules = sorted(p for p in PROXY.rglob("*.py") if p.name != UPSTREAM_SIDE)
+    assert {"client_connection.py", "exchange.py", "upstream_dialer.py"} <= {
         p.name for p in modules
     }
     found = [use for path in modules for use in _upstream_transport_uses(path)]

@@ -1,4 +1,5 @@
-"""kvproxy.proxy.dead_letter.dead_letter_records: the copy of a refused batch is kvproxy's own plain
+"""kvproxy.proxy.refusals.dead_letter.dead_letter_records: the copy of a refused batch is kvproxy's
+own plain
 producer's batch, compressed as the client's was, whatever producer the client was."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import pytest
 
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.records import build_batch, read_batches
-from kvproxy.proxy.dead_letter import HEADER_POLICY, HEADER_UNREADABLE, dead_letter_records
+from kvproxy.proxy.refusals.dead_letter import HEADER_POLICY, HEADER_UNREADABLE, dead_letter_records
 
 ROWS = [(b"k%d" % n, b"v%d" % n, (("trace", b"t%d" % n),), 1_700_000_000_000 + n) for n in range(4)]
 

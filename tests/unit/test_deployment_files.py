@@ -31,7 +31,7 @@ PROMETHEUS = ROOT / "examples" / "compose" / "prometheus.yml"
 ALERTS = ROOT / "examples" / "compose" / "kvproxy-alerts.yml"
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
 
-# The metrics proxy/metrics.py exports, with their labels.
+# The metrics kvproxy/proxy/ops/metrics.py exports, with their labels.
 METRICS: dict[str, set[str]] = {
     "kvproxy_requests_total": {"api", "outcome"},
     "kvproxy_produce_batches_total": {"topic", "outcome"},

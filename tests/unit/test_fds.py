@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from kvproxy.proxy.fds import FdExhaustion, at_fd_limit, describe, out_of_fds
+from kvproxy.proxy.ops.fds import FdExhaustion, at_fd_limit, describe, out_of_fds
 
 
 def test_a_flood_makes_one_line_then_a_count(caplog: pytest.LogCaptureFixture) -> None:

@@ -26,7 +26,7 @@ from kvproxy.policies.schemas.model import RegisteredSchema, SchemaType
 from kvproxy.policies.topic_patterns import FirstMatch, compile_pattern, glob_regex
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.config import load_config_and_rules
+from kvproxy.proxy.config.proxy_config import load_config_and_rules
 from kvproxy.settings.loading import ConfigError
 
 EXPONENTIAL = "^(a+)+$"

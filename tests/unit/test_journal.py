@@ -1,4 +1,4 @@
-"""protocol/journal.py: the quarantine journal's entry format."""
+"""kvproxy/protocol/journal.py: the quarantine journal's entry format."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ import pytest
 
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.records import build_batch, read_batches
-from kvproxy.proxy.produce import ProduceEngine
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.kafka_parity import (
     BASE_SEQUENCE,
     CODECS,

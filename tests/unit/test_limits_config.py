@@ -1,4 +1,5 @@
-"""kvproxy.proxy.config `limits`: the connection, timeout and record limits' defaults and
+"""kvproxy.proxy.config.proxy_config `limits`: the connection, timeout and record limits' defaults
+and
 validation."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from typing import Any
 import pytest
 
 from kvproxy.commands.cli import describe
-from kvproxy.proxy import fds
-from kvproxy.proxy.config import parse_config
+from kvproxy.proxy.config.proxy_config import parse_config
+from kvproxy.proxy.ops import fds
 from kvproxy.settings.loading import ConfigError
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}

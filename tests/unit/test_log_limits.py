@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kvproxy.proxy.log_limits import LineLimit, flush_ended
+from kvproxy.proxy.ops.log_limits import LineLimit, flush_ended
 
 
 def _limit(now: list[float]) -> LineLimit:
@@ -77,7 +77,7 @@ def test_what_cpython_would_print_as_ignored_is_a_log_record(
     import sys
     import types
 
-    from kvproxy.proxy.logs import configure_logging, log_unraisable
+    from kvproxy.proxy.ops.logs import configure_logging, log_unraisable
 
     caplog.set_level(logging.WARNING, "kvproxy")
     hook, root = sys.unraisablehook, logging.getLogger()

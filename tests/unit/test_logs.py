@@ -1,4 +1,4 @@
-"""kvproxy.proxy.logs: the JSON line format and the rejection log's rate limit (with a fake
+"""kvproxy.proxy.ops.logs: the JSON line format and the rejection log's rate limit (with a fake
 clock)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvproxy.proxy.logs import JsonFormatter, RejectionEvent, RejectionLogger, configure_logging
+from kvproxy.proxy.ops.logs import JsonFormatter, RejectionEvent, RejectionLogger, configure_logging
 
 
 def record(message: str, *args: object, **extra: Any) -> logging.LogRecord:

@@ -9,7 +9,7 @@ import textwrap
 BURST = textwrap.dedent(
     """
     import sys
-    from kvproxy.proxy.memory import return_large_buffers_to_the_os
+    from kvproxy.proxy.ops.memory import return_large_buffers_to_the_os
     if sys.argv[1] == "fixed":
         assert return_large_buffers_to_the_os()
     def rss():

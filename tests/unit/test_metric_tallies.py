@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.values import MutexValue
 
 from kvproxy.protocol.framing import size_prefix
-from kvproxy.proxy.metric_tallies import CounterTally, HistogramTally, TallyFlush
+from kvproxy.proxy.ops.metric_tallies import CounterTally, HistogramTally, TallyFlush
 from tests.harness.connection_pair import (
     TOPIC,
     ConnectionPair,

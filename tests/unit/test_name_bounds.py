@@ -14,8 +14,8 @@ from kvproxy.policies.config import build_routing
 from kvproxy.policies.producer_state import ProducerStateTracker
 from kvproxy.protocol.journal import encode_entry
 from kvproxy.protocol.topics import is_legal_topic_name
-from kvproxy.proxy import topic_configs
-from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.lookups import topic_configs
+from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from tests.harness.quarantine import new_entry
 
 INVENTED = [f"invented-{n}" for n in range(25_000)]

@@ -23,11 +23,11 @@ from kvproxy.protocol.messages import (
     encode_response,
     make_response,
 )
-from kvproxy.proxy.config import parse_config
+from kvproxy.proxy.cluster.rewrite import proxy_addresses, rewrite_response
+from kvproxy.proxy.config.listen_config import ListenConfig, NodePortError
+from kvproxy.proxy.config.proxy_config import parse_config
 from kvproxy.proxy.errors import ProxyError
-from kvproxy.proxy.listen_config import ListenConfig, NodePortError
-from kvproxy.proxy.rewrite import proxy_addresses, rewrite_response
-from kvproxy.proxy.server import ProxyServer
+from kvproxy.proxy.serve.server import ProxyServer
 
 DEFAULT = ListenConfig()
 

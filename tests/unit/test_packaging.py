@@ -153,8 +153,8 @@ def test_the_wheel_installs_only_the_kvproxy_package(tmp_path: Path) -> None:
     archive.extractall(installed)
     bare = LAYERS
     probe = (
-        "import sys, kvproxy.proxy.server, kvproxy.policies.builtin, kvproxy.commands.cli;"
-        "print(kvproxy.proxy.server.__file__);"
+        "import sys, kvproxy.proxy.serve.server, kvproxy.policies.builtin, kvproxy.commands.cli;"
+        "print(kvproxy.proxy.serve.server.__file__);"
         f"print(*sorted({{m.split('.')[0] for m in sys.modules}} & set({bare!r})))"
     )
     ran = subprocess.run(

@@ -1,4 +1,5 @@
-"""`kvproxy.proxy.produce.ProduceEngine` on whole Produce requests, without sockets: what goes
+"""`kvproxy.proxy.produce.engine.ProduceEngine` on whole Produce requests, without sockets: what
+goes
 upstream,
 the answer merged from the local refusals and the broker's answer (in request order, with the code
 and details each Produce version gets), the modes, `reject: request`, acks=0, the error profiles,
@@ -29,7 +30,7 @@ from kvproxy.protocol.messages import (
 )
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.produce import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
 from tests.harness.engine import TOPIC, batch, broker_answer, decide
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import (
@@ -131,7 +132,7 @@ def test_the_transactional_test_reads_no_batch_already_read(
 ) -> None:
     """The first batch of each partition is the one its checks read: not read again (only a
     partition whose batches did not parse is read for it), and still found transactional."""
-    from kvproxy.proxy import produce_scan
+    from kvproxy.proxy.produce import request_scan as produce_scan
 
     reads: list[object] = []
     original = produce_scan.read_batch
@@ -611,7 +612,7 @@ def test_a_topics_view_is_kept_while_its_rule_and_the_clusters_settings_are_the_
     """Looked up per request, made once: a new answer of the cluster makes a new one, and the
     names kept are bounded (clients choose them)."""
     from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-    from kvproxy.proxy import produce
+    from kvproxy.proxy.produce import engine as produce
 
     learned = {TOPIC: TopicConfig(compacted=False)}
     routing = build_routing(None, [{"match": TOPIC, **JSON_ONLY}], Path("."))

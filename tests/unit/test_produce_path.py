@@ -11,7 +11,8 @@ import pytest
 
 from kvproxy.protocol import messages
 from kvproxy.protocol.framing import size_prefix
-from kvproxy.proxy import partition_limit, rewrite
+from kvproxy.proxy.cluster import rewrite
+from kvproxy.proxy.produce import off_loop as partition_limit
 from tests.harness.connection_pair import (
     ConnectionPair,
     connection_pair,

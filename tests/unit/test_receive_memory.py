@@ -8,8 +8,8 @@ import struct
 
 from kvproxy.protocol.budget import MemoryBudget
 from kvproxy.protocol.framing import FrameDecoder
-from kvproxy.proxy.reasons import PauseReason
-from kvproxy.proxy.receive_memory import FrameClock
+from kvproxy.proxy.relay.close_reasons import PauseReason
+from kvproxy.proxy.relay.receive_memory import FrameClock
 
 MiB = 1024 * 1024
 

@@ -1,6 +1,7 @@
 """What a reload applies to a running proxy: the sections declared reloadable, and they alone.
 
-`RELOADABLE_SECTIONS` (proxy/config.py) is the one list: the rule swap copies those sections and
+`RELOADABLE_SECTIONS` (kvproxy/proxy/config/proxy_config.py) is the one list: the rule swap copies
+those sections and
 the reloader warns that every other changed section needs a restart. A reloaded
 `topic_configs.ttl_ms` holds for the answers already kept as well as for the next ones.
 """
@@ -11,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-from kvproxy.proxy.config import (
+from kvproxy.proxy.config.proxy_config import (
     RELOADABLE_SECTIONS,
     ProxyConfig,
     TopicConfigsConfig,
     build_routing_for,
     parse_config,
 )
-from kvproxy.proxy.reload import sections_needing_restart
-from kvproxy.proxy.server import ProxyServer
+from kvproxy.proxy.serve.reload import sections_needing_restart
+from kvproxy.proxy.serve.server import ProxyServer
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}
 HOUR_MS = 3_600_000

@@ -1,4 +1,5 @@
-"""kvproxy.proxy.rewrite: the answers kvproxy changes so that clients only learn proxy addresses."""
+"""kvproxy.proxy.cluster.rewrite: the answers kvproxy changes so that clients only learn proxy
+addresses."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from kvproxy.protocol.messages import (
     decode_response,
     supported_versions,
 )
-from kvproxy.proxy.rewrite import (
+from kvproxy.proxy.cluster.rewrite import (
     PRODUCE_MAX_VERSION,
     needs_rewrite,
     offered_range,
@@ -395,7 +396,7 @@ def test_a_produce_answer_naming_no_broker_is_passed_on_undecoded(
 ) -> None:
     """The broker's bytes themselves reach the client: a Produce answer is decoded only when its
     top-level tagged fields (`node_endpoints`) are not empty."""
-    import kvproxy.proxy.rewrite as rewrite_module
+    import kvproxy.proxy.cluster.rewrite as rewrite_module
 
     def no_decoding(*_args: object) -> None:
         raise AssertionError("decoded")

@@ -19,7 +19,7 @@ from kvproxy.protocol.messages import (
     PRODUCE,
     decode_response,
 )
-from kvproxy.proxy.rewrite import rewrite_response
+from kvproxy.proxy.cluster.rewrite import rewrite_response
 from tests.harness.rewrite_answers import (
     ADDRESSES,
     PROXY_HOST,

@@ -1,4 +1,5 @@
-"""kvproxy.proxy.rewrite for share groups (KIP-932): ShareFetch and ShareAcknowledge answers name
+"""kvproxy.proxy.cluster.rewrite for share groups (KIP-932): ShareFetch and ShareAcknowledge
+answers name
 the current leaders of partitions answered NOT_LEADER_OR_FOLLOWER (`node_endpoints`), which a
 share consumer connects to; they must be proxy addresses, as Fetch v16+'s are."""
 
@@ -20,7 +21,7 @@ from kvproxy.protocol.messages import (
     encode_response,
     make_response,
 )
-from kvproxy.proxy.rewrite import proxy_addresses, rewrite_response, sni_addresses
+from kvproxy.proxy.cluster.rewrite import proxy_addresses, rewrite_response, sni_addresses
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
 NOT_LEADER = ErrorCode(6)

@@ -27,8 +27,8 @@ from kvproxy.protocol.messages import (
     encode_response,
     make_response,
 )
-from kvproxy.proxy.rewrite import rewrite_response, sni_addresses
-from kvproxy.proxy.sni_names import SniNames
+from kvproxy.proxy.cluster.rewrite import rewrite_response, sni_addresses
+from kvproxy.proxy.config.sni_names import SniNames
 
 NAMES = SniNames("bootstrap.kafka.example.com", "broker-$(nodeId).kafka.example.com")
 ADVERTISED = 443

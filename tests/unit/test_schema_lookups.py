@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import kvproxy.pipeline.schema_ids as audit_ids
-import kvproxy.proxy.schema_lookups as proxy_ids
+import kvproxy.proxy.lookups.schema_ids as proxy_ids
 from kvproxy.policies.api import Need, ProducedRecords, Verdict
 from kvproxy.policies.chain import PolicyChain
 from kvproxy.policies.config import build_routing
@@ -28,10 +28,10 @@ from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import Allowance, MemoryBudget
 from kvproxy.protocol.messages import decode_request
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.config import ProxyConfig
-from kvproxy.proxy.decisions import ProduceDecisions
-from kvproxy.proxy.metrics import ProxyMetrics
-from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.config.proxy_config import ProxyConfig
+from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
+from kvproxy.proxy.ops.metrics import ProxyMetrics
+from kvproxy.proxy.produce.deciding import ProduceDecisions
 from kvproxy.registry.catalog import RegistryCatalog, compiled
 from kvproxy.settings.schema_registry import SchemaRegistryConfig
 from tests.harness.fuzz import produce_request

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 import uvloop
 
-from kvproxy.proxy.server import ProxyServer
+from kvproxy.proxy.serve.server import ProxyServer
 from tests.harness.proxy import proxy_config, run_proxy
 from tests.harness.tansu import free_port
 

@@ -1,4 +1,5 @@
-"""The compiled record skim (protocol/records/_skim.c) is installed, is the one used, and gives
+"""The compiled record skim (kvproxy/protocol/records/_skim.c) is installed, is the one used, and
+gives
 exactly the pure-Python skim's answers: on Kafka's own batches, on generated ones (null keys,
 headers with valid and invalid UTF-8 keys, log-append time, negative and extreme timestamp
 deltas) and on every kind of damage (truncation, flipped bytes, wrong counts, trailing bytes,
@@ -27,7 +28,7 @@ from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 from kvproxy.protocol.records.readers import iter_batches, read_batch
 from kvproxy.protocol.records.record import RecordScan
 from kvproxy.protocol.records.skim import python_skim_v2
-from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
 from tests.harness.fuzz import produce_request
 from tests.harness.records_testdata import SEGMENTS, segment_bytes
 
@@ -548,7 +549,8 @@ def test_serve_says_which_record_scan_runs(
 ) -> None:
     from kvproxy.cli import main
     from kvproxy.commands import cli
-    from kvproxy.proxy import app, fds, logs
+    from kvproxy.proxy.ops import fds, logs
+    from kvproxy.proxy.serve import app
 
     served: list[object] = []
     monkeypatch.setattr(app, "run", lambda config, *args, **kw: served.append(config))

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from kvproxy.commands.certificate_coverage import Certificate, certificate_coverage
-from kvproxy.proxy.config import ProxyConfig, load_config_and_rules
+from kvproxy.proxy.config.proxy_config import ProxyConfig, load_config_and_rules
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 NOW = datetime.datetime.now(datetime.UTC)

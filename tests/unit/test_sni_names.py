@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kvproxy.proxy.config import parse_config
-from kvproxy.proxy.sni_names import NO_ROUTE, SniNames
+from kvproxy.proxy.config.proxy_config import parse_config
+from kvproxy.proxy.config.sni_names import NO_ROUTE, SniNames
 from kvproxy.settings.loading import ConfigError
 
 UPSTREAM = {"bootstrap_servers": ["kafka:9092"]}

@@ -1,4 +1,5 @@
-"""The SNI listener's route (`kvproxy.proxy.sni_route`), the connection counts by listener and
+"""The SNI listener's route (`kvproxy.proxy.listen.sni_route`), the connection counts by listener
+and
 node, and what `--workers` needs of the SNI port.
 
 The route runs inside the TLS handshake: it must answer at once, so a name of a node the proxy
@@ -13,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvproxy.proxy.client_connections import ClientConnections
-from kvproxy.proxy.config import LimitsConfig, parse_config
-from kvproxy.proxy.listen_config import ListenSni
-from kvproxy.proxy.metrics import MAX_NODE_LABELS, ProxyMetrics
-from kvproxy.proxy.sni_route import SniRoute
-from kvproxy.proxy.tls_accept import Refusal
-from kvproxy.proxy.workers import WorkersError, check_config
+from kvproxy.proxy.config.listen_config import ListenSni
+from kvproxy.proxy.config.proxy_config import LimitsConfig, parse_config
+from kvproxy.proxy.listen.client_connections import ClientConnections
+from kvproxy.proxy.listen.sni_route import SniRoute
+from kvproxy.proxy.listen.tls_accept import Refusal
+from kvproxy.proxy.ops.metrics import MAX_NODE_LABELS, ProxyMetrics
+from kvproxy.proxy.serve.workers import WorkersError, check_config
 
 SNI = {"port": 9443, "bootstrap": "kafka.example.com", "brokers": "b-$(nodeId).kafka.example.com"}
 TLS = {"cert_file": "/c.pem", "key_file": "/k.pem"}

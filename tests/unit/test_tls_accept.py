@@ -17,9 +17,7 @@ from dataclasses import dataclass
 import pytest
 import uvloop
 
-from kvproxy.proxy.metrics import ProxyMetrics
-from kvproxy.proxy.server import ProxyServer
-from kvproxy.proxy.tls_accept import (
+from kvproxy.proxy.listen.tls_accept import (
     Acceptance,
     HandshakeFailure,
     HandshakeFailures,
@@ -29,7 +27,9 @@ from kvproxy.proxy.tls_accept import (
     failure_reason,
     serve_tls,
 )
-from kvproxy.proxy.tls_context import ListenerContext
+from kvproxy.proxy.listen.tls_context import ListenerContext
+from kvproxy.proxy.ops.metrics import ProxyMetrics
+from kvproxy.proxy.serve.server import ProxyServer
 from tests.harness.proxy import proxy_config
 from tests.harness.tansu import free_port
 from tests.harness.tls import TlsFiles, make_tls_files

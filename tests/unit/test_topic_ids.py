@@ -1,12 +1,13 @@
-"""kvproxy.proxy.topic_ids: the ids Produce v13 names topics by, learned from the Metadata answers
+"""kvproxy.proxy.lookups.topic_ids: the ids Produce v13 names topics by, learned from the Metadata
+answers
 clients get, bounded, and asked about within a connection's lookup budget."""
 
 from __future__ import annotations
 
 import uuid
 
-from kvproxy.proxy.config import TopicConfigsConfig
-from kvproxy.proxy.topic_ids import TopicIds
+from kvproxy.proxy.config.proxy_config import TopicConfigsConfig
+from kvproxy.proxy.lookups.topic_ids import TopicIds
 
 
 def _ids(**settings: int) -> TopicIds:

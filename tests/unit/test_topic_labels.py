@@ -1,4 +1,5 @@
-"""kvproxy.proxy.topic_labels: the `topic` label is a name only for topics the cluster has, and what
+"""kvproxy.proxy.ops.topic_labels: the `topic` label is a name only for topics the cluster has, and
+what
 holds names stays bounded however many a client invents (a fake cluster answers lookups)."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvproxy.proxy.metrics import ProxyMetrics, start_http_endpoint
-from kvproxy.proxy.topic_labels import ABSENT_TTL_S, FAILURE_BACKOFF_S, TopicLabels
+from kvproxy.proxy.ops.metrics import ProxyMetrics, start_http_endpoint
+from kvproxy.proxy.ops.topic_labels import ABSENT_TTL_S, FAILURE_BACKOFF_S, TopicLabels
 
 
 class FakeCluster:

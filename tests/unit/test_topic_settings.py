@@ -30,10 +30,10 @@ from kvproxy.policies.topic_settings import (
 )
 from kvproxy.protocol.messages import decode_request
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy import topic_configs
-from kvproxy.proxy.config import TopicConfigsConfig, load_config_and_rules
-from kvproxy.proxy.produce import ProduceEngine, ProduceSettings
-from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.config.proxy_config import TopicConfigsConfig, load_config_and_rules
+from kvproxy.proxy.lookups import topic_configs
+from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
+from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
 from kvproxy.settings.loading import ConfigError
 from tests.harness.fuzz import produce_request
 

@@ -14,10 +14,10 @@ from kvproxy.policies.api import TopicConfig
 from kvproxy.policies.topic_settings import ClusterSetting
 from kvproxy.protocol.framing import frame
 from kvproxy.protocol.messages import METADATA, encode_response, make_response, read_request
-from kvproxy.proxy import topic_configs
-from kvproxy.proxy.config import TopicConfigsConfig
-from kvproxy.proxy.lookup_budget import ClientLookupBudget
-from kvproxy.proxy.topic_configs import TopicConfigCache
+from kvproxy.proxy.config.proxy_config import TopicConfigsConfig
+from kvproxy.proxy.lookups import topic_configs
+from kvproxy.proxy.lookups.budget import ClientLookupBudget
+from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 
 HOST = "127.0.0.1"
 

@@ -18,8 +18,8 @@ from prometheus_client.registry import Collector
 from kvproxy.journal import WORKER_DIR_PREFIX, Journal, JournalReader
 from kvproxy.journal.reader import journal_directories
 from kvproxy.pipeline.segments import JournalSegment, discover
-from kvproxy.proxy.logs import configure_logging
-from kvproxy.proxy.workers import merge_exposition
+from kvproxy.proxy.ops.logs import configure_logging
+from kvproxy.proxy.serve.workers import merge_exposition
 from tests.harness.journal_entries import entry
 
 # ---- one /metrics page for every worker ----

@@ -1,7 +1,7 @@
 """The schema ids a chain's checks will read in one partition, gathered before the chain runs.
 
 One function for both readers: the proxy gathers the ids its catalog cannot answer yet before it
-decides a request (`kvproxy.proxy.schema_lookups`), looks them up, then runs the chain once; the
+decides a request (`kvproxy.proxy.lookups.schema_ids`), looks them up, then runs the chain once; the
 audit's id pass gathers every id (`kvproxy.pipeline.schema_ids`) and looks them all up once on
 its driver before the check pass runs the chains.
 """

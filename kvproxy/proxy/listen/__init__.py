@@ -1,0 +1,2 @@
+"""Where clients connect: the listening ports, TLS and SNI acceptance, the connection and
+handshake limits, and the sweep that closes idle connections."""
