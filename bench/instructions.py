@@ -78,10 +78,10 @@ from kvproxy.protocol.produce import (  # noqa: E402
     produce_response_types,
 )
 from kvproxy.protocol.records import build_batch, skim  # noqa: E402
-from kvproxy.proxy.produce.deciding import INLINE_DECODE_BYTES  # noqa: E402
+from kvproxy.proxy.produce.decider import INLINE_DECODE_BYTES  # noqa: E402
 from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings  # noqa: E402
 from kvproxy.proxy.produce.exchange import ProduceExchange  # noqa: E402
-from kvproxy.proxy.produce.off_loop import read_unless_many  # noqa: E402
+from kvproxy.proxy.produce.many_partitions import read_unless_many  # noqa: E402
 
 FIGURES = ROOT / "bench" / "instructions.json"
 TOLERANCE_PERCENT = 3.0

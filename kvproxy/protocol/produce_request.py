@@ -1,7 +1,7 @@
 """A Produce request decoded in one reading of its bytes, its partitions counted on the way.
 
 Every Produce request is decoded before the policies run, and one naming too many partitions
-must be found before that work is done (`kvproxy.proxy.produce.off_loop`). The schema-driven
+must be found before that work is done (`kvproxy.proxy.produce.many_partitions`). The schema-driven
 codec (`kvproxy.protocol.messages`) builds each field through a generic loop; this reader knows
 the layout of Produce v3-v13 and counts the partitions as it reads them, stopping at once when
 they pass the bound: a request the proxy decides on the event loop is read once, not counted

@@ -128,7 +128,7 @@ def test_an_innocent_client_is_answered_while_the_hostile_request_is_being_refus
         assert gate.wait(60)
         return real_refusal(*args, **kwargs)
 
-    monkeypatch.setattr("kvproxy.proxy.produce.off_loop.refusal_answer", gated)
+    monkeypatch.setattr("kvproxy.proxy.produce.many_partitions.refusal_answer", gated)
     payload = many_partitions_request(8, {topic: HOSTILE}, correlation_id=9)
     with run_proxy(tansu.bootstrap) as proxy:
         with RawKafkaClient(proxy.host, proxy.port) as hostile:

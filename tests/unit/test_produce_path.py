@@ -12,7 +12,7 @@ import pytest
 from kvproxy.protocol import messages
 from kvproxy.protocol.framing import size_prefix
 from kvproxy.proxy.cluster import rewrite
-from kvproxy.proxy.produce import off_loop as partition_limit
+from kvproxy.proxy.produce import many_partitions as partition_limit
 from tests.harness.connection_pair import (
     ConnectionPair,
     connection_pair,

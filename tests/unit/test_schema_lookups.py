@@ -31,7 +31,7 @@ from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.config.proxy_config import ProxyConfig
 from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from kvproxy.proxy.ops.metrics import ProxyMetrics
-from kvproxy.proxy.produce.deciding import ProduceDecisions
+from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.registry.catalog import RegistryCatalog, compiled
 from kvproxy.settings.schema_registry import SchemaRegistryConfig
 from tests.harness.fuzz import produce_request
@@ -95,13 +95,13 @@ def test_the_chain_runs_once_per_partition_when_schema_ids_are_looked_up(
 
     async def scenario() -> None:
         catalog = AnsweringCatalog()
-        decisions = ProduceDecisions(
+        decisions = ProduceDecider(
             config, routing, topic_configs, MemoryBudget(64 << 20), ProxyMetrics(), schemas=catalog
         )
         try:
             engine = decisions.engine
             frame, request = request_of(REGISTERED, UNKNOWN)
-            assert decisions.decide_inline(engine, frame, request) is None  # ids to look up
+            assert decisions.decide_now(engine, frame, request) is None  # ids to look up
             assert runs == []
             decision = await decisions.decide_later(engine, frame, request, [])
             assert runs == [(TOPIC, 0), (TOPIC, 1)]
@@ -114,7 +114,7 @@ def test_the_chain_runs_once_per_partition_when_schema_ids_are_looked_up(
             ]
 
             runs.clear()
-            again = decisions.decide_inline(engine, *request_of(REGISTERED, UNKNOWN))
+            again = decisions.decide_now(engine, *request_of(REGISTERED, UNKNOWN))
             assert again is not None and len(again.rejected) == 1  # answered from the cache
             assert runs == [(TOPIC, 0), (TOPIC, 1)]
             assert len(catalog.looked_up) == 2

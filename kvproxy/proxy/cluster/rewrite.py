@@ -78,7 +78,7 @@ T = TypeVar("T")
 
 
 class OffLoop(Protocol):
-    """Runs a function on the decoding thread (`ProduceDecisions.off_loop`)."""
+    """Runs a function on the decoding thread (`ProduceDecider.off_loop`)."""
 
     def __call__(self, work: Callable[[], T], /) -> Awaitable[T]: ...
 

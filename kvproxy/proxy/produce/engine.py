@@ -1,7 +1,7 @@
 """Produce requests through the policies: decide per partition, and what goes upstream.
 
 Everything here is synchronous and free of I/O. A client connection hands each Produce request
-to `ProduceDecisions` (`kvproxy.proxy.produce.deciding`), which gathers what the chains need and
+to `ProduceDecider` (`kvproxy.proxy.produce.decider`), which gathers what the chains need and
 calls
 `ProduceEngine.decide` on the event loop or the decoding thread; the connection sends the
 decision's `forward` upstream and answers the client with `ProduceDecision.answer`

@@ -23,7 +23,7 @@ from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.headers import RequestHeader
 from kvproxy.protocol.messages import PRODUCE, Request
 from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine
-from kvproxy.proxy.produce.off_loop import decide_unread, read_unless_many
+from kvproxy.proxy.produce.many_partitions import decide_unread, read_unless_many
 from kvproxy.proxy.produce.request_scan import DECODE_BUDGET
 from kvproxy.proxy.relay.close_reasons import CloseReason, PauseReason
 from kvproxy.proxy.relay.response_slots import Slot
@@ -57,7 +57,7 @@ class ProduceExchange:
             request, ids = decisions.name_topics(request, client)  # v13: topics by id
             unknown = decisions.topics_to_describe(request, client)
         if request is not None and not unknown and not ids:
-            decision = decisions.decide_inline(self._engine, payload, request)
+            decision = decisions.decide_now(self._engine, payload, request)
             if decision is not None:
                 self._apply(client, request.header, decision)
                 return

@@ -19,7 +19,7 @@ from kvproxy.protocol.framing import BufferPool
 from kvproxy.proxy.cluster.rewrite import AddressFor
 from kvproxy.proxy.config.proxy_config import LimitsConfig
 from kvproxy.proxy.ops.metrics import ProxyMetrics
-from kvproxy.proxy.produce.deciding import ProduceDecisions
+from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.refusals.sink import RejectionSink
 from kvproxy.proxy.relay.receive_memory import ReceiveWaiters
 
@@ -98,7 +98,7 @@ class ConnectionState:
     buffer_pool: BufferPool
     """Large-frame buffers shared by every connection of the server (one event loop)."""
     receive: ReceiveWaiters
-    decisions: ProduceDecisions
+    decisions: ProduceDecider
     sink: RejectionSink
     nodes: NodeDirectory
     connections: ConnectionRegistry

@@ -4,7 +4,7 @@ The parts, each in a module of its own: `kvproxy.proxy.listen.listeners` (the po
 directory, connection limits, upstream connects, readiness and metadata refresh it puts
 together), `kvproxy.proxy.relay.client_connection` and
 `kvproxy.proxy.relay.upstream_connection`
-(one client connection and its broker side), `kvproxy.proxy.produce.deciding` (the rules in force
+(one client connection and its broker side), `kvproxy.proxy.produce.decider` (the rules in force
 and
 where a
 Produce request is decided), `kvproxy.proxy.refusals.sink` (log, metrics, journal and dead letters
@@ -37,7 +37,7 @@ from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from kvproxy.proxy.lookups.topic_ids import TopicIds
 from kvproxy.proxy.ops.memory import return_large_buffers_to_the_os
 from kvproxy.proxy.ops.metrics import ProxyMetrics, start_http_endpoint
-from kvproxy.proxy.produce.deciding import ProduceDecisions
+from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.refusals.sink import RejectionSink, make_journal
 from kvproxy.proxy.relay.client_connection import ClientConnection
 from kvproxy.proxy.relay.connection_state import ConnectionState, ResponseTap, TaskCount
@@ -135,7 +135,7 @@ class ProxyServer:
             else RegistryCatalog(config.schema_registry, self.metrics.registry_observer())
         )
         """The schema registry's answers: per process, kept across reloads."""
-        self.decisions = ProduceDecisions(
+        self.decisions = ProduceDecider(
             config,
             routing,
             self.topic_configs,

@@ -48,7 +48,7 @@ one that needs more is decided again on the decoding thread."""
 DECODING_SWITCH_INTERVAL_S = 0.0005
 
 
-class ProduceDecisions:
+class ProduceDecider:
     """The rules in force (`routing`, `engine`) and the entry points that decide a request."""
 
     def __init__(
@@ -95,7 +95,7 @@ class ProduceDecisions:
     def close(self) -> None:
         self._decode_thread.shutdown(wait=False, cancel_futures=True)
 
-    def decide_inline(
+    def decide_now(
         self, engine: ProduceEngine, payload: Frame, request: Request
     ) -> ProduceDecision | None:
         """The decision, made on the event loop, or None when it needs more than
@@ -106,12 +106,12 @@ class ProduceDecisions:
             assert self.schemas is not None
             if self._schema_ids_inline(engine, request, chains, self.schemas) != set():
                 return None  # ids to look up first, or too many records to read them here
-        return self._decide_inline(engine, payload, request, self.schemas)
+        return self._decide_on_loop(engine, payload, request, self.schemas)
 
     async def decide_later(
         self, engine: ProduceEngine, payload: Frame, request: Request, topics: list[str]
     ) -> ProduceDecision:
-        """The decision of a request `decide_inline` could not make: the topics described, the
+        """The decision of a request `decide_now` could not make: the topics described, the
         schema ids the checks will read that the catalog lacks looked up (one round, at most
         `max_lookups_per_request` ids, waiting at most `request_wait_ms`; an id still missing
         then is answered as the registry unavailable), then decided on the loop if that is
@@ -137,7 +137,7 @@ class ProduceDecisions:
                     wait_s=max(0.0, started + wait_ms / 1000 - loop.time()),
                 )
                 schemas = self.schemas.with_answers(fetched, exhausted=True)
-        decision = self._decide_inline(engine, payload, request, schemas)
+        decision = self._decide_on_loop(engine, payload, request, schemas)
         if decision is None:
             decision = await self._decide_off_loop(engine, payload, request, schemas)
         return decision
@@ -203,7 +203,7 @@ class ProduceDecisions:
         finally:
             allowance.release()
 
-    def _decide_inline(
+    def _decide_on_loop(
         self,
         engine: ProduceEngine,
         payload: Frame,

@@ -22,7 +22,7 @@ from kvproxy.protocol.headers import RequestHeader, read_request_header
 from kvproxy.protocol.messages import Request, decode_request
 from kvproxy.protocol.produce_request import read_produce
 from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer, scan_produce
-from kvproxy.proxy.produce.deciding import ProduceDecisions
+from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.produce.engine import PartitionOutcome, ProduceDecision, ProduceEngine
 
 __all__ = [
@@ -78,11 +78,11 @@ def names_many_partitions(payload: Frame, inline_max_partitions: int) -> bool:
 
 
 async def decide_unread(
-    decisions: ProduceDecisions, engine: ProduceEngine, payload: Frame, client: object
+    decisions: ProduceDecider, engine: ProduceEngine, payload: Frame, client: object
 ) -> tuple[RequestHeader, ProduceDecision]:
     """Decide a request `read_unless_many` found naming many partitions: on the decoding
     thread, its partitions counted, then either refused as a whole or decoded; then decided as
-    any other (`ProduceDecisions.decide_later`, which decides off the loop too). A
+    any other (`ProduceDecider.decide_later`, which decides off the loop too). A
     `ProtocolError` for bytes that are not a request, as the codec raises. `client` is the
     connection whose lookup budget the request's topic-settings lookups are charged to."""
     limits = decisions.config.limits
