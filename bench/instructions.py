@@ -78,6 +78,7 @@ from kvproxy.protocol.produce import (  # noqa: E402
     produce_response_types,
 )
 from kvproxy.protocol.records import build_batch, skim  # noqa: E402
+from kvproxy.protocol.request_view import RequestView  # noqa: E402
 from kvproxy.proxy.produce.decider import INLINE_DECODE_BYTES  # noqa: E402
 from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings  # noqa: E402
 from kvproxy.proxy.produce.exchange import ProduceExchange  # noqa: E402
@@ -175,7 +176,7 @@ def produce_step(engine: ProduceEngine, frame: bytes, upstream: bytes) -> Callab
     bound = engine.settings.inline_max_partitions
 
     def step() -> bytes:
-        request = read_unless_many(frame, bound)
+        request = read_unless_many(RequestView(frame), bound)
         assert request is not None  # one partition: read on the loop
         allowance = Allowance(INLINE_DECODE_BYTES, budget, inline=True)
         try:

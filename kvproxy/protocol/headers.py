@@ -126,10 +126,14 @@ _NO_TAGGED_FIELDS = b"\x00"
 
 
 def read_request_header(
-    buf: bytes | bytearray | memoryview, offset: int = 0
+    buf: bytes | bytearray | memoryview,
+    offset: int = 0,
+    prefix: tuple[tuple[int, int, int], int] | None = None,
 ) -> tuple[RequestHeader, int]:
-    """A whole request header; UnsupportedVersion for an (api key, version) unknown to Kafka."""
-    (api_key, api_version, correlation_id), offset = read_request_prefix(buf, offset)
+    """A whole request header; UnsupportedVersion for an (api key, version) unknown to Kafka.
+    `prefix`: what `read_request_prefix` read at `offset`, when it has been read already."""
+    known = read_request_prefix(buf, offset) if prefix is None else prefix
+    (api_key, api_version, correlation_id), offset = known
     version = request_header_version(api_key, api_version)
     client_id: str | None = None
     tagged = b""

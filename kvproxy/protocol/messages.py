@@ -171,11 +171,17 @@ def _write_body(writer: Writer, out: bytearray, body: Any) -> None:
         raise EncodeError(f"{type(exc).__name__}: {exc}") from None
 
 
-def read_request(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Request, int]:
-    header, offset = read_request_header(buf, offset)
-    codec = codec_for(header.api_key, header.api_version)
+def read_request(
+    buf: bytes | bytearray | memoryview,
+    offset: int = 0,
+    header: tuple[RequestHeader, int] | None = None,
+) -> tuple[Request, int]:
+    """A request at `offset`; `header`: its header and where its body starts, when already read."""
+    known = read_request_header(buf, offset) if header is None else header
+    header_read, offset = known
+    codec = codec_for(header_read.api_key, header_read.api_version)
     body, offset = _read_body(codec.read_request_body, buf, offset)
-    return Request(header, body), offset
+    return Request(header_read, body), offset
 
 
 def write_request(out: bytearray, request: Request) -> None:
@@ -215,9 +221,12 @@ def _require_whole(frame: bytes | bytearray | memoryview, end: int, what: str) -
         raise DecodeError(f"{len(frame) - end} unexpected bytes after the {what}")
 
 
-def decode_request(frame: bytes | bytearray | memoryview) -> Request:
-    """A whole request frame (size prefix removed); trailing bytes are an error."""
-    request, end = read_request(frame, 0)
+def decode_request(
+    frame: bytes | bytearray | memoryview, header: tuple[RequestHeader, int] | None = None
+) -> Request:
+    """A whole request frame (size prefix removed); trailing bytes are an error. `header`: its
+    header and where its body starts, when already read (`RequestView`)."""
+    request, end = read_request(frame, 0, header)
     _require_whole(frame, end, "request")
     return request
 

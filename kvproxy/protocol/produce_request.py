@@ -22,7 +22,7 @@ from kio.serial._parse import get_reader
 from kio.serial.errors import SerialError
 
 from kvproxy.protocol.errors import ProtocolError
-from kvproxy.protocol.headers import read_request_header, read_unsigned_varint
+from kvproxy.protocol.headers import RequestHeader, read_request_header, read_unsigned_varint
 from kvproxy.protocol.messages import PRODUCE, Request, codec_for
 
 __all__ = ["read_produce"]
@@ -62,18 +62,24 @@ def _layout(version: int) -> tuple[Any, ...]:
     )
 
 
-def read_produce(frame: bytes | memoryview, stop_after: int) -> Request | None:
+def read_produce(
+    frame: bytes | memoryview,
+    stop_after: int,
+    header: tuple[RequestHeader, int] | None = None,
+) -> Request | None:
     """The Produce request in `frame` (size prefix removed) as `decode_request` gives it, when it
     names at most `stop_after` partitions; None when it names more (no partition past the bound
-    is read) or when it is not a request this reader takes (the codec's, then)."""
+    is read) or when it is not a request this reader takes (the codec's, then). `header`: the
+    header and where the body starts, when already read (`RequestView`)."""
     try:
-        return _read(frame if isinstance(frame, memoryview) else memoryview(frame), stop_after)
+        buf = frame if isinstance(frame, memoryview) else memoryview(frame)
+        return _read(buf, stop_after, header or read_request_header(buf))
     except (_NotPlain, ProtocolError, SerialError, ValueError, OverflowError, TypeError):
         return None
 
 
-def _read(buf: memoryview, stop_after: int) -> Request | None:
-    header, offset = read_request_header(buf)
+def _read(buf: memoryview, stop_after: int, read: tuple[RequestHeader, int]) -> Request | None:
+    header, offset = read
     version = header.api_version
     if header.api_key != PRODUCE or not _FIRST_READ <= version <= _LAST_READ:
         return None

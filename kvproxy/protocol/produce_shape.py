@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from kvproxy.protocol.errors import BufferUnderflow, DecodeError, NegativeSize, ProtocolError
 from kvproxy.protocol.headers import (
+    RequestHeader,
     read_request_header,
     read_unsigned_varint,
     request_header_version,
@@ -69,19 +70,24 @@ class ProduceShape:
 
 
 def scan_produce(
-    payload: bytes | memoryview, stop_after: int, *, indexes: bool = False
+    payload: bytes | memoryview,
+    stop_after: int,
+    *,
+    indexes: bool = False,
+    header: tuple[RequestHeader, int] | None = None,
 ) -> ProduceShape:
     """Count the partitions of a Produce request (v0-v13), stopping once the count passes
     `stop_after`: a topic declaring more partitions than remain stops the scan at once.
 
     Raises `DecodeError` for bytes that are not such a request (the codec then reads it and
-    answers as it always has)."""
+    answers as it always has). `header`: the header and where the body starts, when already
+    read (`RequestView`)."""
     buf = memoryview(payload)
-    header, offset = read_request_header(buf)
-    version = header.api_version
+    head, offset = read_request_header(buf) if header is None else header
+    version = head.api_version
     if version > LAST_SCANNED_VERSION:
         raise DecodeError(f"Produce v{version} is not scanned")
-    flexible = request_header_version(header.api_key, version) >= 2
+    flexible = request_header_version(head.api_key, version) >= 2
     by_id = version >= _FIRST_WITH_TOPIC_IDS
     if version >= _FIRST_TRANSACTIONAL:
         offset = _skip_string(buf, offset, flexible)
@@ -101,8 +107,8 @@ def scan_produce(
             first = _topic(buf, first_start, flexible, by_id) if first_start is not None else ""
             return ProduceShape(
                 version,
-                header.correlation_id,
-                header.client_id,
+                head.correlation_id,
+                head.client_id,
                 acks,
                 counted + count,
                 False,
@@ -129,8 +135,8 @@ def scan_produce(
     first = _topic(buf, first_start, flexible, by_id) if first_start is not None else ""
     return ProduceShape(
         version,
-        header.correlation_id,
-        header.client_id,
+        head.correlation_id,
+        head.client_id,
         acks,
         counted,
         True,

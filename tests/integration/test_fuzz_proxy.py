@@ -256,11 +256,12 @@ class _Run:
         async def read() -> str:
             for client in list(self.proxy.server.listeners.connections._clients):
                 if client.peer == peer:
-                    upstream, deciding = client.upstream, client.deciding
+                    upstream, held = client.upstream, client._held
                     return (
-                        f"paused for {sorted(client._reading.held)}, {len(client._slots)} slots, "
+                        f"paused for {sorted(client._reading.paused_for)}, "
+                        f"{len(client._slots)} slots, "
                         f"{'?' if upstream is None else len(upstream.awaiting)} awaiting upstream, "
-                        f"held {None if deciding is None else len(deciding.held)}, upstream "
+                        f"held {None if held is None else len(held)}, upstream "
                         f"{'none' if upstream is None else upstream.transport}"
                     )
             return f"no client connection from {peer}"

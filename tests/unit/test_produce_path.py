@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from kvproxy.protocol import messages
+from kvproxy.protocol import messages, produce_shape, request_view
+from kvproxy.protocol import produce_request as plain_reader
 from kvproxy.protocol.framing import size_prefix
 from kvproxy.proxy.cluster import rewrite
-from kvproxy.proxy.produce import many_partitions as partition_limit
 from tests.harness.connection_pair import (
     ConnectionPair,
     connection_pair,
@@ -31,23 +31,31 @@ def pair() -> Iterator[ConnectionPair]:
 def test_a_forwarded_produce_request_is_read_once(
     pair: ConnectionPair, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
+    """One view of the request's bytes (`RequestView`): its prefix read on arrival, its header
+    once, its body by one reader; no step reads again what an earlier one read."""
     reads: list[str] = []
     for module, name in [
-        (partition_limit, "read_produce"),
-        (partition_limit, "scan_produce"),  # the partition count alone
+        (request_view, "read_request_prefix"),
+        (request_view, "read_request_header"),
+        (request_view, "read_produce"),
+        (request_view, "scan_produce"),  # the partition count alone
+        (request_view, "decode_request"),
         (messages, "read_request"),  # the codec, wherever it is called from
+        (messages, "read_request_header"),
+        (plain_reader, "read_request_header"),
+        (produce_shape, "read_request_header"),
     ]:
         original = getattr(module, name)
 
-        def counted(*args: Any, _original: Any = original, _name: str = name) -> Any:
+        def counted(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
             reads.append(_name)
-            return _original(*args)
+            return _original(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counted)
     payload = produce_request(version, 5)
     pair.request(payload)
     assert bytes(pair.to_broker.written) == size_prefix(payload) + payload  # forwarded as sent
-    assert reads == ["read_produce"]
+    assert reads == ["read_request_prefix", "read_request_header", "read_produce"]
 
 
 @pytest.mark.parametrize("version", [9, 10, 12])

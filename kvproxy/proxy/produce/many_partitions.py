@@ -17,11 +17,10 @@ import sys
 from kvproxy.policies.api import Verdict
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.errors import DecodeError, ProtocolError
-from kvproxy.protocol.framing import Frame
-from kvproxy.protocol.headers import RequestHeader, read_request_header
-from kvproxy.protocol.messages import Request, decode_request
-from kvproxy.protocol.produce_request import read_produce
-from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer, scan_produce
+from kvproxy.protocol.headers import RequestHeader
+from kvproxy.protocol.messages import Request
+from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer
+from kvproxy.protocol.request_view import RequestView
 from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.produce.engine import PartitionOutcome, ProduceDecision, ProduceEngine
 
@@ -55,30 +54,31 @@ class WholeRequestRefusal(ProduceDecision):
     __slots__ = ()
 
 
-def read_unless_many(payload: Frame, inline_max_partitions: int) -> Request | None:
+def read_unless_many(view: RequestView, inline_max_partitions: int) -> Request | None:
     """The request decoded when it names at most `inline_max_partitions` partitions (the most
-    decided on the loop); None when it names more. Read once (`read_produce`); a request that
-    reader leaves to the codec is counted first, then decoded (malformed: `DecodeError`)."""
-    request = read_produce(payload, inline_max_partitions)
-    if request is not None or names_many_partitions(payload, inline_max_partitions):
+    decided on the loop); None when it names more. Read once (`RequestView.read_produce`); a
+    request that reader leaves to the codec is counted first, then decoded (malformed:
+    `DecodeError`)."""
+    request = view.read_produce(inline_max_partitions)
+    if request is not None or names_many_partitions(view, inline_max_partitions):
         return request
-    return decode_request(payload)
+    return view.decode()
 
 
-def names_many_partitions(payload: Frame, inline_max_partitions: int) -> bool:
+def names_many_partitions(view: RequestView, inline_max_partitions: int) -> bool:
     """Whether the request names more partitions than are decided on the loop. Reads at most
     that many partitions' fields; bytes that are not a Produce request v0-v12 answer False
     (the codec reads them and answers as it always has)."""
-    if len(payload) <= inline_max_partitions * _MIN_PARTITION_BYTES:
+    if len(view.frame) <= inline_max_partitions * _MIN_PARTITION_BYTES:
         return False
     try:
-        return not scan_produce(payload, inline_max_partitions).complete
+        return not view.shape(inline_max_partitions).complete
     except ProtocolError:
         return False
 
 
 async def decide_unread(
-    decisions: ProduceDecider, engine: ProduceEngine, payload: Frame, client: object
+    decisions: ProduceDecider, engine: ProduceEngine, view: RequestView, client: object
 ) -> tuple[RequestHeader, ProduceDecision]:
     """Decide a request `read_unless_many` found naming many partitions: on the decoding
     thread, its partitions counted, then either refused as a whole or decoded; then decided as
@@ -90,26 +90,26 @@ async def decide_unread(
 
     def read() -> WholeRequestRefusal | Request:
         try:
-            counted = scan_produce(payload, limit)
+            counted = view.shape(limit)
         except ProtocolError:
-            return decode_request(payload)  # the codec says what is wrong with it
+            return view.decode()  # the codec says what is wrong with it
         if counted.complete:
-            return decode_request(payload)
-        return refuse(engine, payload, counted, limit, max_answer)
+            return view.decode()
+        return refuse(engine, view, counted, limit, max_answer)
 
     read_off_loop = await decisions.off_loop(read)
     if isinstance(read_off_loop, WholeRequestRefusal):
-        return read_request_header(payload)[0], read_off_loop
+        return view.header[0], read_off_loop
     request, ids = decisions.name_topics(read_off_loop, client)
     if ids:
         request, topics = await decisions.name_after_asking(request, ids, client)
     else:
         topics = decisions.topics_to_describe(request, client)
-    return request.header, await decisions.decide_later(engine, payload, request, topics)
+    return request.header, await decisions.decide_later(engine, view.frame, request, topics)
 
 
 def refuse(
-    engine: ProduceEngine, payload: Frame, counted: ProduceShape, limit: int, max_answer: int
+    engine: ProduceEngine, view: RequestView, counted: ProduceShape, limit: int, max_answer: int
 ) -> WholeRequestRefusal:
     """The refusal of a request naming more than `limit` partitions (`counted` stopped past it):
     MESSAGE_TOO_LARGE for every partition, on every Produce version (as the records limit);
@@ -133,7 +133,7 @@ def refuse(
                 f"the request names {counted.partitions} or more partitions: the answer would "
                 f"be larger than limits.max_frame_bytes ({max_answer})"
             )
-        shape = scan_produce(payload, sys.maxsize, indexes=True)
+        shape = view.shape(sys.maxsize, indexes=True)
         written = refusal_answer(shape, error_codes.MESSAGE_TOO_LARGE, message)
         if shape.topics and shape.topics[0][1]:
             first_topic, first_index = shape.topics[0][0], shape.topics[0][1][0]

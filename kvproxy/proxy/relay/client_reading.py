@@ -31,7 +31,7 @@ class ClientReading:
         "_idle_since",
         "_quiet_since",
         "_seen_received",
-        "held",
+        "paused_for",
         "received",
         "transport",
     )
@@ -39,7 +39,7 @@ class ClientReading:
     def __init__(self, decoder: FrameDecoder, frame_receive_timeout_ms: int) -> None:
         self._decoder = decoder
         self.transport: asyncio.Transport | None = None
-        self.held: set[PauseReason] = set()
+        self.paused_for: set[PauseReason] = set()
         """Why reading is stopped now: it resumes when the last reason goes."""
         self.received = 0
         """Bytes read from the client; the sweep compares it with what it saw last."""
@@ -55,7 +55,7 @@ class ClientReading:
         self._quiet_since = self._idle_since = now
 
     def pause(self, reason: PauseReason) -> None:
-        self.held.add(reason)
+        self.paused_for.add(reason)
         self.enforce()
 
     def enforce(self) -> None:
@@ -63,7 +63,7 @@ class ClientReading:
         uvloop starts reading after `connection_made` returns, whatever was asked in it."""
         transport = self.transport
         if (
-            self.held
+            self.paused_for
             and transport is not None
             and not transport.is_closing()
             and transport.is_reading()
@@ -71,12 +71,12 @@ class ClientReading:
             transport.pause_reading()
 
     def resume(self, reason: PauseReason) -> None:
-        if reason not in self.held:
+        if reason not in self.paused_for:
             return
-        self.held.discard(reason)
+        self.paused_for.discard(reason)
         transport = self.transport
         if (
-            not self.held
+            not self.paused_for
             and transport is not None
             and not transport.is_closing()
             and not transport.is_reading()
@@ -104,11 +104,11 @@ class ClientReading:
         waiting for topic configs) counts as activity, not as a stall.
         """
         decoder = self._decoder
-        if self._frame_clock.overdue(now, decoder, self.held):
+        if self._frame_clock.overdue(now, decoder, self.paused_for):
             client.state.receive.close_overdue(client, self._frame_clock, decoder)
             return
         received = self.received
-        if received != self._seen_received or self.held:
+        if received != self._seen_received or self.paused_for:
             self._seen_received = received
             self._quiet_since = self._idle_since = now
             return

@@ -9,14 +9,17 @@ the broker answers them anyway (Tansu does, Kafka does not).
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvproxy.protocol.errors import ProtocolError, UnsupportedVersion
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import PRODUCE, decode_response
 
-if TYPE_CHECKING:
-    from kvproxy.proxy.produce.exchange import ProduceExchange
+
+class MergesAnswer(Protocol):
+    """What answers a Produce request: the broker's answer merged with the proxy's refusals."""
+
+    def merged(self, upstream: Frame) -> Frame: ...
 
 
 class Slot:
@@ -39,7 +42,7 @@ class Slot:
         self.api_key = api_key
         self.api_version = api_version
         self.payload: Frame | None = None
-        self.exchange: ProduceExchange | None = None
+        self.exchange: MergesAnswer | None = None
         """A Produce request's exchange, which merges the broker's answer with its refusals."""
         self.sent_at = 0.0
         self.silent = silent
