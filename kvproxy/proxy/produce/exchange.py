@@ -29,7 +29,11 @@ from kvproxy.protocol.request_view import RequestView
 from kvproxy.proxy.ops.metrics import ProxyMetrics
 from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine
-from kvproxy.proxy.produce.many_partitions import decide_unread, read_unless_many
+from kvproxy.proxy.produce.many_partitions import (
+    WholeRequestRefusal,
+    read_many,
+    read_unless_many,
+)
 from kvproxy.proxy.produce.request_scan import DECODE_BUDGET
 
 
@@ -117,16 +121,33 @@ class ProduceExchange:
         decider = client.decider
         try:
             if request is None:  # many partitions: read off the loop too (`many_partitions`)
-                header, decision = await decide_unread(decider, self._engine, view, client)
-            else:
-                header = request.header
-                if ids:  # names of v13 topic ids asked first, then their settings described
-                    request, more = await decider.name_after_asking(request, ids, client)
-                    topics = list(dict.fromkeys([*topics, *more]))
-                decision = await decider.decide_later(self._engine, view.frame, request, topics)
+                read = await self._read_many(decider, view)
+                if isinstance(read, WholeRequestRefusal):
+                    self._decided(client, view.header[0], read)
+                    return
+                request, ids = decider.name_topics(read, client)
+                topics = decider.topics_to_describe(request, client)
+            if ids:  # names of v13 topic ids asked first, then their settings described
+                request, more = await decider.name_after_asking(request, ids, client)
+                topics = list(dict.fromkeys([*topics, *more]))
+            decision = await decider.decide_later(self._engine, view.frame, request, topics)
         except ProtocolError as exc:
             client.abort_undecodable(exc)
             return
+        self._decided(client, request.header, decision)
+
+    async def _read_many(
+        self, decider: ProduceDecider, view: RequestView
+    ) -> WholeRequestRefusal | Request:
+        """`read_many` on the decoding thread, under the partitions limit."""
+        limits = decider.config.limits
+        limit, max_answer = limits.max_partitions_per_request, limits.max_frame_bytes
+        return await decider.off_loop(lambda: read_many(view, self._engine, limit, max_answer))
+
+    def _decided(
+        self, client: ProduceClient, header: RequestHeader, decision: ProduceDecision
+    ) -> None:
+        """A decision made in a task: applied, then the connection goes on."""
         try:
             self._apply(client, header, decision)
         except ProtocolError as exc:

@@ -17,17 +17,15 @@ import sys
 from kvproxy.policies.api import Verdict
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.errors import DecodeError, ProtocolError
-from kvproxy.protocol.headers import RequestHeader
 from kvproxy.protocol.messages import Request
 from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer
 from kvproxy.protocol.request_view import RequestView
-from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.produce.engine import PartitionOutcome, ProduceDecision, ProduceEngine
 
 __all__ = [
     "PARTITIONS_LIMIT",
     "WholeRequestRefusal",
-    "decide_unread",
+    "read_many",
     "read_unless_many",
 ]
 
@@ -77,35 +75,20 @@ def names_many_partitions(view: RequestView, inline_max_partitions: int) -> bool
         return False
 
 
-async def decide_unread(
-    decisions: ProduceDecider, engine: ProduceEngine, view: RequestView, client: object
-) -> tuple[RequestHeader, ProduceDecision]:
-    """Decide a request `read_unless_many` found naming many partitions: on the decoding
-    thread, its partitions counted, then either refused as a whole or decoded; then decided as
-    any other (`ProduceDecider.decide_later`, which decides off the loop too). A
-    `ProtocolError` for bytes that are not a request, as the codec raises. `client` is the
-    connection whose lookup budget the request's topic-settings lookups are charged to."""
-    limits = decisions.config.limits
-    limit, max_answer = limits.max_partitions_per_request, limits.max_frame_bytes
-
-    def read() -> WholeRequestRefusal | Request:
-        try:
-            counted = view.shape(limit)
-        except ProtocolError:
-            return view.decode()  # the codec says what is wrong with it
-        if counted.complete:
-            return view.decode()
-        return refuse(engine, view, counted, limit, max_answer)
-
-    read_off_loop = await decisions.off_loop(read)
-    if isinstance(read_off_loop, WholeRequestRefusal):
-        return view.header[0], read_off_loop
-    request, ids = decisions.name_topics(read_off_loop, client)
-    if ids:
-        request, topics = await decisions.name_after_asking(request, ids, client)
-    else:
-        topics = decisions.topics_to_describe(request, client)
-    return request.header, await decisions.decide_later(engine, view.frame, request, topics)
+def read_many(
+    view: RequestView, engine: ProduceEngine, limit: int, max_answer: int
+) -> WholeRequestRefusal | Request:
+    """A request `read_unless_many` found naming many partitions, read on the decoding thread:
+    its partitions counted, then refused as a whole past `limit`, or else decoded (and then
+    decided as any other). A `ProtocolError` for bytes that are not a request, as the codec
+    raises."""
+    try:
+        counted = view.shape(limit)
+    except ProtocolError:
+        return view.decode()  # the codec says what is wrong with it
+    if counted.complete:
+        return view.decode()
+    return refuse(engine, view, counted, limit, max_answer)
 
 
 def refuse(
