@@ -11,12 +11,8 @@ A reload swaps the rules (`replace`): a request already decided keeps its verdic
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 from kvproxy.policies.chain import PolicyChain
 from kvproxy.policies.config import TopicRouting
@@ -37,15 +33,13 @@ from kvproxy.proxy.lookups.schema_ids import reads_schemas, request_schema_ids
 from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from kvproxy.proxy.lookups.topic_ids import TopicIds
 from kvproxy.proxy.ops.metrics import ProxyMetrics
+from kvproxy.proxy.produce.decoding_thread import DecodingThread
 from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
 from kvproxy.registry.catalog import RegistryCatalog
-
-T = TypeVar("T")
 
 INLINE_DECODE_BYTES = 4 * 1024 * 1024
 """Decoding memory a Produce request may use on the event loop (a few milliseconds of work);
 one that needs more is decided again on the decoding thread."""
-DECODING_SWITCH_INTERVAL_S = 0.0005
 
 
 class ProduceDecider:
@@ -74,12 +68,9 @@ class ProduceDecider:
         self.decode_memory = decode_memory
         """What every Produce request being decoded may hold together."""
         self.metrics = metrics
-        self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="kvproxy-decode")
-        """Where a request too costly to check on the event loop is checked: one thread, so
-        heavy requests wait for each other while every other client's requests keep flowing."""
-        self._decoding = 0
-        """Pieces of work on the decoding thread, running or queued."""
-        self._switch_interval = sys.getswitchinterval()
+        self.decoding = DecodingThread()
+        """Where a request too costly to check on the event loop is checked."""
+        self.off_loop = self.decoding.run
         self.engine = self._make_engine()
 
     def replace(self, config: ProxyConfig, routing: TopicRouting) -> TopicRouting:
@@ -93,7 +84,7 @@ class ProduceDecider:
         return old
 
     def close(self) -> None:
-        self._decode_thread.shutdown(wait=False, cancel_futures=True)
+        self.decoding.close()
 
     def decide_now(
         self, engine: ProduceEngine, payload: Frame, request: Request
@@ -240,22 +231,6 @@ class ProduceDecider:
                 allowance.release()
 
         return await self.off_loop(decide)
-
-    async def off_loop(self, work: Callable[[], T]) -> T:
-        """Run `work` on the decoding thread. Meanwhile the interpreter switches threads every
-        `DECODING_SWITCH_INTERVAL_S` rather than every 5 ms: the event loop gives up the GIL
-        at every wait for I/O and must win it back each time, so with CPU-bound decoding beside
-        it every loop iteration could cost a whole switch interval."""
-        if self._decoding == 0:
-            self._switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(DECODING_SWITCH_INTERVAL_S)
-        self._decoding += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._decode_thread, work)
-        finally:
-            self._decoding -= 1
-            if self._decoding == 0:
-                sys.setswitchinterval(self._switch_interval)
 
     def topics_to_describe(self, request: Request, client: object | None = None) -> list[str]:
         """Topics whose settings a check reads, that the YAML does not give and the proxy has

@@ -40,8 +40,11 @@ from kvproxy.proxy.produce.request_scan import DECODE_BUDGET
 class ProduceClient(Protocol):
     """What an exchange asks of the client connection it serves."""
 
-    peer: str
-    metrics: ProxyMetrics
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def metrics(self) -> ProxyMetrics: ...
 
     @property
     def decider(self) -> ProduceDecider: ...

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,12 +27,11 @@ from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.ops.fds import OutOfFileDescriptors
 from kvproxy.proxy.ops.log_limits import LineLimit
 from kvproxy.proxy.ops.metrics import api_name
-from kvproxy.proxy.produce.decider import ProduceDecider
-from kvproxy.proxy.produce.engine import ProduceDecision
 from kvproxy.proxy.produce.exchange import ProduceExchange
 from kvproxy.proxy.relay.client_reading import ClientReading
 from kvproxy.proxy.relay.close_reasons import CloseReason, PauseReason
 from kvproxy.proxy.relay.connection_state import ConnectionState, arrival, listener_words
+from kvproxy.proxy.relay.produce_side import ProduceSide
 from kvproxy.proxy.relay.response_slots import Slot
 
 if TYPE_CHECKING:
@@ -72,9 +70,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._slots: collections.deque[Slot] = collections.deque()
         self._pending: list[tuple[Slot, Frame]] = []
         """Requests accepted before the upstream connection is open, with their slots."""
-        self._held: collections.deque[Frame] | None = None
-        """Requests read while a Produce request is decided in a task (None: none is), handled
-        in order once it is (`hold_requests`, `release_requests`)."""
+        self.produce = ProduceSide(self)
+        """What its Produce requests' exchanges see of it (and the requests held meanwhile)."""
         self._connect_task: asyncio.Task[Any] | None = None
         self._reading = ClientReading(self._decoder, limits.frame_receive_timeout_ms)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -113,8 +110,9 @@ class ClientConnection(asyncio.BufferedProtocol):
             upstream.open_batch()  # the requests of this read go upstream in one write
         try:
             while (payload := self._decoder.next_frame()) is not None:
-                if self._held is not None:
-                    self._held.append(payload)
+                held = self.produce.held
+                if held is not None:
+                    held.append(payload)
                 else:
                     self.on_request(payload)
         except ProtocolError as exc:
@@ -169,65 +167,10 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.answer_locally(slot)
             return
         if api_key == PRODUCE:
-            ProduceExchange(self.state.decisions.engine).start(self, view)
+            ProduceExchange(self.state.decisions.engine).start(self.produce, view)
             return
         self.metrics.child(self.metrics.requests, api_name(api_key), "forwarded").inc()
         self.forward(Slot(correlation_id, api_key, view.api_version), payload)
-
-    # ---- what a Produce request's exchange asks (`ProduceClient`) ----
-
-    @property
-    def decider(self) -> ProduceDecider:
-        return self.state.decisions
-
-    def record_refusals(self, decision: ProduceDecision, client_id: str | None) -> None:
-        self.state.sink.record(decision, client_id, self.peer)
-
-    def hold_requests(self) -> None:
-        if self._held is None:
-            self._held = collections.deque()
-        self.pause_reading(PauseReason.PRODUCE)
-
-    def release_requests(self) -> None:
-        held, self._held = self._held, None
-        try:
-            while held:
-                self.on_request(held.popleft())
-                if self._held is not None:  # decided in a task again: the rest wait first
-                    self._held.extendleft(reversed(held))
-                    return
-        except ProtocolError as exc:
-            self.abort_undecodable(exc)
-            return
-        self.resume_reading(PauseReason.PRODUCE)
-        self.flush()
-
-    def produce_upstream(
-        self, exchange: ProduceExchange, correlation_id: int, version: int, forward: Frame
-    ) -> None:
-        slot = Slot(correlation_id, PRODUCE, version)
-        slot.exchange = exchange
-        slot.sent_at = time.perf_counter()  # the broker's time is measured for Produce
-        self.forward(slot, forward)
-
-    def produce_answered(
-        self, exchange: ProduceExchange, correlation_id: int, version: int, answer: bytes
-    ) -> None:
-        slot = Slot(correlation_id, PRODUCE, version)
-        slot.exchange = exchange
-        slot.payload = answer
-        self.answer_locally(slot)
-
-    def produce_silent(self, correlation_id: int, version: int, forward: Frame | None) -> None:
-        if forward is not None:
-            self.send_upstream(Slot(correlation_id, PRODUCE, version, silent=True), forward)
-
-    def close_after_silent_refusal(self) -> None:
-        self.abort(
-            f"acks=0 produce request from {self.peer} rejected: closing the connection as a "
-            "broker does",
-            reason=CloseReason.ACKS0_REJECTION,
-        )
 
     def forward(self, slot: Slot, payload: Frame) -> None:
         """Send a request upstream; `slot` waits in line for its answer."""
