@@ -11,15 +11,26 @@ through the SNI listener, every broker is named by its server name on the SNI li
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from kvproxy.proxy.cluster.rewrite import AddressFor, proxy_addresses, sni_addresses
 from kvproxy.proxy.config.listen_config import ListenConfig, NodePortError, shared_port_problem
 from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.ops.metrics import ProxyMetrics
 
-if TYPE_CHECKING:
-    from kvproxy.proxy.listen.listeners import Listeners
+
+class NodeListeners(Protocol):
+    """The listeners the directory opens a port on for a node it learns (`listen.Listeners`):
+    the cluster room is handed this, never the listening room itself."""
+
+    @property
+    def sni_port(self) -> int: ...
+
+    def is_open(self, node_id: int) -> bool: ...
+
+    async def open(self, node_id: int | None, port: Callable[[], int]) -> None: ...
+
 
 log = logging.getLogger("kvproxy")
 
@@ -34,7 +45,7 @@ class BrokerDirectory:
         self,
         listen: ListenConfig,
         bootstrap: tuple[tuple[str, int], ...],
-        listeners: Listeners,
+        listeners: NodeListeners,
         metrics: ProxyMetrics,
     ) -> None:
         self._listen = listen
