@@ -77,7 +77,7 @@ def ship_packages(session: Any) -> str:
     executor's Python path."""
     folder = Path(tempfile.mkdtemp(prefix="kvproxy-audit-"))
     target = folder / "kvproxy_packages.zip"
-    namespace = Path(__file__).resolve().parent.parent / "kvproxy"
+    namespace = Path(__file__).resolve().parent.parent
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.write(namespace / "__init__.py", "kvproxy/__init__.py")
         for package in PACKAGES:

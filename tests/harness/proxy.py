@@ -12,7 +12,9 @@ and the test can still inspect the server (`stats()`, `nodes`) between steps.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import os
 import random
 import socket
 import threading
@@ -38,18 +40,38 @@ def _ephemeral_low() -> int:
         return 32_768  # Linux's default
 
 
+_HANDED_OUT: collections.deque[range] = collections.deque(maxlen=64)
+"""The ranges this process gave last: a config built and not yet listening holds none of its
+ports, so a second range is kept clear of it by this record, not by the bind check."""
+
+
+def _worker_span(top: int) -> range:
+    """This pytest-xdist worker's share of the ports below `top`: two workers never race for the
+    same port between the bind check here and a proxy's own bind."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw")) if worker.removeprefix("gw").isdigit() else 0
+    width = (top - 10_000) // max(count, 1)
+    start = 10_000 + (index % max(count, 1)) * width
+    return range(start, start + width)
+
+
 def free_port_range(size: int, attempts: int = 200) -> int:
     """A base port such that base .. base+size-1 are all free right now.
 
     Taken below the ephemeral ports, where the operating system puts `free_port()`'s ports and
     every outgoing connection: a bootstrap port from `free_port()` never falls inside a broker
-    port range from here (a config that has it so is refused)."""
-    top = _ephemeral_low()
+    port range from here (a config that has it so is refused). Each xdist worker draws from
+    its own share, and no range overlaps one this process handed out recently."""
+    span = _worker_span(_ephemeral_low())
     for _ in range(attempts):
-        base = random.randrange(10_000, top - size)
+        base = random.randrange(span.start, span.stop - size)
+        ports = range(base, base + size)
+        if any(ports.start < given.stop and given.start < ports.stop for given in _HANDED_OUT):
+            continue
         sockets = []
         try:
-            for port in range(base, base + size):
+            for port in ports:
                 sock = socket.socket()
                 sockets.append(sock)
                 sock.bind((HOST, port))
@@ -58,6 +80,7 @@ def free_port_range(size: int, attempts: int = 200) -> int:
         finally:
             for sock in sockets:
                 sock.close()
+        _HANDED_OUT.append(ports)
         return base
     raise RuntimeError(f"no run of {size} free ports found")
 

@@ -256,7 +256,7 @@ class _Run:
         async def read() -> str:
             for client in list(self.proxy.server.listeners.connections._clients):
                 if client.peer == peer:
-                    upstream, held = client.upstream, client.produce.held
+                    upstream, held = client.upstream, client.held
                     return (
                         f"paused for {sorted(client._reading.paused_for)}, "
                         f"{len(client._slots)} slots, "

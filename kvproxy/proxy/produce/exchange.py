@@ -49,6 +49,10 @@ class ProduceClient(Protocol):
     @property
     def decider(self) -> ProduceDecider: ...
 
+    @property
+    def connection(self) -> object:
+        """The connection whose lookups are budgeted (held weakly by the budgets)."""
+
     def record_refusals(self, decision: ProduceDecision, client_id: str | None) -> None:
         """Log, count, keep and copy the decision's refusals (`RejectionSink.record`)."""
 
@@ -101,8 +105,8 @@ class ProduceExchange:
         ids: list[uuid.UUID] = []
         unknown: list[str] = []
         if request is not None:
-            request, ids = decider.name_topics(request, client)  # v13: topics by id
-            unknown = decider.topics_to_describe(request, client)
+            request, ids = decider.name_topics(request, client.connection)  # v13: topics by id
+            unknown = decider.topics_to_describe(request, client.connection)
         if request is not None and not unknown and not ids:
             decision = decider.decide_now(self._engine, view.frame, request)
             if decision is not None:
@@ -128,10 +132,10 @@ class ProduceExchange:
                 if isinstance(read, WholeRequestRefusal):
                     self._decided(client, view.header[0], read)
                     return
-                request, ids = decider.name_topics(read, client)
-                topics = decider.topics_to_describe(request, client)
+                request, ids = decider.name_topics(read, client.connection)
+                topics = decider.topics_to_describe(request, client.connection)
             if ids:  # names of v13 topic ids asked first, then their settings described
-                request, more = await decider.name_after_asking(request, ids, client)
+                request, more = await decider.name_after_asking(request, ids, client.connection)
                 topics = list(dict.fromkeys([*topics, *more]))
             decision = await decider.decide_later(self._engine, view.frame, request, topics)
         except ProtocolError as exc:

@@ -70,8 +70,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._slots: collections.deque[Slot] = collections.deque()
         self._pending: list[tuple[Slot, Frame]] = []
         """Requests accepted before the upstream connection is open, with their slots."""
-        self.produce = ProduceSide(self)
-        """What its Produce requests' exchanges see of it (and the requests held meanwhile)."""
+        self.held: collections.deque[Frame] | None = None
+        """Requests read while a Produce request is decided in a task (None: none is), kept by
+        the exchange's `ProduceSide` (one per exchange: no cycle outlives the request)."""
         self._connect_task: asyncio.Task[Any] | None = None
         self._reading = ClientReading(self._decoder, limits.frame_receive_timeout_ms)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -110,7 +111,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             upstream.open_batch()  # the requests of this read go upstream in one write
         try:
             while (payload := self._decoder.next_frame()) is not None:
-                held = self.produce.held
+                held = self.held
                 if held is not None:
                     held.append(payload)
                 else:
@@ -167,7 +168,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.answer_locally(slot)
             return
         if api_key == PRODUCE:
-            ProduceExchange(self.state.decisions.engine).start(self.produce, view)
+            ProduceExchange(self.state.decisions.engine).start(ProduceSide(self), view)
             return
         self.metrics.child(self.metrics.requests, api_name(api_key), "forwarded").inc()
         self.forward(Slot(correlation_id, api_key, view.api_version), payload)

@@ -30,6 +30,7 @@ class _Connection(Protocol):
     """The client connection's calls this side makes."""
 
     peer: str
+    held: collections.deque[Frame] | None
     state: ConnectionState
     metrics: ProxyMetrics
 
@@ -48,14 +49,19 @@ class _Connection(Protocol):
 
 
 class ProduceSide:
-    """One connection's side of its Produce exchanges: held requests, slots, refusals."""
+    """A connection's side of one Produce exchange: held requests, slots, refusals.
 
-    __slots__ = ("__weakref__", "_connection", "held")  # lookup budgets are kept per client, weakly
+    Made for each exchange, so that the connection holds no reference back to it: a closed
+    connection is freed at once, not by the cycle collector."""
+
+    __slots__ = ("_connection",)
 
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
-        self.held: collections.deque[Frame] | None = None
-        """Requests read while a Produce request is decided in a task (None: none is)."""
+
+    @property
+    def connection(self) -> object:
+        return self._connection
 
     @property
     def peer(self) -> str:
@@ -73,18 +79,18 @@ class ProduceSide:
         self._connection.state.sink.record(decision, client_id, self.peer)
 
     def hold_requests(self) -> None:
-        if self.held is None:
-            self.held = collections.deque()
+        if self._connection.held is None:
+            self._connection.held = collections.deque()
         self._connection.pause_reading(PauseReason.PRODUCE)
 
     def release_requests(self) -> None:
         connection = self._connection
-        held, self.held = self.held, None
+        held, connection.held = connection.held, None
         try:
             while held:
                 connection.on_request(held.popleft())
-                if self.held is not None:  # decided in a task again: the rest wait first
-                    self.held.extendleft(reversed(held))
+                if connection.held is not None:  # decided in a task again: the rest wait first
+                    connection.held.extendleft(reversed(held))
                     return
         except ProtocolError as exc:
             connection.abort_undecodable(exc)
