@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -40,9 +41,11 @@ def _ephemeral_low() -> int:
         return 32_768  # Linux's default
 
 
-_HANDED_OUT: collections.deque[range] = collections.deque(maxlen=64)
-"""The ranges this process gave last: a config built and not yet listening holds none of its
-ports, so a second range is kept clear of it by this record, not by the bind check."""
+_HANDED_OUT: collections.deque[tuple[float, range]] = collections.deque(maxlen=16)
+"""The ranges this process gave in the last `_HELD_S` seconds: a config built and not yet
+listening holds none of its ports, so a second range is kept clear of it by this record, not by
+the bind check."""
+_HELD_S = 5.0
 
 
 def _worker_span(top: int) -> range:
@@ -67,7 +70,8 @@ def free_port_range(size: int, attempts: int = 200) -> int:
     for _ in range(attempts):
         base = random.randrange(span.start, span.stop - size)
         ports = range(base, base + size)
-        if any(ports.start < given.stop and given.start < ports.stop for given in _HANDED_OUT):
+        recent = [given for at, given in _HANDED_OUT if time.monotonic() - at < _HELD_S]
+        if any(ports.start < given.stop and given.start < ports.stop for given in recent):
             continue
         sockets = []
         try:
@@ -80,7 +84,7 @@ def free_port_range(size: int, attempts: int = 200) -> int:
         finally:
             for sock in sockets:
                 sock.close()
-        _HANDED_OUT.append(ports)
+        _HANDED_OUT.append((time.monotonic(), ports))
         return base
     raise RuntimeError(f"no run of {size} free ports found")
 
