@@ -206,6 +206,7 @@ async def skip_stored(
 def recheck(
     routing: TopicRouting, entry: QuarantineEntry, records: bytes, settings: TopicConfig
 ) -> Verdict:
+    chain = routing.chain_for(entry.topic)
     parsed = parse_records(
         entry.topic,
         entry.partition,
@@ -216,10 +217,10 @@ def recheck(
         compacted=settings.compacted,
         now_ms=int(time.time() * 1000),
         topic_config=settings,
+        parsed_by=chain.parsed_by,
     )
     if isinstance(parsed, Verdict):
         return parsed
-    chain = routing.chain_for(entry.topic)
     if chain.mode is Mode.OFF:
         return Verdict()
     return chain.check(parsed)

@@ -25,8 +25,6 @@ from kvproxy.policies.topic_settings import (
     ClusterSetting,
     ClusterTopic,
     from_cluster,
-    options_over_settings,
-    settings_read_by,
 )
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.proxy.config.proxy_config import ProxyConfig, load_config_and_rules
@@ -197,13 +195,13 @@ def settings_in_force(rule: TopicRule, cluster: ClusterTopic | None) -> tuple[Se
     """Every setting of `kvproxy.policies.topic_settings`, by precedence: the rule's YAML, the
     cluster's, Kafka's default."""
     rows = []
-    policies = rule.chain.policies
+    declared = rule.chain.declarations
     for field_name, name in FIELD_NAMES.items():
-        read_by = tuple(p.name for p in policies if field_name in settings_read_by(p))
+        read_by = tuple(d.name for d in declared if field_name in d.settings_read)
         options = tuple(
-            f"{p.name} uses its option {own[0]} = {own[1]}"
-            for p in policies
-            if (own := options_over_settings(p).get(field_name)) is not None
+            f"{d.name} uses its option {own[0]} = {own[1]}"
+            for d in declared
+            if (own := d.settings_from_options.get(field_name)) is not None
         )
         mine = getattr(rule.config, field_name)
         if mine is not None:

@@ -269,12 +269,13 @@ def _corrupt_region(task: _Task, unit: CorruptRegion) -> Violation:
     stats.bytes += unit.end - unit.start
     stats.violations += 1
     detail = f"{unit.reason}; {unit.end - unit.start} bytes up to byte {unit.end} skipped"
-    mode = task.routing.rule_for(unit.topic).mode
+    rule = task.routing.rule_for(unit.topic)
     return _corrupt(
         unit.topic,
         unit.partition,
         unit.offset,
-        mode,
+        rule.mode,
+        rule.chain.parsed_by,
         source=unit.uri,
         position=unit.start,
         detail=detail,
@@ -301,16 +302,18 @@ def _corrupt(
     partition: int,
     offset: int | None,
     mode: Mode,
+    parsed_by: str,
     *,
     source: str,
     position: int,
     detail: str,
 ) -> Violation:
-    """A batch_integrity row for bytes that are not a batch (CORRUPT_MESSAGE, as the broker)."""
+    """A row for bytes that are not a batch (CORRUPT_MESSAGE, as the broker), in the name of the
+    policy that judges parsing (`PolicyChain.parsed_by`)."""
     code = error_codes.CORRUPT_MESSAGE
     message = f"Record batch in topic partition {topic}-{partition} is corrupt: {detail}"
     return (
-        topic, partition, offset, None, None, None, "batch_integrity", code,
+        topic, partition, offset, None, None, None, parsed_by, code,
         error_codes.error_name(code), message, mode.value, source, position,
     )  # fmt: skip
 
@@ -343,6 +346,7 @@ def _scan_log(
                 partition,
                 offset,
                 rule.mode,
+                rule.chain.parsed_by,
                 source=source,
                 position=position,
                 detail=str(exc),
@@ -448,6 +452,7 @@ def _check_entry(
         now_ms=task.settings.now_ms,
         topic_config=task.routing.config_override(topic),
         schemas=task.settings.schemas,
+        parsed_by=rule.chain.parsed_by,
     )
     if isinstance(parsed, Verdict):  # the entry's records do not even parse
         verdict, produced = parsed, None

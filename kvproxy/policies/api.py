@@ -37,6 +37,7 @@ __all__ = [
     "INVALID_RECORD_REJECTION",
     "MAX_RECORD_ERRORS",
     "MISSING_KEY",
+    "PARSING",
     "UNKNOWN_TOPIC_CONFIG",
     "Need",
     "PolicyConfigError",
@@ -50,7 +51,6 @@ __all__ = [
     "Stage",
     "TopicConfig",
     "Verdict",
-    "needs_of",
     "parse_records",
     "record_errors_verdict",
 ]
@@ -353,6 +353,9 @@ class RecordsPolicy(Protocol):
       stand for that setting (which is then not asked of the cluster).
     - `group` and `stages`: the policy runs inside the named group, first in the chain, its
       checks at the places its `Stage`s give, rather than where the YAML lists it.
+    - `judges_parsing`: bytes that do not parse as record batches are refused in its name.
+    - `schema_ids_wanted(topic, produced)`, for `Need.SCHEMAS`: the ids it will ask about.
+    `kvproxy.policies.declaration` reads these once, when the chain is built.
     """
 
     name: str
@@ -394,22 +397,18 @@ class Need(enum.Enum):
     and looked up, then the chain runs once."""
 
 
-def needs_of(policy: object) -> frozenset[Need]:
-    """What `policy` declares it needs: its `needs`, and `TOPIC_CONFIG` when it names the
-    settings it reads in `topic_settings` (naming them says it reads them)."""
-    needs = frozenset(getattr(policy, "needs", None) or ())
-    if getattr(policy, "topic_settings", None) is not None:
-        needs |= {Need.TOPIC_CONFIG}
-    return needs
+PARSING = "record_parsing"
+"""`Verdict.policy` of bytes that do not parse as record batches when no policy of the chain
+declares `judges_parsing` (`PolicyChain.parsed_by`)."""
 
 
-def _corrupt(topic: str, partition: int, exc: DecodeError) -> Verdict:
+def _corrupt(topic: str, partition: int, exc: DecodeError, parsed_by: str) -> Verdict:
     """CORRUPT_MESSAGE for records that do not parse, in Kafka's words where it has them."""
     if isinstance(exc, BatchFraming):
         message = exc.kafka_message
     else:
         message = f"Record batch in topic partition {topic}-{partition} is corrupt: {exc}"
-    return Verdict(code=error_codes.CORRUPT_MESSAGE, message=message, policy="batch_integrity")
+    return Verdict(code=error_codes.CORRUPT_MESSAGE, message=message, policy=parsed_by)
 
 
 def parse_records(
@@ -426,12 +425,15 @@ def parse_records(
     allowance: Allowance | None = None,
     topic_config: TopicConfig | None = None,
     schemas: SchemaCatalog | None = None,
+    parsed_by: str = PARSING,
 ) -> ProducedRecords | Verdict:
-    """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse.
+    """Parse a partition's records into batch views, or CORRUPT_MESSAGE when they do not parse,
+    a refusal in the name `parsed_by` (the chain's `PolicyChain.parsed_by`).
 
-    `raw` None or empty gives a `ProducedRecords` without batches; the `batch_integrity` policy
-    rejects it on Produce v3+ as `ProduceRequest.validateRecords` does ("must have at least one
-    record batch per partition"); v0-v2 brokers append nothing and answer success.
+    `raw` None or empty gives a `ProducedRecords` without batches; the policy that checks the
+    batches' structure rejects it on Produce v3+ as `ProduceRequest.validateRecords` does
+    ("must have at least one record batch per partition"); v0-v2 brokers append nothing and
+    answer success.
     """
     if raw is None:
         raw = b""
@@ -447,11 +449,11 @@ def parse_records(
                 code=error_codes.INVALID_RECORD,
                 message=f"Produce requests with version {produce_version} must have at least "
                 "one record batch per partition",
-                policy="batch_integrity",
+                policy=parsed_by,
             )
-        return _corrupt(topic, partition, exc)
+        return _corrupt(topic, partition, exc, parsed_by)
     except DecodeError as exc:
-        return _corrupt(topic, partition, exc)
+        return _corrupt(topic, partition, exc, parsed_by)
     return ProducedRecords(
         topic=topic,
         partition=partition,

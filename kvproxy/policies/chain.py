@@ -10,13 +10,14 @@ from typing import Any
 
 from kvproxy.policies.api import (
     ACCEPT,
+    PARSING,
     Need,
     PolicyViolation,
     ProducedRecords,
     RecordsPolicy,
     Verdict,
-    needs_of,
 )
+from kvproxy.policies.declaration import Declaration, declaration_of
 from kvproxy.policies.groups import PolicyFailed, chain_steps
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import ResourceLimit
@@ -28,6 +29,7 @@ log = logging.getLogger("kvproxy.policies")
 
 CRASH_LOG_INTERVAL_S = 60.0
 """A crashing policy's traceback is logged at most once per this many seconds (per policy)."""
+
 
 
 class Mode(enum.Enum):
@@ -57,14 +59,17 @@ class PolicyChain:
     """
 
     __slots__ = (
+        "_choosers",
         "_last_logged",
         "_steps",
         "clock",
         "crash_counts",
+        "declarations",
         "mode",
         "names",
         "needs",
         "observers",
+        "parsed_by",
         "policies",
     )
 
@@ -79,13 +84,24 @@ class PolicyChain:
         self.policies: tuple[RecordsPolicy, ...] = () if self.mode is Mode.OFF else tuple(policies)
         self.names: tuple[str, ...] = tuple(policy.name for policy in self.policies)
         """The policies' names in order (read per request, so kept)."""
-        self.needs: frozenset[Need] = frozenset().union(*map(needs_of, self.policies))
+        self.declarations: tuple[Declaration, ...] = tuple(map(declaration_of, self.policies))
+        """What each policy declares (`kvproxy.policies.declaration`), read once."""
+        self.needs: frozenset[Need] = frozenset().union(*(d.needs for d in self.declarations))
         """What the chain's policies need from the proxy (`Need`), worked out once."""
-        self.observers: tuple[Any, ...] = tuple(
-            policy for policy in self.policies if Need.BROKER_ANSWER in needs_of(policy)
-        )
+        watching = [
+            (policy, declared)
+            for policy, declared in zip(self.policies, self.declarations, strict=True)
+            if Need.BROKER_ANSWER in declared.needs
+        ]
+        self.observers: tuple[Any, ...] = tuple(policy for policy, _ in watching)
         """The policies shown the broker's answer (`observe`); empty for most chains."""
-        self._steps = chain_steps(self.policies)
+        self._choosers = tuple(declared.wants_answer for _, declared in watching)
+        self.parsed_by: str = next(
+            (d.name for d in self.declarations if d.judges_parsing), PARSING
+        )
+        """The name refusals of bytes that do not parse are given (`Declaration.judges_parsing`;
+        `PARSING` in a chain with no such policy)."""
+        self._steps = chain_steps(self.policies, self.declarations)
         self.crash_counts: dict[str, int] = {}
         self.clock = clock
         self._last_logged: dict[tuple[str, str], float] = {}
@@ -114,11 +130,7 @@ class PolicyChain:
         """Whether an observer wants the broker's answer to `produced`: one with a
         `wants_answer(produced)` of its own may decline (`producer_state` for a plain
         producer's batches), so that the answer is decoded only when someone reads it."""
-        for policy in self.observers:
-            wants = getattr(policy, "wants_answer", None)
-            if wants is None or wants(produced):
-                return True
-        return False
+        return any(wants is None or wants(produced) for wants in self._choosers)
 
     def observe(self, produced: ProducedRecords, error_code: int) -> None:
         """Show the observers the broker's answer to a partition the chain let through; one

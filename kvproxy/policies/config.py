@@ -435,8 +435,8 @@ def _needs(chain: PolicyChain, config: TopicConfig = UNKNOWN_TOPIC_CONFIG) -> fr
     read: set[str] = set()
     if Need.TOPIC_CONFIG not in chain.needs:  # no policy declares it (or the mode is off)
         return frozenset()
-    for policy in chain.policies:
-        read |= topic_settings.settings_read_by(policy)
+    for declared in chain.declarations:
+        read |= declared.settings_read
     return frozenset(name for name in read if getattr(config, name, None) is None)
 
 

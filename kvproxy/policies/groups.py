@@ -22,6 +22,7 @@ from kvproxy.policies.api import (
     Verdict,
     record_errors_verdict,
 )
+from kvproxy.policies.declaration import Declaration, declaration_of
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import ResourceLimit
 
@@ -49,13 +50,20 @@ class PolicyGroup:
     (`merge_record_errors`), answered before the next verdict stage runs.
     """
 
-    def __init__(self, name: str, policies: Sequence[RecordsPolicy]) -> None:
+    def __init__(
+        self,
+        name: str,
+        policies: Sequence[RecordsPolicy],
+        declarations: Sequence[Declaration] | None = None,
+    ) -> None:
         self.name = name
         self.policies = tuple(policies)
+        if declarations is None:
+            declarations = [declaration_of(policy) for policy in self.policies]
         staged = [
             (stage, policy)
-            for policy in self.policies
-            for stage in getattr(policy, "stages", None) or (Stage(0),)
+            for policy, declared in zip(self.policies, declarations, strict=True)
+            for stage in declared.stages or (Stage(0),)
         ]
         staged.sort(key=lambda pair: pair[0].order)  # stable: a policy's stages of one order
         self._steps: tuple[_Step, ...] = tuple(
@@ -95,23 +103,28 @@ def _stage_call(policy: RecordsPolicy, stage: Stage) -> Callable[[ProducedRecord
     return method
 
 
-def chain_steps(policies: Sequence[RecordsPolicy]) -> tuple[RecordsPolicy, ...]:
+def chain_steps(
+    policies: Sequence[RecordsPolicy], declarations: Sequence[Declaration]
+) -> tuple[RecordsPolicy, ...]:
     """What a chain runs: each group's policies as one `PolicyGroup`, first (in the order the
     groups first appear), then the other policies in the order listed.
 
     Only the first policy of a name joins its group (a second one runs where it is listed), so
     does a policy that declares no `group`, whatever its name.
     """
-    groups: dict[str, dict[str, RecordsPolicy]] = {}
+    groups: dict[str, dict[str, tuple[RecordsPolicy, Declaration]]] = {}
     rest: list[RecordsPolicy] = []
-    for policy in policies:
-        group = getattr(policy, "group", None)
-        members = groups.setdefault(group, {}) if isinstance(group, str) else None
+    for policy, declared in zip(policies, declarations, strict=True):
+        group = declared.group
+        members = groups.setdefault(group, {}) if group is not None else None
         if members is not None and policy.name not in members:
-            members[policy.name] = policy
+            members[policy.name] = (policy, declared)
         else:
             rest.append(policy)
-    grouped = [PolicyGroup(name, list(members.values())) for name, members in groups.items()]
+    grouped = [
+        PolicyGroup(name, [p for p, _ in members.values()], [d for _, d in members.values()])
+        for name, members in groups.items()
+    ]
     return (*grouped, *rest)
 
 

@@ -17,7 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvproxy.policies.api import Need, PolicyContext, RecordsPolicy, Stage, needs_of
+from kvproxy.policies.api import Need, PolicyContext, RecordsPolicy
+from kvproxy.policies.declaration import declaration_problem, needs_of
 from kvproxy.policies.errors import KeyPath, PolicyConfigError, cut, kind_of, short_repr
 
 __all__ = [
@@ -216,30 +217,12 @@ def _create(
         return None
     if not getattr(policy, "name", None):
         policy.name = named.name
-    problem = _shape_problem(policy)
+    problem = declaration_problem(policy)
     if problem:
         _close(policy)
         problems.add(where, f"{named.label}: {problem}", named.policy_at)
         return None
     return policy  # type: ignore[no-any-return]
-
-
-def _shape_problem(policy: Any) -> str:
-    """What a policy lacks that the chain calls, or a declaration it cannot read; "" if none."""
-    for method in ("validate", "close"):
-        if not callable(getattr(policy, method, None)):
-            return f"has no {method}() method"
-    declared = getattr(policy, "needs", None) or ()
-    if isinstance(declared, str | bytes) or not all(isinstance(n, Need) for n in declared):
-        return f"needs must hold policies.api.Need members, not {short_repr(declared)}"
-    if Need.BROKER_ANSWER in needs_of(policy) and not callable(getattr(policy, "observe", None)):
-        return "needs BROKER_ANSWER but has no observe() method"
-    for stage in getattr(policy, "stages", None) or ():
-        if not isinstance(stage, Stage):
-            return f"stages must hold policies.api.Stage values, not {short_repr(stage)}"
-        if not callable(getattr(policy, stage.method, None)):
-            return f"stage {stage.order} runs {stage.method}(), which it has not"
-    return ""
 
 
 def _close(policy: Any) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvproxy.policies.api import Need, TopicConfig, needs_of
+from kvproxy.policies.api import TopicConfig
 
 __all__ = [
     "CLEANUP_POLICY",
@@ -34,8 +34,6 @@ __all__ = [
     "SettingError",
     "from_cluster",
     "from_yaml",
-    "options_over_settings",
-    "settings_read_by",
 ]
 
 CLEANUP_POLICY: Final = "cleanup.policy"
@@ -98,32 +96,6 @@ _EARLIER_DEFAULTS: Final[Mapping[str, frozenset[object]]] = {
     "max_message_bytes": frozenset({1_000_012}),  # before Kafka 2.0
 }
 """Defaults of earlier Kafka versions, which their brokers report as built-in defaults."""
-
-
-def settings_read_by(policy: object) -> frozenset[str]:
-    """The `TopicConfig` fields `policy` reads: those it names in `topic_settings` but the ones
-    its options stand for (`options_over_settings`); every field for one that needs
-    `Need.TOPIC_CONFIG` without naming them."""
-    declared = getattr(policy, "topic_settings", None)
-    if declared is None:
-        return frozenset(FIELD_NAMES) if Need.TOPIC_CONFIG in needs_of(policy) else frozenset()
-    return frozenset(declared) - options_over_settings(policy).keys()
-
-
-def options_over_settings(policy: object) -> dict[str, tuple[str, object]]:
-    """`TopicConfig` field -> (option, value) for each option of `policy` that the YAML sets
-    (its `explicit` options) and that stands for that topic setting (its `setting_options`:
-    option -> field): the policy then reads its option, not the topic's setting."""
-    explicit = getattr(policy, "explicit", None)
-    if not explicit:
-        return {}
-    options = getattr(policy, "options", {})
-    table = getattr(policy, "setting_options", None) or {}
-    return {
-        field_name: (option, options.get(option))
-        for option, field_name in table.items()
-        if option in explicit
-    }
 
 
 class SettingError(ValueError):

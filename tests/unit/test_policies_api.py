@@ -22,6 +22,7 @@ from kvproxy.policies import (
     parse_records,
     record_errors_verdict,
 )
+from kvproxy.policies.api import PARSING
 from kvproxy.policies.chain import CRASH_LOG_INTERVAL_S
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.records import build_batch
@@ -100,8 +101,23 @@ def test_parse_records_garbage_is_corrupt_message(raw: bytes, magic: int) -> Non
         "t", 3, raw, produce_version=9, acks=1, transactional_id=None, compacted=None, now_ms=NOW
     )
     assert isinstance(verdict, Verdict)
-    assert verdict.code == 2 and verdict.policy == "batch_integrity"
+    assert verdict.code == 2 and verdict.policy == PARSING  # no chain named who judges parsing
     assert verdict.message == f"Invalid magic found in record: {magic}"
+
+
+def test_bytes_that_do_not_parse_are_refused_in_the_name_the_chain_declares() -> None:
+    """The policy that declares `judges_parsing` (the default chain's `batch_integrity`) gives
+    its name to CORRUPT_MESSAGE for bytes that are not batches; a chain without one, the
+    framework's own `record_parsing`. Nothing in the framework names the policy."""
+    default = build_routing(None, None, Path(".")).chain_for("t")
+    json_only = build_routing({"policies": ["json"]}, None, Path(".")).chain_for("t")
+    assert (default.parsed_by, json_only.parsed_by) == ("batch_integrity", PARSING)
+    for chain in (default, json_only):
+        verdict = parse_records(
+            "t", 0, b"x" * 200, produce_version=9, acks=1, transactional_id=None,
+            compacted=None, now_ms=NOW, parsed_by=chain.parsed_by,
+        )  # fmt: skip
+        assert isinstance(verdict, Verdict) and verdict.policy == chain.parsed_by
 
 
 @pytest.mark.parametrize("cut", [b"garbage", b"\x00" * 11, build_batch(records(3))[:-5]])

@@ -131,6 +131,7 @@ class BatchIntegrityPolicy(BuiltinPolicy):
     """
 
     name = "batch_integrity"
+    judges_parsing = True  # bytes that are not batches are refused in its name
     needs = frozenset({Need.TOPIC_CONFIG})
     topic_settings = frozenset({"max_message_bytes", "segment_bytes"})
     group = BROKER_CHECKS

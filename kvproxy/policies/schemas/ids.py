@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvproxy.policies.api import Need, ProducedRecords, needs_of
+from kvproxy.policies.api import Need, ProducedRecords
 from kvproxy.policies.schemas.wire import SCHEMA_ID_HEADER, read_schema_id
 
 if TYPE_CHECKING:
@@ -29,10 +29,10 @@ def schema_ids_wanted(chain: PolicyChain, produced: ProducedRecords) -> set[int]
     wanted: set[int] = set()
     if Need.SCHEMAS not in chain.needs:
         return wanted
-    for policy in chain.policies:
-        if Need.SCHEMAS not in needs_of(policy):
+    for declared in chain.declarations:
+        if Need.SCHEMAS not in declared.needs:
             continue
-        own = getattr(policy, "schema_ids_wanted", None)
+        own = declared.schema_ids_wanted
         if own is not None:
             wanted |= own(produced.topic, produced)
             continue

@@ -326,6 +326,7 @@ class ProduceEngine:
                     allowance=allowance,
                     topic_config=config,
                     schemas=schemas,
+                    parsed_by=view.chain.parsed_by,
                 )
                 partitions.append((index, raw, produced))
             parsed.append((name, partitions))
