@@ -128,7 +128,7 @@ fuzz: setup
 # Maven for its jars) where they compare with a broker, and with HAProxy in front of it as the
 # floor; figures in bench/results/latest.md
 bench: setup java-deps haproxy
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m bench.run_all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

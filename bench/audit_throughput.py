@@ -9,7 +9,7 @@ topics of two partitions, magic 2 batches of 16 KiB to 1 MiB (log-uniform), keye
 100 B to 1 KiB of compressible text; one record in 20,000 has a null key and one in 20,000 a
 timestamp two hours ahead, so the violation path runs too.
 
-    .venv/bin/python bench/audit_throughput.py [--sizes 1,64,256,1024] [--runs 3]
+    .venv/bin/python -m bench.audit_throughput [--sizes 1,64,256,1024] [--runs 3]
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ import os
 import pstats
 import random
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvproxy.pipeline.check import check_unit
 from kvproxy.pipeline.job import AuditRequest, load_settings, run_audit
@@ -311,77 +308,100 @@ def profile_range(folder: Path, now_ms: int, label: str) -> None:
     print("\n".join(line for line in lines[start:] if line.strip()))
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1,64,256,1024", help="total MiB per input, ascending")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--mixed-mib", type=int, default=256, help="size of the mixed-codec input")
     parser.add_argument("--tmp", default=None, help="where the segments go (default: $TMPDIR)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _write_inputs(
+    scratch: Path, sizes: list[int], mixed_mib: int, now_ms: int
+) -> tuple[dict[int, Path], Path, Path]:
+    """The uncompressed inputs of every size, the mixed-codec one and the compacted config."""
+    started = time.perf_counter()
+    plain = generate(max(sizes) * MIB, [Codec.NONE], now_ms, seed=1)
+    inputs = {size: write_input(scratch / f"none-{size}", plain, size * MIB) for size in sizes}
+    del plain
+    mixed = generate(mixed_mib * MIB, list(Codec), now_ms, seed=2)
+    mixed_input = write_input(scratch / f"mixed-{mixed_mib}", mixed, mixed_mib * MIB)
+    del mixed
+    config = scratch / "compacted.yaml"
+    config.write_text(COMPACTED_CONFIG)
+    print(f"generated the inputs in {time.perf_counter() - started:.1f} s", flush=True)
+    return inputs, mixed_input, config
+
+
+def _warm_spark(first: Path, scratch: Path, now_ms: int, first_mib: int) -> Any:
+    """A local[2] session, warmed up by WARM_UP audits of `first` (not counted)."""
+    started = time.perf_counter()
+    spark = start_session("local[2]", SPARK_CONF)
+    startup = time.perf_counter() - started
+    spark.sparkContext.setLogLevel("ERROR")
+    warm_up = [
+        timed(lambda: spark_audit(spark, first, scratch / "w", None, now_ms))[0]
+        for _ in range(WARM_UP)
+    ]
+    print(
+        f"Spark session start {startup:.1f} s; first audit ({first_mib} MiB, Python workers "
+        f"and JVM cold) {warm_up[0]:.1f} s, then "
+        + ", ".join(f"{t:.1f}" for t in warm_up[1:])
+        + " s (not counted)",
+        flush=True,
+    )
+    return spark
+
+
+def _compare_all(
+    spark: Any,
+    args: argparse.Namespace,
+    inputs: dict[int, Path],
+    mixed_input: Path,
+    *,
+    config: Path,
+    common: dict[str, Any],
+) -> tuple[list[Row], list[Row]]:
+    """Spark against the loop on every size (the rows), then on the other inputs and settings."""
+    sizes = list(inputs)
+    rows = [compare(f"{size} MiB", inputs[size], spark, **common) for size in sizes]
+    extra = [compare(f"{args.mixed_mib} MiB mixed codecs", mixed_input, spark, **common)]
+    if 1024 in inputs:
+        extra.append(
+            compare(
+                "1024 MiB, --range-mb 128", inputs[1024], spark, **common, range_bytes=128 * MIB
+            )
+        )
+    if 256 in inputs:
+        extra.append(
+            compare(
+                "256 MiB compacted + max_record_bytes",
+                inputs[256],
+                spark,
+                **common,
+                config=str(config),
+            )
+        )
+    print()
+    fixed_costs(spark, inputs[sizes[0]], inputs[sizes[-1]], **common)
+    return rows, extra
+
+
+def main() -> None:
+    args = _arguments()
     sizes = [int(s) for s in args.sizes.split(",")]
     now_ms = int(time.time() * 1000)
 
     with tempfile.TemporaryDirectory(prefix="kvproxy-audit-bench-", dir=args.tmp) as tmp:
         scratch = Path(tmp)
-        started = time.perf_counter()
-        plain = generate(max(sizes) * MIB, [Codec.NONE], now_ms, seed=1)
-        inputs = {size: write_input(scratch / f"none-{size}", plain, size * MIB) for size in sizes}
-        del plain
-        mixed = generate(args.mixed_mib * MIB, list(Codec), now_ms, seed=2)
-        mixed_input = write_input(scratch / f"mixed-{args.mixed_mib}", mixed, args.mixed_mib * MIB)
-        del mixed
-        config = scratch / "compacted.yaml"
-        config.write_text(COMPACTED_CONFIG)
-        print(f"generated the inputs in {time.perf_counter() - started:.1f} s", flush=True)
-
-        started = time.perf_counter()
-        spark = start_session("local[2]", SPARK_CONF)
-        startup = time.perf_counter() - started
-        spark.sparkContext.setLogLevel("ERROR")
-        warm_up = [
-            timed(lambda: spark_audit(spark, inputs[sizes[0]], scratch / "w", None, now_ms))[0]
-            for _ in range(WARM_UP)
-        ]
-        print(
-            f"Spark session start {startup:.1f} s; first audit ({sizes[0]} MiB, Python workers "
-            f"and JVM cold) {warm_up[0]:.1f} s, then "
-            + ", ".join(f"{t:.1f}" for t in warm_up[1:])
-            + " s (not counted)",
-            flush=True,
-        )
+        inputs, mixed_input, config = _write_inputs(scratch, sizes, args.mixed_mib, now_ms)
+        spark = _warm_spark(inputs[sizes[0]], scratch, now_ms, sizes[0])
         common: dict[str, Any] = {"scratch": scratch, "runs": args.runs, "now_ms": now_ms}
         try:
-            rows = [compare(f"{size} MiB", inputs[size], spark, **common) for size in sizes]
-            extra = [
-                compare(
-                    f"{args.mixed_mib} MiB mixed codecs",
-                    mixed_input,
-                    spark,
-                    **common,
-                ),
-            ]
-            if 1024 in inputs:
-                extra.append(
-                    compare(
-                        "1024 MiB, --range-mb 128",
-                        inputs[1024],
-                        spark,
-                        **common,
-                        range_bytes=128 * MIB,
-                    )
-                )
-            if 256 in inputs:
-                extra.append(
-                    compare(
-                        "256 MiB compacted + max_record_bytes",
-                        inputs[256],
-                        spark,
-                        **common,
-                        config=str(config),
-                    )
-                )
-            print()
-            fixed_costs(spark, inputs[sizes[0]], inputs[sizes[-1]], **common)
+            rows, extra = _compare_all(
+                spark, args, inputs, mixed_input, config=config, common=common
+            )
         finally:
             spark.stop()
         print_table(rows + extra)

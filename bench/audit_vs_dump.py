@@ -6,7 +6,7 @@ Targets (ratios from one run): the audit's cost beyond the tiny run is at most 2
 the same file; writing and summarising take under 2 s when violations are few (summary.json's
 `phases_s`); the segment twice as large costs at most 2.1x the audit's cost beyond the tiny run.
 
-    .venv/bin/python bench/audit_vs_dump.py [--mib 256] [--runs 2] [--keep DIR]
+    .venv/bin/python -m bench.audit_vs_dump [--mib 256] [--runs 2] [--keep DIR]
 
 Records are 100 B to 1 KiB of text in batches of 16 KiB to 1 MiB, uncompressed and lz4, one in
 20,000 with a null key and one with a timestamp two hours ahead (a few hundred violations per
@@ -25,8 +25,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.audit_throughput import COMPACTED_CONFIG, MIB, batches_of, text_pool
 from kvproxy.protocol.compression import Codec

@@ -16,7 +16,7 @@ table gives, per figure, every run of A and of B, the medians and B/A (B - A for
 latencies, which can be negative); the ratios to direct of a run (measured in the same run) hold
 up better than absolute rates.
 
-    .venv/bin/python bench/compare_commits.py BEFORE_CHECKOUT AFTER_CHECKOUT [--rounds 3]
+    .venv/bin/python -m bench.compare_commits BEFORE_CHECKOUT AFTER_CHECKOUT [--rounds 3]
         [--only engine throughput request_rate latency] [--upstream kafka|tansu]
         [--args latency="--seconds 30"] [--timeout 1.0] [--quick] [--out DIR]
 """
@@ -185,14 +185,23 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
+def bench_command(checkout: Checkout, name: str, arguments: list[str]) -> list[str]:
+    """The command running benchmark `name` of `checkout` from its root: `python -m bench.<name>`
+    where its bench/ is a package (has `__init__.py`), else `python bench/<name>.py` by path (the
+    commits from before bench/ became one)."""
+    if (checkout.root / "bench" / "__init__.py").is_file():
+        return [str(checkout.python), "-m", f"bench.{name}", *arguments]
+    return [str(checkout.python), str(checkout.root / "bench" / f"{name}.py"), *arguments]
+
+
 def run_one(
     checkout: Checkout, name: str, arguments: list[str], *, timeout: float, folder: Path, rnd: int
 ) -> Run:
-    """Run `<checkout>/bench/<name>.py` with the checkout's python; figures from its JSON."""
+    """Run the checkout's benchmark `name` with the checkout's python; figures from its JSON."""
     results = folder / f"{checkout.label}-{name}-r{rnd}"
     results.mkdir(parents=True)
     log = results / "output.txt"
-    command = [str(checkout.python), str(checkout.root / "bench" / f"{name}.py"), *arguments]
+    command = bench_command(checkout, name, arguments)
     load = os.getloadavg()[0]
     began = time.monotonic()
     print(
@@ -279,7 +288,7 @@ def table(runs: list[Run], names: list[str]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="checkout A (the 'before'), with its own .venv")
     parser.add_argument("b", type=Path, help="checkout B (the 'after'), with its own .venv")
@@ -296,12 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1.0, help="scale every run's bound")
     parser.add_argument("--quick", action="store_true", help="--quick to every benchmark")
     parser.add_argument("--out", type=Path, help="folder for logs and figures (default: temp)")
-    args = parser.parse_args(argv)
+    return parser
 
-    checkouts = [Checkout("A", args.a.resolve()), Checkout("B", args.b.resolve())]
-    for checkout in checkouts:
-        if not checkout.python.exists() or not (checkout.root / "bench").is_dir():
-            parser.error(f"{checkout.root}: needs bench/ and its own .venv/bin/python")
+
+def _arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, list[str]]:
+    """Each chosen benchmark's arguments: SETTINGS, as replaced by `--args`, or `--quick`."""
     settings = dict(SETTINGS)
     for item in args.args:
         name, _, value = item.partition("=")
@@ -313,6 +321,17 @@ def main(argv: list[str] | None = None) -> int:
         arguments[name] = ["--quick"] if args.quick else shlex.split(settings[name])
         if name in WITH_UPSTREAM:
             arguments[name] += ["--upstream", args.upstream]
+    return arguments
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    checkouts = [Checkout("A", args.a.resolve()), Checkout("B", args.b.resolve())]
+    for checkout in checkouts:
+        if not checkout.python.exists() or not (checkout.root / "bench").is_dir():
+            parser.error(f"{checkout.root}: needs bench/ and its own .venv/bin/python")
+    arguments = _arguments(parser, args)
     folder = args.out or Path(tempfile.mkdtemp(prefix="kvproxy-compare-"))
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -335,11 +354,16 @@ def main(argv: list[str] | None = None) -> int:
                         checkout, name, arguments[name], timeout=timeout, folder=folder, rnd=rnd
                     )
                 )
+    return _finish(head, began, runs, args.only, folder)
+
+
+def _finish(head: list[str], began: float, runs: list[Run], names: list[str], folder: Path) -> int:
+    """Print and save the table, the runs and the failures; 1 when any run failed."""
     tail = (
         f"ended {time.strftime('%Y-%m-%d %H:%M:%S %Z')} after {time.monotonic() - began:.0f} s, "
         "load average " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
     )
-    lines = [*head, tail, "", *table(runs, args.only)]
+    lines = [*head, tail, "", *table(runs, names)]
     print("\n" + "\n".join(lines[len(head) :]))
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     (folder / "runs.json").write_text(json.dumps([vars(r) for r in runs], indent=2))

@@ -22,7 +22,7 @@ How to read it: bytes per idle connection is the memory a connection costs while
 same 100 connections straight to Tansu. The file-descriptor soft limit is raised to the hard
 limit first (Tansu and the proxy inherit it).
 
-    .venv/bin/python bench/connections.py [--idle 1000] [--idle-seconds 5] [--active 100]
+    .venv/bin/python -m bench.connections [--idle 1000] [--idle-seconds 5] [--active 100]
         [--seconds 10] [--rounds 3] [--in-flight 1] [--record-bytes 1024]
         [--client-processes 2] [--quick]
 """
@@ -33,18 +33,14 @@ import argparse
 import resource
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import alternate, create_topic, median, start_proxy, tansu, write_results
-from request_rate import (
+from bench._brokers import TansuServer, create_topic, tansu
+from bench._load import (
     BenchmarkError,
     check_offsets,
     check_stored,
@@ -54,6 +50,8 @@ from request_rate import (
     percentile,
     run_load,
 )
+from bench._relays import ProxyProcess, start_proxy
+from bench._results import alternate, median, write_results
 
 GAUGES = ("kvproxy_client_connections", "kvproxy_upstream_connections")
 MIB = 2**20
@@ -141,7 +139,7 @@ def wait_for_gauges(
         time.sleep(0.2)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=int, default=1000, help="idle connections")
     parser.add_argument("--idle-seconds", type=float, default=5.0)
@@ -155,125 +153,125 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.idle, args.idle_seconds, args.active, args.seconds, args.rounds = 200, 1, 20, 2, 1
-    began = time.monotonic()
-    fd_limit = raise_fd_limit()
+    return args
 
-    with tansu() as server, start_proxy(server.broker.bootstrap) as proxy:
-        broker = server.broker
-        assert server.proc is not None
-        broker_process = psutil.Process(server.proc.pid)
-        url = metrics_url(proxy)
-        baseline = {name: metric(url, name) for name in GAUGES}
 
-        def broker_rss() -> int:
-            return int(broker_process.memory_info().rss)
+def _idle_phase(
+    args: argparse.Namespace,
+    server: TansuServer,
+    proxy: ProxyProcess,
+    url: str,
+    *,
+    baseline: dict[str, float],
+    fd_limit: tuple[int, int],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(a): `--idle` connections held open direct to Tansu, then through kvproxy (the gauges and
+    Tansu's memory watched); the gauges back to `baseline` once they close. The figures of each."""
+    broker = server.broker
+    assert server.proc is not None
+    broker_process = psutil.Process(server.proc.pid)
 
-        def gauges_and_broker() -> dict[str, float]:
-            return {**{name: metric(url, name) for name in GAUGES}, "tansu_rss": broker_rss()}
+    def broker_rss() -> int:
+        return int(broker_process.memory_info().rss)
 
-        print(f"(a) {args.idle} idle connections (fd limit {fd_limit[0]})", flush=True)
-        direct_idle = idle_connections(
-            broker.host, broker.port, args.idle, idle_seconds=args.idle_seconds, rss=broker_rss
-        )
-        proxy_idle = idle_connections(
-            "127.0.0.1",
-            proxy.port,
-            args.idle,
-            idle_seconds=args.idle_seconds,
-            rss=proxy.rss_bytes,
-            observe=gauges_and_broker,
-        )
-        opened = proxy_idle["open"]
-        for name in GAUGES:
-            if opened[name] < baseline[name] + args.idle:
-                raise BenchmarkError(f"{name} = {opened[name]:.0f} with {args.idle} connections")
-        after_idle = wait_for_gauges(url, baseline)
-        proxy_idle["after_close"] = after_idle
-        proxy_idle["rss_after_close"] = proxy.rss_bytes()
-        proxy_idle["tansu_bytes_per_upstream_connection"] = (
-            opened["tansu_rss"] - proxy_idle["before"]["tansu_rss"]
-        ) / args.idle
-        if after_idle != baseline:
-            raise BenchmarkError(f"connection gauges {after_idle} after closing, not {baseline}")
-        for side, figures in (("direct (Tansu)", direct_idle), ("kvproxy", proxy_idle)):
-            print(
-                f"  {side:15}: RSS {figures['rss_before'] / MIB:.1f} -> "
-                f"{figures['rss_after'] / MIB:.1f} MiB, {figures['bytes_per_connection']:,.0f} "
-                f"bytes per connection (opened in {figures['open_seconds']:.1f} s)",
-                flush=True,
-            )
+    def gauges_and_broker() -> dict[str, float]:
+        return {**{name: metric(url, name) for name in GAUGES}, "tansu_rss": broker_rss()}
 
+    print(f"(a) {args.idle} idle connections (fd limit {fd_limit[0]})", flush=True)
+    direct_idle = idle_connections(
+        broker.host, broker.port, args.idle, idle_seconds=args.idle_seconds, rss=broker_rss
+    )
+    proxy_idle = idle_connections(
+        "127.0.0.1",
+        proxy.port,
+        args.idle,
+        idle_seconds=args.idle_seconds,
+        rss=proxy.rss_bytes,
+        observe=gauges_and_broker,
+    )
+    opened = proxy_idle["open"]
+    for name in GAUGES:
+        if opened[name] < baseline[name] + args.idle:
+            raise BenchmarkError(f"{name} = {opened[name]:.0f} with {args.idle} connections")
+    after_idle = wait_for_gauges(url, baseline)
+    proxy_idle["after_close"] = after_idle
+    proxy_idle["rss_after_close"] = proxy.rss_bytes()
+    proxy_idle["tansu_bytes_per_upstream_connection"] = (
+        opened["tansu_rss"] - proxy_idle["before"]["tansu_rss"]
+    ) / args.idle
+    if after_idle != baseline:
+        raise BenchmarkError(f"connection gauges {after_idle} after closing, not {baseline}")
+    for side, figures in (("direct (Tansu)", direct_idle), ("kvproxy", proxy_idle)):
         print(
-            f"(b) {args.active} busy connections, {args.in_flight} in flight each, one "
-            f"{args.record_bytes} B record per request, {args.seconds:g} s per run",
+            f"  {side:15}: RSS {figures['rss_before'] / MIB:.1f} -> "
+            f"{figures['rss_after'] / MIB:.1f} MiB, {figures['bytes_per_connection']:,.0f} "
+            f"bytes per connection (opened in {figures['open_seconds']:.1f} s)",
             flush=True,
         )
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
+    return direct_idle, proxy_idle
 
-        def busy(side: str, round_index: int) -> float:
-            topic = create_topic(broker.bootstrap, f"busy-{side}-{round_index}", 1, None)
-            host, port = leader_address(
-                broker.bootstrap if side == "direct" else proxy.bootstrap, topic
-            )
-            samples: list[int] = []
-            gauges_seen: list[dict[str, float]] = []
 
-            def sample() -> None:
-                samples.append(proxy.rss_bytes())
-                if side == "proxy" and len(samples) == 10:
-                    gauges_seen.append({name: metric(url, name) for name in GAUGES})
+def _busy_run(
+    args: argparse.Namespace, bootstrap: str, proxy: ProxyProcess, url: str, *, side: str, rnd: int
+) -> dict[str, Any]:
+    """(b), one run of one side: `--active` connections producing for `--seconds`, the proxy's
+    memory sampled meanwhile (its gauges once, through the proxy); the run's figures."""
+    topic = create_topic(bootstrap, f"busy-{side}-{rnd}", 1, None)
+    host, port = leader_address(bootstrap if side == "direct" else proxy.bootstrap, topic)
+    samples: list[int] = []
+    gauges_seen: list[dict[str, float]] = []
 
-            rss_before = proxy.rss_bytes()
-            result = run_load(
-                host,
-                port,
-                topic,
-                connections=args.active,
-                depth=args.in_flight,
-                seconds=args.seconds,
-                record_bytes=args.record_bytes,
-                processes=args.client_processes,
-                keep_latencies=True,
-                while_running=sample,
-            )
-            check_offsets(result.offsets, result.answered)
-            stored = check_stored(broker.bootstrap, topic, result.answered)
-            ordered = sorted(result.latencies)
-            figures = {
-                "requests_per_s": result.rate,
-                "requests_in_window": result.requests,
-                "acknowledged": result.answered,
-                "stored_check": stored,
-                "p50_ms": percentile(ordered, 0.5) * 1e3,
-                "p99_ms": percentile(ordered, 0.99) * 1e3,
-                "client_cpu_share": result.client_cpu_seconds / result.seconds,
-                "proxy_rss_before": rss_before,
-                "proxy_rss_max": max(samples, default=0),
-                "proxy_rss_median": median(samples),
-            }
-            if gauges_seen:
-                figures["proxy_gauges_while_running"] = gauges_seen[0]
-            runs[side].append(figures)
-            return result.rate
+    def sample() -> None:
+        samples.append(proxy.rss_bytes())
+        if side == "proxy" and len(samples) == 10:
+            gauges_seen.append({name: metric(url, name) for name in GAUGES})
 
-        rates = alternate(
-            args.rounds,
-            {
-                "direct req/s": lambda i: busy("direct", i),
-                "proxy req/s": lambda i: busy("proxy", i),
-            },
-        )
-        final = wait_for_gauges(url, baseline)
-        if final != baseline:
-            raise BenchmarkError(f"connection gauges {final} after the busy runs, not {baseline}")
-        final_rss = proxy.rss_bytes()
+    rss_before = proxy.rss_bytes()
+    result = run_load(
+        host,
+        port,
+        topic,
+        connections=args.active,
+        depth=args.in_flight,
+        seconds=args.seconds,
+        record_bytes=args.record_bytes,
+        processes=args.client_processes,
+        keep_latencies=True,
+        while_running=sample,
+    )
+    check_offsets(result.offsets, result.answered)
+    stored = check_stored(bootstrap, topic, result.answered)
+    ordered = sorted(result.latencies)
+    figures = {
+        "requests_per_s": result.rate,
+        "requests_in_window": result.requests,
+        "acknowledged": result.answered,
+        "stored_check": stored,
+        "p50_ms": percentile(ordered, 0.5) * 1e3,
+        "p99_ms": percentile(ordered, 0.99) * 1e3,
+        "client_cpu_share": result.client_cpu_seconds / result.seconds,
+        "proxy_rss_before": rss_before,
+        "proxy_rss_max": max(samples, default=0),
+        "proxy_rss_median": median(samples),
+    }
+    if gauges_seen:
+        figures["proxy_gauges_while_running"] = gauges_seen[0]
+    return figures
+
+
+def _summary(
+    direct_idle: dict[str, Any],
+    proxy_idle: dict[str, Any],
+    runs: dict[str, list[dict[str, Any]]],
+    rates: dict[str, list[float]],
+) -> dict[str, Any]:
+    """Bytes per idle connection on each side; the busy runs' medians and the proxy's memory."""
 
     def med(side: str, key: str) -> float:
         return median([r[key] for r in runs[side]])
 
     direct_rate, proxy_rate = median(rates["direct req/s"]), median(rates["proxy req/s"])
-    elapsed = time.monotonic() - began
-    summary = {
+    return {
         "idle_bytes_per_connection": {
             "tansu_direct": direct_idle["bytes_per_connection"],
             "kvproxy": proxy_idle["bytes_per_connection"],
@@ -284,11 +282,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "busy_p50_ms": {"direct": med("direct", "p50_ms"), "proxy": med("proxy", "p50_ms")},
         "busy_p99_ms": {"direct": med("direct", "p99_ms"), "proxy": med("proxy", "p99_ms")},
         "proxy_rss_busy_max": max(r["proxy_rss_max"] for r in runs["proxy"]),
-        "proxy_rss_end": final_rss,
-        "gauges_baseline": baseline,
-        "gauges_at_end": final,
     }
-    settings = {
+
+
+def _settings(args: argparse.Namespace, fd_limit: tuple[int, int]) -> dict[str, Any]:
+    return {
         "idle_connections": args.idle,
         "idle_seconds": args.idle_seconds,
         "active_connections": args.active,
@@ -302,7 +300,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "proxy": "kvproxy serve, default checks, 1 process",
         "quick": args.quick,
     }
+
+
+def _print_report(
+    args: argparse.Namespace,
+    summary: dict[str, Any],
+    proxy_idle: dict[str, Any],
+    runs: dict[str, list[dict[str, Any]]],
+) -> None:
+    def med(side: str, key: str) -> float:
+        return median([r[key] for r in runs[side]])
+
     idle = summary["idle_bytes_per_connection"]
+    after_idle, final = proxy_idle["after_close"], summary["gauges_at_end"]
+    rates = summary["busy_requests_per_s"]
+    direct_rate, proxy_rate, final_rss = rates["direct"], rates["proxy"], summary["proxy_rss_end"]
     print()
     print(f"(a) {args.idle} idle connections, RSS growth per connection:")
     print(f"    Tansu, direct        : {idle['tansu_direct']:10,.0f} bytes")
@@ -333,6 +345,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "processes"
     )
     print("every request answered without error; stored records = acknowledged requests")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
+    began = time.monotonic()
+    fd_limit = raise_fd_limit()
+
+    with tansu() as server, start_proxy(server.broker.bootstrap) as proxy:
+        bootstrap = server.broker.bootstrap
+        url = metrics_url(proxy)
+        baseline = {name: metric(url, name) for name in GAUGES}
+        direct_idle, proxy_idle = _idle_phase(
+            args, server, proxy, url, baseline=baseline, fd_limit=fd_limit
+        )
+        print(
+            f"(b) {args.active} busy connections, {args.in_flight} in flight each, one "
+            f"{args.record_bytes} B record per request, {args.seconds:g} s per run",
+            flush=True,
+        )
+        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
+
+        def busy(side: str, round_index: int) -> float:
+            runs[side].append(_busy_run(args, bootstrap, proxy, url, side=side, rnd=round_index))
+            return float(runs[side][-1]["requests_per_s"])
+
+        rates = alternate(
+            args.rounds,
+            {
+                "direct req/s": lambda i: busy("direct", i),
+                "proxy req/s": lambda i: busy("proxy", i),
+            },
+        )
+        final = wait_for_gauges(url, baseline)
+        if final != baseline:
+            raise BenchmarkError(f"connection gauges {final} after the busy runs, not {baseline}")
+        final_rss = proxy.rss_bytes()
+
+    elapsed = time.monotonic() - began
+    summary = _summary(direct_idle, proxy_idle, runs, rates)
+    summary |= {"proxy_rss_end": final_rss, "gauges_baseline": baseline, "gauges_at_end": final}
+    settings = _settings(args, fd_limit)
+    _print_report(args, summary, proxy_idle, runs)
     print(f"took {elapsed:.0f} s")
     write_results(
         "connections",

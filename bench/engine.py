@@ -37,7 +37,7 @@ docs/benchmarks.md: >= 2 M records/s, >= 40% of it); with a codec, over decompre
 counting. The machine is shared and noisy: compare fractions, not absolute figures across runs.
 Figures are written to bench/results/engine.json.
 
-    .venv/bin/python bench/engine.py [--quick] [--seconds 0.2] [--repeats 5] [--profile]
+    .venv/bin/python -m bench.engine [--quick] [--seconds 0.2] [--repeats 5] [--profile]
 
 `--profile` skips the measurements and prints cProfile's top functions (by own time) for (b)
 uncompressed and for (c) with the 1 MiB batch.
@@ -46,342 +46,40 @@ uncompressed and for (c) with the 1 MiB batch.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import datetime
-import io
-import math
-import pstats
-import random
-import statistics
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import crc32c
-from aiokafka.record.default_records import DefaultRecordBatch
-from kio.schema.produce.v9 import request as produce_v9
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import ROOT, write_results
-
-from kvproxy.policies.api import ProducedRecords, Verdict, parse_records
-from kvproxy.policies.chain import PolicyChain
-from kvproxy.policies.config import DEFAULT_POLICIES, build_routing
-from kvproxy.protocol.compression import Codec, decompress
-from kvproxy.protocol.messages import PRODUCE, decode_request, encode_request, make_request
-from kvproxy.protocol.records import build_batch
+from bench._engine_calls import (
+    BATCH_LEVEL_POLICIES,
+    COUNT_CHECK_CHAINS,
+    copy_only,
+    crc_only,
+    decode_only,
+    decompress_count,
+    decompress_only,
+    engine_check,
+    engine_request,
+    make_chain,
+    make_engine,
+    parser_count,
+    parser_fields,
+    without_count_check,
+)
+from bench._engine_inputs import CODECS, SIZES, Inputs, build_inputs
+from bench._results import write_results
+from bench._timing import Timing, profile, time_rounds
+from kvproxy.policies.plugins import default_policies
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
 
-TOPIC = "bench-engine"
-BATCH_LEVEL_POLICIES: tuple[str, ...] = ("batch_integrity", "crc")
-KIB = 1024
-MIB = 1024 * KIB
-SIZES: dict[str, int] = {"16 KiB": 16 * KIB, "1 MiB": MIB}
+DEFAULT_POLICIES = default_policies()
+
 RECORD_LEVEL_SIZE = "16 KiB"
 """The batch size of (b)'s records/s figures."""
-CODECS: tuple[Codec, ...] = (Codec.GZIP, Codec.SNAPPY, Codec.LZ4, Codec.ZSTD)
 BATCH_LEVEL_TARGET_GBPS = 2.0
 RECORD_LEVEL_TARGET_RPS = 2_000_000
 RECORD_LEVEL_TARGET_FRACTION = 0.4
-
-
-# ---- the calls under test, kept together: the fast path behind them is being reworked -------
-
-
-def make_chain(policies: Sequence[Any]) -> PolicyChain:
-    """A chain built from config the way `kvproxy serve` builds the `defaults` one."""
-    routing = build_routing({"mode": "enforce", "policies": list(policies)}, None, ROOT)
-    return routing.chain_for(TOPIC)
-
-
-def without_count_check(policies: Sequence[Any]) -> list[Any]:
-    """The same policies with `batch_integrity`'s count check switched off."""
-    return [
-        {"batch_integrity": {"check_count": False}} if name == "batch_integrity" else name
-        for name in policies
-    ]
-
-
-COUNT_CHECK_CHAINS: dict[str, Sequence[Any]] = {
-    "default chain": DEFAULT_POLICIES,
-    "default chain, LogAppendTime": (
-        "batch_integrity",
-        "crc",
-        {"timestamps": {"type": "LogAppendTime"}},
-        "compacted_key",
-    ),
-    "batch_integrity, crc": BATCH_LEVEL_POLICIES,
-}
-"""(e): the chains timed with and without the count check."""
-
-
-def check(chain: PolicyChain, raw: bytes, *, compacted: bool) -> Verdict:
-    """One partition of one Produce v9 request: fresh batch views, then the chain's verdict."""
-    produced = parse_records(
-        TOPIC,
-        0,
-        raw,
-        produce_version=9,
-        acks=-1,
-        transactional_id=None,
-        compacted=compacted,
-        now_ms=int(time.time() * 1000),
-    )
-    if not isinstance(produced, ProducedRecords):
-        return produced
-    return chain.check(produced)
-
-
-def make_engine() -> ProduceEngine:
-    """The proxy's engine with the default chain, every topic not compacted."""
-    routing = build_routing(None, None, ROOT)
-    return ProduceEngine(routing, ProduceSettings(), lambda _topic: False)
-
-
-def handle_produce(engine: ProduceEngine, frame: bytes) -> ProduceDecision:
-    """What kvproxy/proxy/produce/exchange.py does with a Produce frame before sending anything."""
-    return engine.decide(frame, decode_request(frame))
-
-
-def produce_frame(batch: bytes) -> bytes:
-    """A Produce v9 request (acks=all) carrying `batch` for partition 0 of TOPIC."""
-    partition = produce_v9.PartitionProduceData(index=i32(0), records=Records(batch))
-    body = produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            produce_v9.TopicProduceData(
-                name=TopicName(TOPIC),
-                partition_data=(partition,),
-            ),
-        ),
-    )
-    return encode_request(make_request(PRODUCE, 9, 1, "kvproxy-bench", body))
-
-
-# ---- inputs --------------------------------------------------------------------------------
-
-
-WORDS: tuple[str, ...] = (
-    *("click", "view", "order", "cart", "pay", "refund", "login", "logout", "search", "share"),
-    *("like", "follow", "open", "close", "alpha", "beta", "gamma", "delta", "north", "south"),
-    *("east", "west", "red", "green", "blue", "amber"),
-)
-
-
-def make_records(count: int, seed: int = 7) -> list[tuple[bytes, bytes, None, None]]:
-    """Keyed 100-byte records (10-byte key, 90-byte value of words and digits, compressible
-    about as much as event payloads are); timestamps are now, so `timestamps` accepts them."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(count):
-        text = " ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(14))
-        value = text.encode().ljust(90, b".")[:90]
-        out.append((b"key-%06d" % i, value, None, None))
-    return out
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """Every buffer the run measures, built once."""
-
-    records_per: dict[str, int]
-    """Records in each batch size."""
-    plain: dict[str, bytes]
-    """Uncompressed batch of each size."""
-    compressed: dict[tuple[str, Codec], bytes]
-    """The same records compressed, per size and codec."""
-    frames: dict[str, bytes]
-    """A Produce v9 frame carrying the plain batch of each size."""
-
-
-def build_inputs(codec_sizes: Sequence[str]) -> Inputs:
-    sample = build_batch(make_records(1000))
-    per_record = (len(sample) - V2_HEADER_SIZE) / 1000
-    records_per: dict[str, int] = {}
-    plain: dict[str, bytes] = {}
-    compressed: dict[tuple[str, Codec], bytes] = {}
-    for label, target in SIZES.items():
-        count = int((target - V2_HEADER_SIZE) / per_record)
-        records = make_records(count)
-        records_per[label] = count
-        plain[label] = build_batch(records)
-        for codec in CODECS if label in codec_sizes else ():
-            compressed[label, codec] = build_batch(records, codec=codec)
-    frames = {label: produce_frame(batch) for label, batch in plain.items()}
-    return Inputs(records_per, plain, compressed, frames)
-
-
-# ---- timing --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call: the best and the median of the repeated timings."""
-
-    best: float
-    median: float
-    calls: int
-    """Calls per timing (in the last round)."""
-    shortest: float
-    """Seconds the shortest timing took (the whole loop)."""
-
-
-def calibrate(fn: Callable[[], object], seconds: float) -> int:
-    """Warm `fn` up and size its loop so that one timing takes at least `seconds`.
-
-    The loop is doubled until it takes an eighth of `seconds`, then one loop of about half of
-    `seconds` (by then warm: a cold first call would make the estimate too short) sets the size,
-    with a tenth to spare.
-    """
-    calls = 1
-    while True:
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - started
-        if elapsed >= seconds / 8:
-            break
-        calls *= 2
-    calls = max(1, math.ceil(calls * seconds / 2 / elapsed))
-    started = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - started
-    return max(1, math.ceil(calls * seconds * 1.1 / elapsed))
-
-
-def time_rounds(
-    tasks: Mapping[str, Callable[[], object]], *, seconds: float, repeats: int
-) -> dict[str, Timing]:
-    """One timing of every task per round, `repeats` rounds: a slow spell of the shared machine
-    then hits an engine figure and its limit alike, instead of whichever ran during it."""
-    calls = {name: calibrate(fn, seconds) for name, fn in tasks.items()}
-    samples: dict[str, list[float]] = {name: [] for name in tasks}
-    shortest: dict[str, float] = {}
-    for round_index in range(repeats):
-        for name, fn in tasks.items():
-            n = calls[name]
-            started = time.perf_counter()
-            for _ in range(n):
-                fn()
-            elapsed = time.perf_counter() - started
-            samples[name].append(elapsed / n)
-            shortest[name] = min(shortest.get(name, elapsed), elapsed)
-            if elapsed < seconds:  # sized in a slow spell: longer from the next round on
-                calls[name] = math.ceil(n * seconds * 1.1 / elapsed)
-        print(f"  round {round_index + 1}/{repeats} done", flush=True)
-    return {
-        name: Timing(min(times), statistics.median(times), calls[name], shortest[name])
-        for name, times in samples.items()
-    }
-
-
-# ---- the work, as callables ----------------------------------------------------------------
-
-
-def accepted(verdict: Verdict) -> None:
-    if not verdict.ok:
-        raise AssertionError(f"the benchmark input was rejected: {verdict}")
-
-
-def engine_check(chain: PolicyChain, raw: bytes, *, compacted: bool) -> Callable[[], None]:
-    def run() -> None:
-        accepted(check(chain, raw, compacted=compacted))
-
-    return run
-
-
-def engine_request(engine: ProduceEngine, frame: bytes) -> Callable[[], None]:
-    def run() -> None:
-        decision = handle_produce(engine, frame)
-        # The original frame goes upstream only when every partition was accepted (enforce).
-        if decision.forward is not frame:
-            raise AssertionError(f"the benchmark request was not forwarded as is: {decision}")
-
-    return run
-
-
-def decode_only(frame: bytes) -> Callable[[], None]:
-    def run() -> None:
-        decode_request(frame)
-
-    return run
-
-
-def crc_only(batch: bytes) -> Callable[[], None]:
-    view = memoryview(batch)
-
-    def run() -> None:
-        crc32c.crc32c(view)
-
-    return run
-
-
-def copy_only(batch: bytes) -> Callable[[], None]:
-    source = bytearray(batch)
-
-    def run() -> None:
-        bytes(source)
-
-    return run
-
-
-def parser_count(batch: bytes, expected: int) -> Callable[[], None]:
-    def run() -> None:
-        count = 0
-        for _ in DefaultRecordBatch(batch):
-            count += 1
-        if count != expected:
-            raise AssertionError(f"C parser read {count} of {expected} records")
-
-    return run
-
-
-def parser_fields(batch: bytes, expected: int) -> Callable[[], None]:
-    def run() -> None:
-        count = 0
-        for record in DefaultRecordBatch(batch):
-            record.timestamp  # noqa: B018  # the read is what is timed
-            record.key  # noqa: B018
-            count += 1
-        if count != expected:
-            raise AssertionError(f"C parser read {count} of {expected} records")
-
-    return run
-
-
-def decompress_only(codec: Codec, batch: bytes) -> Callable[[], None]:
-    payload = memoryview(batch)[V2_HEADER_SIZE:]
-
-    def run() -> None:
-        decompress(codec, payload)
-
-    return run
-
-
-def decompress_count(codec: Codec, batch: bytes, plain: bytes, expected: int) -> Callable[[], None]:
-    """Decompress, then count the records with the C parser, behind the header of `plain` (the
-    same batch uncompressed: attributes without codec bits), as `kvproxy.protocol.records` does."""
-    payload = memoryview(batch)[V2_HEADER_SIZE:]
-    header = plain[:V2_HEADER_SIZE]
-
-    def run() -> None:
-        count = 0
-        for _ in DefaultRecordBatch(header + decompress(codec, payload)):
-            count += 1
-        if count != expected:
-            raise AssertionError(f"C parser read {count} of {expected} records")
-
-    return run
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -690,27 +388,6 @@ PROFILED = (f"default chain, compacted, none {RECORD_LEVEL_SIZE}", "decode_reque
 """What `--profile` looks into: (b) uncompressed and (c) with the 1 MiB batch."""
 
 
-def profile(
-    tasks: dict[str, Callable[[], None]], seconds: float, names: Sequence[str] = PROFILED
-) -> dict[str, str]:
-    """cProfile's top 12 functions by own time, for each task of `names`."""
-    out: dict[str, str] = {}
-    for name in names:
-        fn = tasks[name]
-        calls = calibrate(fn, seconds)
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(calls):
-            fn()
-        profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
-        out[name] = text.getvalue()
-        print(f"== {name}: {calls} calls ==")
-        print(out[name])
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="0.02 s timings, 3 rounds")
@@ -726,7 +403,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     inputs = build_inputs(codec_sizes=tuple(SIZES))
     tasks = build_tasks(inputs)
     if args.profile:
-        return {"profiles": profile(tasks, max(args.seconds, 1.0))}
+        return {"profiles": profile(tasks, max(args.seconds, 1.0), PROFILED)}
     print(f"{len(tasks)} timings per round, {args.repeats} rounds", flush=True)
     timings = time_rounds(tasks, seconds=args.seconds, repeats=args.repeats)
     limits = limits_from(timings, inputs)

@@ -40,7 +40,7 @@ Everything is bounded: each scenario has a timeout (`--timeout` overrides it), a
 proxy is stopped; the memory guard kills it. `--smoke` runs every scenario at tiny sizes (a
 check that the bench works, not a measurement).
 
-    .venv/bin/python bench/hostile.py [--scenarios zstd-5,target] [--json out.json]
+    .venv/bin/python -m bench.hostile [--scenarios zstd-5,target] [--json out.json]
         [--memory-guard-gib 8] [--timeout SECONDS] [--smoke]
 
 The proxy runs from this file's checkout (`python -m kvproxy.cli serve` in its root); the output
@@ -52,627 +52,52 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import datetime
-import importlib
 import json
-import math
-import os
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import traceback
-import urllib.request
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import cramjam
-import crc32c
 import psutil
-from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import ROOT, create_topic, machine, start_proxy, tansu, write_results
-from connections import raise_fd_limit
-from request_rate import AnswerCheck, BenchmarkError, metrics_url, percentile, produce_payload
-
-from kvproxy.protocol import legacy_messages
-from kvproxy.protocol.compression import Codec, compress
-from kvproxy.protocol.error_codes import error_name
-from kvproxy.protocol.messages import decode_response, encode_request, make_request
-from kvproxy.protocol.records import build_batch
-
-KIB, MIB, GIB = 2**10, 2**20, 2**30
-PRODUCE = 0
-CLIENT_ID = "kvbench-hostile"
-TOPIC = "hostile"
-COMPACTED_TOPIC = "hostile-compacted"
-OTHER_TOPIC = "other"
-OTHER_HOST = "127.0.0.2"
-"""The other client's source address: the size-prefix scenario takes all 1,000 connections
-`limits.max_connections_per_client` allows one address."""
-_TIMEOUT = datetime.timedelta(seconds=30)
-RULES = f'topics:\n  - match: "{COMPACTED_TOPIC}"\n    compacted: true\n'
-LAG_MAX = "kvproxy_event_loop_lag_max_seconds"
-LAG_HISTOGRAM = "kvproxy_event_loop_lag_seconds"
-SAMPLE_SECONDS = 0.01
-MAX_ANSWER = GIB
-"""An answer frame larger than this ends the read (the client would not take it either)."""
-
-
-# ---- sizes ----
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How big each scenario is; `SMOKE` shrinks every one of them."""
-
-    inflate: int = 60 * MIB
-    partitions: tuple[int, int, int] = (5, 20, 60)
-    compacted_partitions: int = 60
-    compacted_records: int = 15_000
-    compacted_value: int = 4 * KIB
-    compacted_sends: int = 3
-    snappy_records: int = 1024
-    snappy_value: int = MIB
-    legacy_messages: int = 2_000_000
-    bad_timestamps: int = 999_999
-    prefixes: int = 1000
-    prefix_size: int = 50 * MIB
-    prefix_hold: float = 5.0
-    target_repeats: int = 10
-    timeout_scale: float = 1.0
-
-
-FULL = Sizes()
-SMOKE = Sizes(
-    inflate=MIB,
-    partitions=(2, 3, 4),
-    compacted_partitions=3,
-    compacted_records=200,
-    snappy_records=8,
-    legacy_messages=20_000,
-    bad_timestamps=1000,
-    prefixes=20,
-    prefix_hold=0.5,
-    target_repeats=3,
-    timeout_scale=0.2,
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import (
+    FULL,
+    GIB,
+    MAX_ANSWER,
+    MIB,
+    OTHER_TOPIC,
+    RULES,
+    SMOKE,
+    Answer,
+    Sizes,
+    read_answer,
 )
-
-
-# ---- batches ----
-
-
-def zero_value_batch(codec: Codec, value_bytes: int) -> bytes:
-    """One magic 2 batch of one record (no key) whose value is `value_bytes` zeros."""
-    return build_batch([(None, bytes(value_bytes), None, None)], codec=codec)
-
-
-def compacted_batch(records: int, value_bytes: int) -> bytes:
-    """A zstd batch of `records` records (keys key-0, key-1, ..., the last one null)."""
-    value = bytes(value_bytes)
-    rows: list[tuple[bytes | None, bytes, None, None]] = [
-        (b"key-%d" % index, value, None, None) for index in range(records - 1)
-    ]
-    rows.append((None, value, None, None))
-    return build_batch(rows, codec=Codec.ZSTD)
-
-
-def bad_timestamp_batch(records: int) -> bytes:
-    """A zstd batch of `records` empty records, all dated a day ahead (`timestamps` allows 1 h)."""
-    ahead = int(time.time() * 1000) + 86_400_000
-    return build_batch([(None, b"", None, ahead)] * records, codec=Codec.ZSTD)
-
-
-def _zigzag_varint(value: int) -> bytes:
-    """Kafka's signed varint (zigzag, then 7 bits a byte)."""
-    encoded = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while encoded >= 0x80:
-        out.append((encoded & 0x7F) | 0x80)
-        encoded >>= 7
-    out.append(encoded)
-    return bytes(out)
-
-
-class XerialWriter:
-    """Xerial snappy framing written as it comes, so 1 GiB of zeros is never held: blocks of
-    32 KiB of input, each compressed alone (as `kvproxy.protocol.compression.compress` frames
-    them), an
-    all-zero block compressed once."""
-
-    BLOCK = 32 * KIB
-    HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = [self.HEADER]
-        self.plain_bytes = 0
-        self._pending = bytearray()
-        zero = bytes(cramjam.snappy.compress_raw(bytes(self.BLOCK)))
-        self._zero_block = struct.pack(">i", len(zero)) + zero
-
-    def write(self, data: bytes) -> None:
-        self.plain_bytes += len(data)
-        self._pending += data
-        while len(self._pending) >= self.BLOCK:
-            self._emit(bytes(self._pending[: self.BLOCK]))
-            del self._pending[: self.BLOCK]
-
-    def zeros(self, count: int) -> None:
-        if self._pending:
-            head = min(count, self.BLOCK - len(self._pending))
-            self.write(bytes(head))
-            count -= head
-        whole, rest = divmod(count, self.BLOCK)
-        self.parts.extend([self._zero_block] * whole)
-        self.plain_bytes += whole * self.BLOCK
-        self.write(bytes(rest))
-
-    def finish(self) -> bytes:
-        if self._pending or len(self.parts) == 1:
-            self._emit(bytes(self._pending))
-            self._pending.clear()
-        return b"".join(self.parts)
-
-    def _emit(self, block: bytes) -> None:
-        compressed = bytes(cramjam.snappy.compress_raw(block))
-        self.parts.append(struct.pack(">i", len(compressed)) + compressed)
-
-
-def snappy_zero_batch(records: int, value_bytes: int) -> bytes:
-    """A magic 2 xerial snappy batch of `records` records of `value_bytes` zeros, built by hand
-    so that its plain bytes (`records` x `value_bytes`) are never held at once."""
-    writer = XerialWriter()
-    for index in range(records):
-        head = b"\0" + _zigzag_varint(0) + _zigzag_varint(index) + _zigzag_varint(-1)
-        head += _zigzag_varint(value_bytes)
-        length = len(head) + value_bytes + 1  # + the header count after the value
-        writer.write(_zigzag_varint(length) + head)
-        writer.zeros(value_bytes)
-        writer.write(_zigzag_varint(0))
-    body = writer.finish()
-    now = int(time.time() * 1000)
-    header = struct.pack(
-        ">qiibIhiqqqhii",
-        0,  # base offset
-        49 + len(body),  # batch length: the 61-byte header less offset and length
-        -1,  # partition leader epoch
-        2,  # magic
-        0,  # crc, below
-        int(Codec.SNAPPY),  # attributes
-        records - 1,  # last offset delta
-        now,
-        now,
-        -1,  # producer id
-        -1,  # producer epoch
-        -1,  # base sequence
-        records,
-    )
-    crc = crc32c.crc32c(header[21:] + body)
-    return header[:17] + struct.pack(">I", crc) + header[21:] + body
-
-
-def _legacy_message(offset: int, attributes: int, timestamp: int, value: bytes | None) -> bytes:
-    """One magic 1 message: offset, size, CRC32, magic, attributes, timestamp, null key, value."""
-    body = struct.pack(">bbqi", 1, attributes, timestamp, -1)
-    body += struct.pack(">i", -1) if value is None else struct.pack(">i", len(value)) + value
-    return struct.pack(">qiI", offset, 4 + len(body), zlib.crc32(body)) + body
-
-
-def legacy_gzip_wrapper(messages: int) -> bytes:
-    """A magic 1 gzip wrapper holding `messages` inner messages with empty values (34 bytes
-    each; inner offsets relative, the wrapper's the last one, as the Java producer writes)."""
-    now = int(time.time() * 1000)
-    tail = _legacy_message(0, 0, now, b"")[8:]  # everything but the offset is the same
-    plain = b"".join([struct.pack(">q", index) + tail for index in range(messages)])
-    return _legacy_message(messages - 1, int(Codec.GZIP), now, compress(Codec.GZIP, plain))
-
-
-# ---- requests and answers ----
-
-
-def produce_request(topic: str, batches: Sequence[bytes], *, version: int = 9) -> bytes:
-    """A Produce request (acks=1, no size prefix, correlation id 0): partition i holds
-    batches[i]."""
-    if version <= 2:
-        legacy = legacy_messages
-        topic_data: Any = legacy.TopicProduceData(
-            name=topic,  # type: ignore[arg-type]
-            partition_data=tuple(
-                legacy.PartitionProduceData(index=i32(i), records=cast(Records, b))
-                for i, b in enumerate(batches)
-            ),
-        )
-        body: Any = legacy.ProduceRequestV2(
-            acks=i16(1), timeout=i32Timedelta.parse(_TIMEOUT), topic_data=(topic_data,)
-        )
-    else:
-        schema = importlib.import_module(f"kio.schema.produce.v{version}.request")
-        topic_data = schema.TopicProduceData(
-            name=topic,
-            partition_data=tuple(
-                schema.PartitionProduceData(index=i32(i), records=b) for i, b in enumerate(batches)
-            ),
-        )
-        body = schema.ProduceRequest(
-            transactional_id=None,
-            acks=i16(1),
-            timeout=i32Timedelta.parse(_TIMEOUT),
-            topic_data=(topic_data,),
-        )
-    return encode_request(make_request(PRODUCE, version, 0, CLIENT_ID, body))
-
-
-def framed(payload: bytes, correlation_id: int) -> bytes:
-    """`payload` with its size prefix and `correlation_id` patched in."""
-    return (
-        len(payload).to_bytes(4, "big")
-        + payload[:4]
-        + struct.pack(">i", correlation_id)
-        + (payload[8:])
-    )
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What one Produce answer said, per partition, and whether it was what the request asked."""
-
-    size: int
-    codes: dict[int, int]
-    record_errors: int
-    well_formed: bool
-    problem: str = ""
-    message: str = ""
-
-    def said(self) -> str:
-        if not self.well_formed:
-            return f"malformed answer ({self.problem})"
-        parts = [f"{n} x {error_name(code)} ({code})" for code, n in sorted(self.codes.items())]
-        text = ", ".join(parts)
-        if self.record_errors:
-            text += f", {self.record_errors:,} record errors"
-        return text
-
-
-def read_answer(
-    payload: bytes, version: int, correlation_id: int, topic: str, count: int
-) -> Answer:
-    """Decode a Produce answer and check it answers partitions 0..count-1 of `topic`."""
-    try:
-        response = decode_response(payload, PRODUCE, version)
-    except Exception as exc:  # a malformed answer is a finding, not a crash
-        return Answer(len(payload), {}, 0, False, f"does not decode: {exc!r}"[:200])
-    codes: collections.Counter[int] = collections.Counter()
-    record_errors = 0
-    message = ""
-    seen: list[tuple[str, int]] = []
-    for topic_answer in response.body.responses:
-        for part in topic_answer.partition_responses:
-            seen.append((str(topic_answer.name), int(part.index)))
-            codes[int(part.error_code)] += 1
-            errors = getattr(part, "record_errors", ())
-            record_errors += len(errors)
-            if not message:
-                message = str(getattr(part, "error_message", None) or "")
-    problem = ""
-    if response.header.correlation_id != correlation_id:
-        problem = f"correlation id {response.header.correlation_id}, sent {correlation_id}"
-    elif sorted(seen) != [(topic, i) for i in range(count)]:
-        problem = f"answers {len(seen)} partitions, {count} were sent"
-    return Answer(len(payload), dict(codes), record_errors, not problem, problem, message[:160])
-
-
-# ---- what is measured ----
-
-
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of `pid` in bytes (empty once it is gone)."""
-    found: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                name, value = line.split(":", 1)
-                found[name] = int(value.split()[0]) * KIB
-    return found
-
-
-class RssSampler(threading.Thread):
-    """Samples VmRSS every 10 ms; SIGKILLs the process when it passes `guard` bytes."""
-
-    def __init__(self, pid: int, guard: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.guard = guard
-        self.peak = 0
-        self.tripped = 0
-        self.hwm = 0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            status = proc_status(self.pid)
-            rss = status.get("VmRSS", 0)
-            self.hwm = max(self.hwm, status.get("VmHWM", 0))
-            self.peak = max(self.peak, rss)
-            if rss > self.guard and not self.tripped:
-                self.tripped = rss
-                with contextlib.suppress(OSError):
-                    os.kill(self.pid, signal.SIGKILL)
-            self._halt.wait(SAMPLE_SECONDS)
-
-    def rss(self) -> int:
-        return proc_status(self.pid).get("VmRSS", 0)
-
-    def stop(self) -> int:
-        """Stop sampling; the peak: VmHWM while the process lives, else the sampled peak."""
-        self._halt.set()
-        self.join(5)
-        self.hwm = max(self.hwm, proc_status(self.pid).get("VmHWM", 0))
-        return max(self.hwm, self.peak)
-
-
-class OtherClient(threading.Thread):
-    """One small Produce (acks=1) at a time on its own connection; (sent, answered) per request."""
-
-    def __init__(self, port: int, timeout: float) -> None:
-        super().__init__(daemon=True)
-        payload = produce_payload(OTHER_TOPIC, b"o" * 100, acks=1)
-        self._payload = payload
-        self._check = AnswerCheck(OTHER_TOPIC)
-        self.sock = socket.socket()
-        self.sock.bind((OTHER_HOST, 0))
-        self.sock.settimeout(timeout)
-        self.sock.connect(("127.0.0.1", port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.times: list[tuple[float, float]] = []
-        self.error = ""
-        self.in_flight_since = 0.0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        correlation_id = 0
-        try:
-            while not self._halt.is_set():
-                correlation_id += 1
-                frame = framed(self._payload, correlation_id)
-                self.in_flight_since = sent = time.perf_counter()
-                self.sock.sendall(frame)
-                head = self._read(4)
-                answer = self._read(int.from_bytes(head, "big"))
-                self.times.append((sent, time.perf_counter()))
-                self.in_flight_since = 0.0
-                self._check.offset(answer, correlation_id)
-        except (OSError, BenchmarkError) as exc:
-            if not self._halt.is_set():
-                self.error = str(exc) or type(exc).__name__
-
-    def _read(self, size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise BenchmarkError("connection closed by the proxy")
-            data += chunk
-        return bytes(data)
-
-    def stop(self) -> None:
-        self._halt.set()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.join(10)
-        self.sock.close()
-
-    def latencies(self, start: float, end: float) -> list[float]:
-        """Seconds of each request in flight at some time in [start, end], in order sent."""
-        out = [done - sent for sent, done in self.times if done >= start and sent <= end]
-        if self.in_flight_since and self.in_flight_since <= end:  # never answered
-            out.append(time.perf_counter() - self.in_flight_since)
-        return out
-
-
-def fetch_metrics(url: str, timeout: float) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
-            return str(answer.read().decode())
-    except (OSError, ValueError):
-        return None
-
-
-def lag_figures(text: str | None) -> tuple[float | None, str | None]:
-    """(the lag max gauge, the histogram's bound on the longest lag) when the proxy has them."""
-    if text is None:
-        return None, None
-    gauge: float | None = None
-    buckets: list[tuple[float, float]] = []
-    count = 0.0
-    for line in text.splitlines():
-        if line.startswith(LAG_MAX + " "):
-            gauge = float(line.split()[1])
-        elif line.startswith(LAG_HISTOGRAM + "_bucket{"):
-            bound_text = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float(bound_text), float(line.split()[-1])))
-        elif line.startswith(LAG_HISTOGRAM + "_count"):
-            count = float(line.split()[-1])
-    if not buckets or not count:
-        return gauge, None
-    buckets.sort()
-    finite = [le for le, _ in buckets if le != float("inf")]
-    for le, cumulative in buckets:
-        if cumulative >= count:
-            below = max((b for b in finite if b < le), default=0.0)
-            bound = f"> {finite[-1]:g} s" if le == float("inf") else f"{below:g}-{le:g} s"
-            return gauge, bound
-    return gauge, None
-
-
-class LagWatcher(threading.Thread):
-    """Reads the loop-lag gauge every 2 s (it keeps only the last minute's longest)."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url = url
-        self.longest: float | None = None
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.wait(2.0):
-            self.note(fetch_metrics(self.url, 60))
-
-    def note(self, text: str | None) -> str | None:
-        gauge, _ = lag_figures(text)
-        if gauge is not None:
-            self.longest = max(self.longest or 0.0, gauge)
-        return text
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(65)
-
-
-# ---- scenarios ----
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a scenario sends: `frames` on one connection, or `prefixes` bare size prefixes."""
-
-    request: str
-    partitions: int = 1
-    topic: str = TOPIC
-    version: int = 9
-    frames: tuple[bytes, ...] = ()
-    first_alone: bool = False
-    prefixes: int = 0
-    prefix_size: int = 0
-    hold: float = 0.0
-
-
-def _repeated(payload: bytes, times: int) -> tuple[bytes, ...]:
-    return tuple(framed(payload, correlation_id) for correlation_id in range(1, times + 1))
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"
-
-
-def plan_zstd(partitions: int) -> Callable[[Sizes], Plan]:
-    def plan(sizes: Sizes) -> Plan:
-        count = sizes.partitions[partitions]
-        batch = zero_value_batch(Codec.ZSTD, sizes.inflate)
-        payload = produce_request(TOPIC, [batch] * count)
-        return Plan(
-            f"{_size(len(payload))}, {count} partitions, each a zstd batch inflating to "
-            f"{_size(sizes.inflate)}",
-            partitions=count,
-            frames=_repeated(payload, 1),
-        )
-
-    return plan
-
-
-def plan_gzip(sizes: Sizes) -> Plan:
-    payload = produce_request(TOPIC, [zero_value_batch(Codec.GZIP, sizes.inflate)])
-    return Plan(
-        f"{_size(len(payload))}: one gzip batch inflating to {_size(sizes.inflate)}",
-        frames=_repeated(payload, 1),
-    )
-
-
-def plan_compacted(sizes: Sizes) -> Plan:
-    batch = compacted_batch(sizes.compacted_records, sizes.compacted_value)
-    count = sizes.compacted_partitions
-    payload = produce_request(COMPACTED_TOPIC, [batch] * count)
-    return Plan(
-        f"{_size(len(payload))}, {count} partitions of {sizes.compacted_records:,} "
-        f"{_size(sizes.compacted_value)} records (zstd, the last key null, compacted topic), "
-        f"sent {sizes.compacted_sends} times",
-        partitions=count,
-        topic=COMPACTED_TOPIC,
-        frames=_repeated(payload, sizes.compacted_sends),
-        first_alone=True,
-    )
-
-
-def plan_snappy(sizes: Sizes) -> Plan:
-    payload = produce_request(TOPIC, [snappy_zero_batch(sizes.snappy_records, sizes.snappy_value)])
-    plain = sizes.snappy_records * sizes.snappy_value
-    return Plan(
-        f"{_size(len(payload))}: one xerial snappy batch of {_size(plain)} "
-        f"({sizes.snappy_records:,} records)",
-        frames=_repeated(payload, 1),
-    )
-
-
-def plan_legacy(sizes: Sizes) -> Plan:
-    payload = produce_request(TOPIC, [legacy_gzip_wrapper(sizes.legacy_messages)], version=2)
-    return Plan(
-        f"{_size(len(payload))}, Produce v2: a magic 1 gzip wrapper of "
-        f"{sizes.legacy_messages:,} inner messages ({_size(34 * sizes.legacy_messages)})",
-        version=2,
-        frames=_repeated(payload, 1),
-    )
-
-
-def plan_timestamps(sizes: Sizes) -> Plan:
-    payload = produce_request(TOPIC, [bad_timestamp_batch(sizes.bad_timestamps)])
-    return Plan(
-        f"{_size(len(payload))}: one zstd batch of {sizes.bad_timestamps:,} records dated a day "
-        "ahead",
-        frames=_repeated(payload, 1),
-    )
-
-
-def plan_prefixes(sizes: Sizes) -> Plan:
-    return Plan(
-        f"{sizes.prefixes:,} connections, each sending only a size prefix of "
-        f"{_size(sizes.prefix_size)}, held {sizes.prefix_hold:g} s",
-        prefixes=sizes.prefixes,
-        prefix_size=sizes.prefix_size,
-        hold=sizes.prefix_hold,
-    )
-
-
-def plan_target(sizes: Sizes) -> Plan:
-    count = sizes.partitions[2]
-    payload = produce_request(TOPIC, [zero_value_batch(Codec.ZSTD, sizes.inflate)] * count)
-    return Plan(
-        f"{_size(len(payload))}, {count} partitions of zstd inflating to {_size(sizes.inflate)} "
-        f"each, {sizes.target_repeats} times back to back",
-        partitions=count,
-        frames=_repeated(payload, sizes.target_repeats),
-    )
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    plan: Callable[[Sizes], Plan]
-    timeout: float
-
-
-SCENARIOS = (
-    Scenario("zstd-5", plan_zstd(0), 180),
-    Scenario("zstd-20", plan_zstd(1), 300),
-    Scenario("zstd-60", plan_zstd(2), 600),
-    Scenario("gzip-bomb", plan_gzip, 180),
-    Scenario("compacted-null-key", plan_compacted, 900),
-    Scenario("snappy-1gib", plan_snappy, 600),
-    Scenario("legacy-gzip", plan_legacy, 300),
-    Scenario("bad-timestamps", plan_timestamps, 300),
-    Scenario("size-prefixes", plan_prefixes, 180),
-    Scenario("target", plan_target, 1200),
+from bench._hostile_report import print_row, table
+from bench._hostile_scenarios import (
+    SCENARIOS,
+    Plan,
+    Scenario,
+    size_text,
 )
-
+from bench._hostile_watch import (
+    LagWatcher,
+    OtherClient,
+    RssSampler,
+    fetch_metrics,
+    lag_figures,
+    proc_status,
+)
+from bench._load import BenchmarkError, metrics_url, percentile
+from bench._relays import start_proxy
+from bench._results import ROOT, machine, write_results
+from bench.connections import raise_fd_limit
 
 # ---- running one ----
 
@@ -773,10 +198,10 @@ def exchange(
                 would = status.get("VmRSS", 0) + grown * len(frames)
                 if would > sampler.guard:
                     outcome.notes.append(
-                        f"sent once only: the first took the proxy {_size(grown)} above idle "
-                        f"and left it at {_size(status.get('VmRSS', 0))}; {len(frames)} more "
-                        f"could reach {_size(would)}, past the {_size(sampler.guard)} memory "
-                        "guard"
+                        f"sent once only: the first took the proxy {size_text(grown)} above idle "
+                        f"and left it at {size_text(status.get('VmRSS', 0))}; {len(frames)} more "
+                        f"could reach {size_text(would)}, past the {size_text(sampler.guard)} "
+                        "memory guard"
                     )
                     outcome.expected = 1
                     break
@@ -837,7 +262,7 @@ def size_prefixes(plan: Plan, port: int, deadline: float, outcome: Outcome) -> N
 def code_location() -> dict[str, str]:
     """Where the proxy's code comes from (the serve command runs in ROOT) and its commit."""
     found = subprocess.run(
-        [sys.executable, "-c", "import proxy.server; print(proxy.server.__file__)"],
+        [sys.executable, "-c", "import kvproxy.proxy.serve.server as s; print(s.__file__)"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -850,7 +275,7 @@ def code_location() -> dict[str, str]:
         check=False,
     ).stdout.strip()
     changed = subprocess.run(
-        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "protocol", "policies", "proxy"],
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "kvproxy"],
         capture_output=True,
         text=True,
         check=False,
@@ -941,7 +366,7 @@ def run_scenario(
         outcome.notes += [f"proxy log: {line}" for line in logged[:3]]
         if sampler.tripped:
             outcome.notes.append(
-                f"the memory guard killed the proxy at {_size(sampler.tripped)} RSS"
+                f"the memory guard killed the proxy at {size_text(sampler.tripped)} RSS"
             )
         elif not alive:
             outcome.notes.append(f"the proxy exited (code {proxy.process.returncode})")
@@ -982,64 +407,6 @@ def run_scenario(
     return row
 
 
-# ---- report ----
-
-
-def _ms(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:,.0f}"
-
-
-def blocked(row: dict[str, Any]) -> str:
-    other = row["other_client"]
-    text = "-" if math.isnan(other["max_ms"]) else f"{other['max_ms'] / 1e3:,.2f} s"
-    if row["loop_lag_max_s"] is not None:
-        text += f" (lag metric {row['loop_lag_max_s']:.2f} s)"
-    elif row["loop_lag_histogram"] is not None:
-        text += f" (lag metric {row['loop_lag_histogram']})"
-    return text
-
-
-def answer_sizes(row: dict[str, Any]) -> str:
-    sizes = collections.Counter(_size(a["size"]) for a in row["answers"])
-    if not sizes:
-        return "-"
-    return ", ".join(f"{n} x {size}" if n > 1 else size for size, n in sizes.items())
-
-
-def print_row(row: dict[str, Any]) -> None:
-    other = row["other_client"]
-    print(
-        f"   peak RSS {_size(row['peak_rss'])} (+{_size(row['peak_above_idle'])} above idle "
-        f"{_size(row['idle_rss'])}); other client p50/p99/max {_ms(other['p50_ms'])}/"
-        f"{_ms(other['p99_ms'])}/{_ms(other['max_ms'])} ms over {other['requests']} requests "
-        f"(p50 {other['p50_before_ms']:.1f} ms before); loop blocked {blocked(row)}; Tansu "
-        f"CPU {row['tansu_cpu_seconds']:.1f} s",
-        flush=True,
-    )
-    print(f"   got: {row['got']}; answer {answer_sizes(row)}; took {row['seconds']:.1f} s")
-    for note in row["notes"]:
-        print(f"   note: {note}")
-
-
-def table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| scenario | request | proxy peak RSS (above idle) | event loop blocked | other "
-        "client's p50 / p99 / max (ms) | what the hostile client got | answer size |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    notes: list[str] = []
-    for row in rows:
-        other = row["other_client"]
-        got = row["got"] + (" (well formed)" if row["well_formed"] else "")
-        lines.append(
-            f"| {row['scenario']} | {row['request']} | {_size(row['peak_rss'])} "
-            f"(+{_size(row['peak_above_idle'])}) | {blocked(row)} | {_ms(other['p50_ms'])} / "
-            f"{_ms(other['p99_ms'])} / {_ms(other['max_ms'])} | {got} | {answer_sizes(row)} |"
-        )
-        notes += [f"- {row['scenario']}: {note}" for note in row["notes"]]
-    return "\n".join(lines + (["", *notes] if notes else []))
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     names = [s.name for s in SCENARIOS]
@@ -1060,7 +427,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     host = machine()
     print(
         f"hostile input against {where['proxy_module']} (commit {where['commit']}); "
-        f"memory guard {_size(guard)}; load average {host['load_average']}"
+        f"memory guard {size_text(guard)}; load average {host['load_average']}"
         + ("; --smoke" if args.smoke else ""),
         flush=True,
     )

@@ -12,7 +12,7 @@ connection throughout. Figures: max loop lag, peak RSS growth of the process (Vm
 the hostile answer; the stub's prebuilt answer is built before), the innocent client's max and
 p99 latency, and what the hostile client or the refresh got.
 
-    .venv/bin/python bench/hostile_broker.py [--brokers 1000000] [--json out.json]
+    .venv/bin/python -m bench.hostile_broker [--brokers 1000000] [--json out.json]
 
 `KVPROXY_ROOT=/path/to/checkout` measures another checkout's proxy with this script.
 """
@@ -24,19 +24,17 @@ import asyncio
 import json
 import os
 import struct
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(os.environ.get("KVPROXY_ROOT", Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(ROOT))
+from tests.harness.proxy import run_proxy
+from tests.harness.raw_client import RawClientError, RawKafkaClient
+from tests.harness.requests import api_versions_request, metadata_request
+from tests.harness.stub_upstream import StubCluster
 
-from tests.harness.proxy import run_proxy  # noqa: E402
-from tests.harness.raw_client import RawClientError, RawKafkaClient  # noqa: E402
-from tests.harness.requests import api_versions_request, metadata_request  # noqa: E402
-from tests.harness.stub_upstream import StubCluster  # noqa: E402
+ROOT = Path(os.environ.get("KVPROXY_ROOT", Path(__file__).resolve().parents[1]))
 
 
 def metadata_v1_body(nodes: dict[int, tuple[str, int]], extra: int) -> bytes:

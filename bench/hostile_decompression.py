@@ -10,7 +10,7 @@ keeps producing. The figures and the proxy are those of `bench/hostile.py` (its 
     zstd-window     one Produce request of 60 partitions, each a 40-byte zstd frame declaring a
                     128 MiB window (what the decoder allocates unless it is charged first)
 
-    .venv/bin/python bench/hostile_decompression.py [--scenarios zstd-60-x3,gzip-bomb-x3]
+    .venv/bin/python -m bench.hostile_decompression [--scenarios zstd-60-x3,gzip-bomb-x3]
         [--json out.json] [--smoke]
 """
 
@@ -19,18 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import struct
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import crc32c
-import hostile
-from hostile import FULL, SMOKE, TOPIC, Plan, Scenario, Sizes, produce_request
 
+from bench import hostile
+from bench._hostile_inputs import FULL, GIB, SMOKE, TOPIC, Sizes, produce_request, zero_value_batch
+from bench._hostile_report import table
+from bench._hostile_scenarios import Plan, Scenario, repeated_frames, size_text
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.records import build_batch
 from kvproxy.protocol.records.layout import V2_ATTRIBUTES_POS, V2_HEADER_SIZE
@@ -41,14 +40,14 @@ IN_FLIGHT = 3
 def plan_bombs(codec: Codec, partitions: int) -> Callable[[Sizes], Plan]:
     def plan(sizes: Sizes) -> Plan:
         count = partitions if sizes is FULL else 2
-        batch = hostile.zero_value_batch(codec, sizes.inflate)
+        batch = zero_value_batch(codec, sizes.inflate)
         payload = produce_request(TOPIC, [batch] * count)
         return Plan(
-            f"{IN_FLIGHT} requests in flight, each {hostile._size(len(payload))}: {count} "
+            f"{IN_FLIGHT} requests in flight, each {size_text(len(payload))}: {count} "
             f"partitions of a {codec.name.lower()} batch inflating to "
-            f"{hostile._size(sizes.inflate)}",
+            f"{size_text(sizes.inflate)}",
             partitions=count,
-            frames=hostile._repeated(payload, IN_FLIGHT),
+            frames=repeated_frames(payload, IN_FLIGHT),
         )
 
     return plan
@@ -80,10 +79,10 @@ def plan_window(sizes: Sizes) -> Plan:
     count = 60 if sizes is FULL else 2
     payload = produce_request(TOPIC, [window_batch(27)] * count)
     return Plan(
-        f"{hostile._size(len(payload))}, {count} partitions, each a zstd frame declaring a "
+        f"{size_text(len(payload))}, {count} partitions, each a zstd frame declaring a "
         "128 MiB window",
         partitions=count,
-        frames=hostile._repeated(payload, 1),
+        frames=repeated_frames(payload, 1),
     )
 
 
@@ -108,11 +107,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(f"decompression bombs against {where['proxy_module']} (commit {where['commit']})")
     began = time.monotonic()
     rows = [
-        hostile.run_scenario(s, sizes, int(args.memory_guard_gib * hostile.GIB), None)
+        hostile.run_scenario(s, sizes, int(args.memory_guard_gib * GIB), None)
         for s in SCENARIOS
         if s.name in chosen
     ]
-    print("\n" + hostile.table(rows))
+    print("\n" + table(rows))
     print(f"\ntook {time.monotonic() - began:.0f} s")
     if args.json is not None:
         args.json.write_text(json.dumps({"code": where, "rows": rows}, indent=2))

@@ -14,7 +14,7 @@ Figures: connections the proxy closed while they were held (it refused or timed 
 proxy's file descriptors and resident memory before, at the peak and 5 s after the hostile
 connections closed, and the other client's p50/p99 before and during.
 
-    .venv/bin/python bench/hostile_handshakes.py [--connections 5000] [--hold 10] [--json out.json]
+    .venv/bin/python -m bench.hostile_handshakes [--connections 5000] [--hold 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,19 +25,17 @@ import resource
 import select
 import socket
 import ssl
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import create_topic, free_port, report, start_proxy, tansu
-from hostile import OTHER_TOPIC, OtherClient
-from request_rate import percentile
-
+from bench._brokers import create_topic, free_port, tansu
+from bench._hostile_inputs import OTHER_TOPIC
+from bench._hostile_watch import OtherClient
+from bench._load import percentile
+from bench._relays import start_proxy
+from bench._results import report
 from tests.harness.tls import make_tls_files
 
 HOSTILE_HOST = "127.0.0.3"

@@ -15,7 +15,7 @@ and partitions refused; the proxy's log lines about the journal ("cannot keep up
 full") and its rejection lines; for the retry phase the dead letters read back from the broker
 and the journal entries holding that batch.
 
-    .venv/bin/python bench/hostile_journal.py [--seconds 60] [--connections 4] [--queue-bytes N]
+    .venv/bin/python -m bench.hostile_journal [--seconds 60] [--connections 4] [--queue-bytes N]
         [--json out.json]
 """
 
@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import argparse
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import hostile
-from _common import ROOT, create_topic, read_frame, report, start_proxy, tansu
-
+from bench import hostile
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import framed, produce_request
+from bench._hostile_watch import proc_status
+from bench._relays import read_frame, start_proxy
+from bench._results import ROOT, report
 from kvproxy.protocol.journal import iter_entries
 from kvproxy.protocol.records import build_batch
 from tests.harness.produce import stored_batches
@@ -61,7 +60,7 @@ def flood(port: int, index: int, until: float, counts: list[int]) -> None:
                 bad_crc_batch(f"{index}-{n}-{p}".encode(), PARTITION_BYTES)
                 for p in range(PARTITIONS)
             ]
-            sock.sendall(hostile.framed(hostile.produce_request(TOPIC, batches), n + 1))
+            sock.sendall(framed(produce_request(TOPIC, batches), n + 1))
             read_frame(sock)
             n += 1
     counts[index] = n
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with start_proxy(broker.bootstrap, extra_yaml=extra) as proxy:
                 log_path = proxy.config_path.parent / "kvproxy.log"
                 pid = proxy.process.pid
-                idle = hostile.proc_status(pid)["VmRSS"]
+                idle = proc_status(pid)["VmRSS"]
                 counts = [0] * args.connections
                 until = time.monotonic() + args.seconds
                 threads = [
@@ -105,16 +104,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     thread.start()
                 for thread in threads:
                     thread.join(args.seconds + 120)
-                status = hostile.proc_status(pid)
+                status = proc_status(pid)
                 flood_lines = log_path.read_text(errors="replace").splitlines()
 
                 retried = bad_crc_batch(b"retried", 1024)
                 with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
                     for n in range(args.retries):
-                        payload = hostile.produce_request(
-                            RETRY_TOPIC, [retried], version=args.version
-                        )
-                        sock.sendall(hostile.framed(payload, 10_000 + n))
+                        payload = produce_request(RETRY_TOPIC, [retried], version=args.version)
+                        sock.sendall(framed(payload, 10_000 + n))
                         read_frame(sock)
                 time.sleep(3)  # dead letters are sent in the background
                 all_lines = log_path.read_text(errors="replace").splitlines()

@@ -9,7 +9,7 @@ registered; half a second later client A, on its own connection, sends one recor
 id the proxy has not looked up yet. The figures: A's wait and B's wait (first byte sent to the
 answer read), and the error codes each got.
 
-    .venv/bin/python bench/hostile_lookups.py [--registry-delay 10] [--json out.json]
+    .venv/bin/python -m bench.hostile_lookups [--registry-delay 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,17 +18,14 @@ import argparse
 import json
 import socket
 import struct
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import create_topic, start_proxy, tansu
-from hostile import framed, produce_request
-
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import framed, produce_request
+from bench._relays import start_proxy
 from kvproxy.protocol.messages import PRODUCE, decode_response
 from kvproxy.protocol.records import build_batch
 from tests.harness.schema_registry import TestRegistry

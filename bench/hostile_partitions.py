@@ -16,7 +16,7 @@ their codes, read from the bytes; Metadata: the topics named), the proxy's log l
 journal. Bounded: `--timeout` seconds per scenario (default 300), after which the proxy is
 stopped; `--partitions` and `--topics` change the sizes.
 
-    .venv/bin/python bench/hostile_partitions.py [--scenarios partitions,metadata]
+    .venv/bin/python -m bench.hostile_partitions [--scenarios partitions,metadata]
         [--partitions 1000000] [--topics 100000] [--timeout 300] [--json out.json]
 """
 
@@ -26,28 +26,17 @@ import argparse
 import collections
 import json
 import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import ROOT, create_topic, start_proxy, tansu
-from hostile import (
-    OTHER_TOPIC,
-    Hostile,
-    OtherClient,
-    code_location,
-    framed,
-    percentile,
-    proc_status,
-    watching,
-)
-
-sys.path.insert(0, str(ROOT))
-
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import OTHER_TOPIC, framed
+from bench._hostile_watch import OtherClient, proc_status
+from bench._load import percentile
+from bench._relays import start_proxy
+from bench.hostile import Hostile, code_location, watching
 from kvproxy.protocol.messages import METADATA, decode_response
 from tests.harness.partitions import many_partitions_request
 from tests.harness.requests import metadata_request

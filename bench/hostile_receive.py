@@ -13,7 +13,7 @@ Figures: the waiting client's wait (or "no answer" at the bound), how many hosti
 the proxy closed and when, `kvproxy_connections_closed_total` by reason and
 `kvproxy_receive_memory_waits_total` from /metrics, the other client's p99.
 
-    .venv/bin/python bench/hostile_receive.py [--interval 20] [--bound 90] [--json out.json]
+    .venv/bin/python -m bench.hostile_receive [--interval 20] [--bound 90] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,19 +21,18 @@ from __future__ import annotations
 import argparse
 import socket
 import struct
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import hostile
-from _common import ROOT, create_topic, report, start_proxy, tansu
-from hostile import OtherClient, fetch_metrics, framed, produce_request
-from request_rate import metrics_url, percentile
-
+from bench import hostile
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import OTHER_TOPIC, framed, produce_request, read_answer
+from bench._hostile_watch import OtherClient, fetch_metrics
+from bench._load import metrics_url, percentile
+from bench._relays import start_proxy
+from bench._results import ROOT, report
 from kvproxy.protocol.records import build_batch
 
 MiB = 1024 * 1024
@@ -121,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     value = bytes(100 * 1024)
     request = framed(produce_request(WAITER_TOPIC, [build_batch([(b"k", value, None, None)])]), 7)
     with tansu() as server, start_proxy(server.broker.bootstrap) as proxy:
-        create_topic(server.broker.bootstrap, hostile.OTHER_TOPIC, 1)
+        create_topic(server.broker.bootstrap, OTHER_TOPIC, 1)
         create_topic(server.broker.bootstrap, WAITER_TOPIC, 1)
         url = metrics_url(proxy)
         other = OtherClient(proxy.port, args.bound + 30)
@@ -145,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trickler.stop()
     codes = ""
     if answer is not None:
-        codes = hostile.read_answer(answer, 9, 7, WAITER_TOPIC, 1).said()
+        codes = read_answer(answer, 9, 7, WAITER_TOPIC, 1).said()
     return {
         "code": hostile.code_location(),
         "root": str(ROOT),

@@ -16,7 +16,7 @@ event loop was held.
                   rules is loaded (`load_config_and_rules`), then one of 10,000 rules (the
                   limit), and 2,000 new topic names are routed with each set that loaded
 
-    .venv/bin/python bench/hostile_regex.py [--scenarios topic-rule,registry,rules]
+    .venv/bin/python -m bench.hostile_regex [--scenarios topic-rule,registry,rules]
         [--letters 24] [--json out.json]
 """
 
@@ -26,19 +26,19 @@ import argparse
 import json
 import socket
 import struct
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import hostile
-from _common import ROOT, create_topic, start_proxy, tansu
-from hostile import OtherClient, framed, percentile, produce_request
-
+from bench import hostile
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import OTHER_TOPIC, framed, produce_request
+from bench._hostile_watch import OtherClient
+from bench._load import percentile
+from bench._relays import start_proxy
+from bench._results import ROOT
 from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.config.proxy_config import load_config_and_rules
 from kvproxy.settings.loading import ConfigError
@@ -97,7 +97,7 @@ def scenario_topic_rule(args: argparse.Namespace) -> dict[str, Any]:
     batch = build_batch([(b"k", b"v" * 100, None, None)])
     frames = [framed(produce_request(LONG_TOPIC, [batch]), n) for n in range(1, 4)]
     with tansu() as server, start_proxy(server.broker.bootstrap, rules=EVENTS_RULE) as proxy:
-        create_topic(server.broker.bootstrap, hostile.OTHER_TOPIC, 1)
+        create_topic(server.broker.bootstrap, OTHER_TOPIC, 1)
         seconds, other = _with_other_client(proxy.port, lambda: _send_and_wait(proxy.port, frames))
     return {"seconds_per_request": seconds, **other}
 
@@ -120,7 +120,7 @@ def scenario_registry(args: argparse.Namespace) -> dict[str, Any]:
             tansu() as server,
             start_proxy(server.broker.bootstrap, rules=rules, extra_yaml=extra) as proxy,
         ):
-            create_topic(server.broker.bootstrap, hostile.OTHER_TOPIC, 1)
+            create_topic(server.broker.bootstrap, OTHER_TOPIC, 1)
             create_topic(server.broker.bootstrap, REGISTRY_TOPIC, 1)
             # the id is fetched (and the schema compiled) by a first, valid record
             valid = b"\x00" + struct.pack(">I", schema_id) + b'"aaa"'

@@ -11,7 +11,7 @@ Figures: connections the proxy opened to the cluster for its own requests (those
 DescribeConfigs or Metadata), DescribeConfigs and Metadata requests sent, the hostile client's
 time to get every answer and the codes it got, the other client's p50 before and p50/p99 during.
 
-    .venv/bin/python bench/hostile_upstream.py [--names 5000] [--connections 1] [--json out.json]
+    .venv/bin/python -m bench.hostile_upstream [--names 5000] [--connections 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,20 +19,18 @@ from __future__ import annotations
 import argparse
 import collections
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import hostile
-from _common import ROOT, create_topic, read_frame, report, start_proxy, tansu
-from hostile import OtherClient
-from request_rate import percentile
-
+from bench import hostile
+from bench._brokers import create_topic, tansu
+from bench._hostile_inputs import OTHER_TOPIC
+from bench._hostile_watch import OtherClient
+from bench._load import percentile
+from bench._relays import read_frame, start_proxy
+from bench._results import ROOT, report
 from kvproxy.protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
 from tests.harness.requests import produce_request
@@ -58,7 +56,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     names = [f"invented-{n}" for n in range(args.names)]
     with tansu() as server:
         broker = server.broker
-        create_topic(broker.bootstrap, hostile.OTHER_TOPIC, 1)
+        create_topic(broker.bootstrap, OTHER_TOPIC, 1)
         with (
             run_counting_relay((broker.host, broker.port)) as relay,
             start_proxy(relay.bootstrap) as proxy,

@@ -17,7 +17,7 @@ above it afterwards (what a parser kept).
                        declaring 2^31 characters, items and entries
     innocent           `json`: one batch of 100 records of 1 KiB (the baseline)
 
-    .venv/bin/python bench/hostile_values.py [--scenarios json-60mib,...] [--json out.json]
+    .venv/bin/python -m bench.hostile_values [--scenarios json-60mib,...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kvproxy.protocol.compression import Codec
+from kvproxy.protocol.records import build_batch
 
-from kvproxy.protocol.compression import Codec  # noqa: E402
-from kvproxy.protocol.records import build_batch  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MIB = 1 << 20
 ITEM = b'{"id":1234,"name":"abcdef","tags":[1,2,3]},'

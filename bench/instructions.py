@@ -5,8 +5,7 @@ Times on these shared machines move by tens of percent from one run to the next;
 instructions the interpreter executes for the same work on the same inputs does not. Each case
 runs a fixed request through the calls the proxy makes per Produce request (`read_unless_many`,
 `ProduceEngine.decide` with an inline allowance, then `ProduceExchange.merged` on the broker's
-answer) under valgrind's callgrind, which counts the instructions executed (Ir) in the measured
-loop only:
+answer) under valgrind's callgrind, counting instructions executed (Ir) in the loop only:
 
 - valgrind starts with instrumentation off (`--instr-atstart=no`): importing and building the
   inputs run at valgrind's plain speed and are never counted;
@@ -21,10 +20,10 @@ The inputs are built in the process, deterministically: keyed records of exactly
 key, 1014-byte JSON value from a seeded generator), every timestamp and the decision's clock
 fixed at 2026-01-01T00:00:00Z, PYTHONHASHSEED=0.
 
-    .venv/bin/python bench/instructions.py            # measure and print, Ir per iteration
-    .venv/bin/python bench/instructions.py --check    # compare with bench/instructions.json
-    .venv/bin/python bench/instructions.py --write    # refresh bench/instructions.json
-    .venv/bin/python bench/instructions.py --repeat 3 # the spread of 3 whole runs
+    .venv/bin/python -m bench.instructions            # measure and print, Ir per iteration
+    .venv/bin/python -m bench.instructions --check    # compare with bench/instructions.json
+    .venv/bin/python -m bench.instructions --write    # refresh bench/instructions.json
+    .venv/bin/python -m bench.instructions --repeat 3 # the spread of 3 whole runs
 
 `--check` fails (exit 1) when a case costs more than TOLERANCE_PERCENT above its committed
 figure, and says so when one costs that much less (refresh the figure with `--write`). Figures
@@ -55,16 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kio.schema.produce.v9 import request as produce_v9
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-from kio.schema.produce.v9 import request as produce_v9  # noqa: E402
-from kio.schema.types import TopicName  # noqa: E402
-from kio.static.primitive import Records, i16, i32, i32Timedelta  # noqa: E402
-
-from kvproxy.policies.config import DEFAULT_POLICIES, build_routing  # noqa: E402
-from kvproxy.protocol.budget import Allowance, MemoryBudget  # noqa: E402
-from kvproxy.protocol.messages import (  # noqa: E402
+from bench._engine_calls import DEFAULT_POLICIES
+from kvproxy.policies.config import build_routing
+from kvproxy.protocol.budget import Allowance, MemoryBudget
+from kvproxy.protocol.messages import (
     PRODUCE,
     decode_request,
     encode_request,
@@ -72,17 +69,15 @@ from kvproxy.protocol.messages import (  # noqa: E402
     make_request,
     make_response,
 )
-from kvproxy.protocol.produce import (  # noqa: E402
-    partition_answer,
-    produce_answer,
-    produce_response_types,
-)
-from kvproxy.protocol.records import build_batch, skim  # noqa: E402
-from kvproxy.protocol.request_view import RequestView  # noqa: E402
-from kvproxy.proxy.produce.decider import INLINE_DECODE_BYTES  # noqa: E402
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings  # noqa: E402
-from kvproxy.proxy.produce.exchange import ProduceExchange  # noqa: E402
-from kvproxy.proxy.produce.many_partitions import read_unless_many  # noqa: E402
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.protocol.records import build_batch, skim
+from kvproxy.protocol.request_view import RequestView
+from kvproxy.proxy.produce.decider import INLINE_DECODE_BYTES
+from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.exchange import ProduceExchange
+from kvproxy.proxy.produce.many_partitions import read_unless_many
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FIGURES = ROOT / "bench" / "instructions.json"
 TOLERANCE_PERCENT = 3.0
@@ -324,12 +319,15 @@ def measure(names: Sequence[str]) -> dict[str, int]:
             f"--callgrind-out-file={tmp}/callgrind.out",
             f"--vgdb-prefix={tmp}/vgdb",
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "bench.instructions",
             "--inside",
             ",".join(names),
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0", VGDB_PREFIX: f"{tmp}/vgdb"}
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, check=False
+        )
         if result.returncode != 0:
             raise SystemExit(f"the measured run failed:\n{result.stdout}{result.stderr}")
         dumps = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
@@ -406,17 +404,17 @@ def check_report(comparison: Comparison, tolerance_percent: float) -> tuple[int,
     lines = [f"within {tolerance_percent}%: {c.describe()}" for c in comparison.within]
     lines += [
         f"FELL by more than {tolerance_percent}%: {c.describe()}; refresh the committed figure "
-        "with `bench/instructions.py --write`"
+        "with `python -m bench.instructions --write`"
         for c in comparison.fell
     ]
     lines += [
         f"GREW by more than {tolerance_percent}%: {c.describe()}; the hot path got slower (or, "
-        "for a deliberate change, refresh with `bench/instructions.py --write`)"
+        "for a deliberate change, refresh with `python -m bench.instructions --write`)"
         for c in comparison.grew
     ]
     lines += [
         f"NO FIGURE: {case} has no committed figure for this build; "
-        "`bench/instructions.py --write` adds it"
+        "`python -m bench.instructions --write` adds it"
         for case in comparison.missing
     ]
     return (1 if comparison.grew or comparison.missing else 0), lines
@@ -431,7 +429,7 @@ def write_figures(path: Path, counts: Mapping[str, int]) -> None:
     figures = load_figures(path)
     figures["what"] = (
         "Instructions (callgrind Ir) per iteration of each case of bench/instructions.py, per "
-        "interpreter build; refreshed with `bench/instructions.py --write`"
+        "interpreter build; refreshed with `python -m bench.instructions --write`"
     )
     figures["tolerance_percent"] = TOLERANCE_PERCENT
     figures["cases"] = {name: case.description for name, case in CASES.items()}

@@ -8,7 +8,7 @@
 
 Runs against the checkout it is in (run it from an older commit's worktree for the "before").
 
-    .venv/bin/python bench/log_floods.py [--clients 3000] [--ports 1500] [--json out.json]
+    .venv/bin/python -m bench.log_floods [--clients 3000] [--ports 1500] [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import report
 from prometheus_client import generate_latest
 
+from bench._results import report
 from kvproxy.proxy.ops.metrics import ProxyMetrics
 from tests.harness.metrics import scrape
 from tests.harness.named_ports import connect_failure_series, dial_new_ports

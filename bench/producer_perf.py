@@ -26,7 +26,7 @@ follow the rate (benchmark 3 measures added latency at a fixed rate). CPU s/GiB 
 CPU seconds during a run per GiB of record values: the proxy's, the broker's and the tool's JVM's
 (the client; its start-up included).
 
-    .venv/bin/python bench/producer_perf.py [--records 200000] [--rounds 4] [--record-size 1024]
+    .venv/bin/python -m bench.producer_perf [--records 200000] [--rounds 4] [--record-size 1024]
         [--property KEY=VALUE ...] [--quick]
 """
 
@@ -36,26 +36,16 @@ import argparse
 import re
 import resource
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import (
-    BrokerUnderTest,
-    ProxyProcess,
-    median,
-    start_proxy,
-    upstream,
-    write_results,
-)
-from request_rate import BenchmarkError, check_stored, metric, metrics_url
-
+from bench._brokers import BrokerUnderTest, upstream
+from bench._load import BenchmarkError, check_stored, metric, metrics_url
+from bench._relays import ProxyProcess, start_proxy
+from bench._results import median, write_results
 from tests.harness.kafka_broker import KAFKA_4, java_command
 
 MAIN_CLASS = "org.apache.kafka.tools.ProducerPerformance"
@@ -266,7 +256,8 @@ def print_summary(summary: dict[str, Any], label: str) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
+    """The arguments, and the records of the unmeasured warm-up run of each side."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000, help="records per run")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of direct, then proxy")
@@ -283,8 +274,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warm_up = WARM_UP_RECORDS
     if args.quick:
         args.records, args.rounds, warm_up = 20_000, 1, 5_000
-    properties = [*PROPERTIES, *args.property]
-    began = time.monotonic()
+    return args, warm_up
+
+
+def _print_run(run: PerfRun, side: str, rnd: int, rounds: int) -> None:
+    cpu = (
+        f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB"
+        if run.proxy_cpu_s_per_gib is not None
+        else ""
+    )
+    print(
+        f"  round {rnd}/{rounds} {side:6} {run.records_per_s:9,.0f} records/s "
+        f"({run.mb_per_s:.1f} MB/s), p50 {run.p50_ms:.0f} ms, p99 {run.p99_ms:.0f} ms"
+        f"{cpu}",
+        flush=True,
+    )
+
+
+def _measure(
+    args: argparse.Namespace, warm_up: int, properties: list[str]
+) -> tuple[dict[str, list[PerfRun]], str, str]:
+    """Kafka and kvproxy in front of it, a warm-up run of each side, then the rounds; the runs,
+    and the broker's label and version."""
     runs: dict[str, list[PerfRun]] = {side: [] for side in SIDES}
     with upstream("kafka") as broker, start_proxy(broker.bootstrap) as proxy:
         print(
@@ -293,15 +304,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"direct / proxy against {broker.label} {broker.version}",
             flush=True,
         )
+        size = args.record_size
         for side in SIDES:  # not measured: JIT, connections, the proxy's first requests
             perf_run(
-                side,
-                broker,
-                proxy,
-                records=warm_up,
-                record_size=args.record_size,
-                properties=properties,
-                rnd=0,
+                side, broker, proxy, records=warm_up, record_size=size, properties=properties, rnd=0
             )
         for rnd in range(1, args.rounds + 1):
             for side in SIDES:
@@ -310,24 +316,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     broker,
                     proxy,
                     records=args.records,
-                    record_size=args.record_size,
+                    record_size=size,
                     properties=properties,
                     rnd=rnd,
                 )
                 runs[side].append(run)
-                cpu = (
-                    f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB"
-                    if run.proxy_cpu_s_per_gib is not None
-                    else ""
-                )
-                print(
-                    f"  round {rnd}/{args.rounds} {side:6} {run.records_per_s:9,.0f} records/s "
-                    f"({run.mb_per_s:.1f} MB/s), p50 {run.p50_ms:.0f} ms, p99 {run.p99_ms:.0f} ms"
-                    f"{cpu}",
-                    flush=True,
-                )
-        label = broker.label
-        version = broker.version
+                _print_run(run, side, rnd, args.rounds)
+        return runs, broker.label, broker.version
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args, warm_up = _arguments(argv)
+    properties = [*PROPERTIES, *args.property]
+    began = time.monotonic()
+    runs, label, version = _measure(args, warm_up, properties)
     summary = summarize(runs)
     elapsed = time.monotonic() - began
     print_summary(summary, label)

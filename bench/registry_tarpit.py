@@ -7,7 +7,7 @@ longer than the run) and one `RegistryCatalog`. One request at a time looks up o
 catalog has not seen, `--pause` seconds apart (a producer's retry backoff), `--requests` of
 them; the figures are each wait's p50 / p99 / max and how many asked the registry.
 
-    .venv/bin/python bench/registry_tarpit.py [--requests 40] [--pause 0.1] [--json out.json]
+    .venv/bin/python -m bench.registry_tarpit [--requests 40] [--pause 0.1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,12 +16,9 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvproxy.registry.catalog import RegistryCatalog
 from kvproxy.settings.schema_registry import SchemaRegistryConfig

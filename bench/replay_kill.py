@@ -12,7 +12,7 @@ topic is read back straight from the broker (Tansu), and every value is counted:
 - a refused value: stored exactly once (by replay), whatever the producer was told;
 - anything else (stored twice, or missing) is listed.
 
-    .venv/bin/python bench/replay_kill.py [--records 20000] [--kills 3]
+    .venv/bin/python -m bench.replay_kill [--records 20000] [--kills 3]
 
 Figures go to bench/results/replay_kill.json.
 """
@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, create_topic, free_port, tansu, write_results
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from bench._brokers import create_topic, free_port, tansu
+from bench._results import ROOT, write_results
 from tests.harness.proxy import free_port_range
 
 HOST = "127.0.0.1"

@@ -10,7 +10,7 @@ must then hold all N records (`check_stored`); through the proxy, its
 benchmark.
 
 A third side, `haproxy`, sends the same load through HAProxy in TCP mode (the floor: a relay that
-reads nothing, bench/_common.py) on a second listener of the broker that advertises HAProxy's
+reads nothing, bench/_brokers.py) on a second listener of the broker that advertises HAProxy's
 port, so the leader's address the client is given is HAProxy's (Kafka only: Tansu advertises one
 address, so with `--upstream tansu` it is left out). A fourth, `uvloop`, sends it through
 bench/uvloop_relay.py, a Python relay on uvloop that reads nothing either, wired the same way on a
@@ -31,7 +31,7 @@ well below 1 means it waits on the server, so the server side sets the figure. O
 is the default: on a 2-core machine, more processes only take CPU from the servers (four
 processes measured a lower direct rate than one, on Tansu).
 
-    .venv/bin/python bench/request_rate.py [--seconds 10] [--rounds 3] [--connections 4]
+    .venv/bin/python -m bench.request_rate [--seconds 10] [--rounds 3] [--connections 4]
         [--in-flight 5] [--record-bytes 100] [--client-processes 1] [--warmup 3] [--quick]
         [--upstream kafka|tansu] [--no-uvloop-relay]
 
@@ -42,486 +42,41 @@ bench/latency.py and bench/connections.py.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
-import datetime
-import importlib
-import multiprocessing
-import re
-import socket
-import sys
 import time
-import urllib.request
-from array import array
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
-import psutil
-import uvloop
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from kio.static.primitive import i16, i32, i32Timedelta
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import (
-    SIDE_NAMES,
-    FloorRow,
-    ProxyProcess,
+from bench._brokers import (
+    BrokerUnderTest,
     add_upstream_option,
     add_uvloop_relay_option,
-    against_floor,
-    alternate,
     floor_settings,
-    median,
-    print_floor,
     relay_sides,
-    start_proxy,
     upstream,
-    write_results,
 )
+from bench._floor import SIDE_NAMES, FloorRow, against_floor, print_floor
+from bench._load import (
+    PRODUCE_VERSION,
+    BenchmarkError,
+    check_offsets,
+    check_stored,
+    cpu_seconds,
+    leader_address,
+    metric,
+    metrics_url,
+    run_load,
+)
+from bench._relays import RelayProcess, start_proxy
+from bench._results import alternate, median, write_results
 
-from kvproxy.protocol.messages import decode_response, encode_request, make_request
-from kvproxy.protocol.records import build_batch
-
-PRODUCE = 0
-PRODUCE_VERSION = 9
-"""Flexible Produce (kafka-python sends v9, librdkafka 2.16 v10: the same layout for this use)."""
-CLIENT_ID = "kvbench"
 CPU_PER_REQUEST_GOAL = 2.0
 """kvproxy's CPU per request over HAProxy's, at most (issue 30)."""
-
-
-class BenchmarkError(RuntimeError):
-    """A request was refused, lost or answered wrongly: the benchmark failed, no figure."""
-
-
-# ---- requests and answers ----
-
-
-def produce_payload(
-    topic: str, value: bytes, *, key: bytes | None = b"k", correlation_id: int = 0, acks: int = -1
-) -> bytes:
-    """One Produce v9 request (no size prefix) of one batch of one record for partition 0."""
-    schema = importlib.import_module(f"kio.schema.produce.v{PRODUCE_VERSION}.request")
-    batch = build_batch([(key, value, None, None)])
-    body = schema.ProduceRequest(
-        transactional_id=None,
-        acks=i16(acks),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            schema.TopicProduceData(
-                name=topic,
-                partition_data=(schema.PartitionProduceData(index=i32(0), records=batch),),
-            ),
-        ),
-    )
-    return encode_request(make_request(PRODUCE, PRODUCE_VERSION, correlation_id, CLIENT_ID, body))
-
-
-class ProduceTemplate:
-    """A framed Produce request whose correlation id is patched in per send (no encoding cost)."""
-
-    def __init__(self, topic: str, value: bytes) -> None:
-        payload = produce_payload(topic, value)
-        self._head = len(payload).to_bytes(4, "big") + payload[:4]  # size, api key, version
-        self._tail = payload[8:]  # after the correlation id
-        self.frame_bytes = len(payload) + 4
-
-    def frame(self, correlation_id: int) -> bytes:
-        return self._head + correlation_id.to_bytes(4, "big") + self._tail
-
-
-class AnswerCheck:
-    """Checks a Produce v9 answer for one partition: correlation id, error code 0, same layout.
-
-    The first answer is decoded in full; later ones must have its length (no error message, no
-    record errors) and error code 0 at the same place, which costs a few bytes' comparison.
-    """
-
-    def __init__(self, topic: str) -> None:
-        name = len(topic.encode())
-        if name > 126:
-            raise ValueError("topic name too long for the fixed-layout check")
-        # correlation id, header tags, responses count, name, partitions count, index
-        self._error_at = 4 + 1 + 1 + 1 + name + 1 + 4
-        self._offset_at = self._error_at + 2
-        self._length = -1
-
-    def offset(self, payload: bytes, correlation_id: int) -> int:
-        """The base offset of an answer that is a success, else BenchmarkError."""
-        if (
-            len(payload) != self._length
-            or payload[self._error_at : self._offset_at] != b"\0\0"
-            or int.from_bytes(payload[:4], "big") != correlation_id
-        ):
-            return self._slow(payload, correlation_id)
-        return int.from_bytes(payload[self._offset_at : self._offset_at + 8], "big", signed=True)
-
-    def _slow(self, payload: bytes, correlation_id: int) -> int:
-        try:
-            response = decode_response(payload, PRODUCE, PRODUCE_VERSION)
-        except Exception as exc:
-            raise BenchmarkError(f"undecodable Produce answer: {exc!r}") from exc
-        got = response.header.correlation_id
-        if got != correlation_id:
-            raise BenchmarkError(f"answer for correlation id {got}, expected {correlation_id}")
-        parts = [p for topic in response.body.responses for p in topic.partition_responses]
-        if len(parts) != 1 or parts[0].error_code != 0 or parts[0].record_errors:
-            raise BenchmarkError(f"Produce refused: {response.body}")
-        base = int(parts[0].base_offset)
-        if self._length < 0:
-            stored = int.from_bytes(payload[self._offset_at : self._offset_at + 8], "big")
-            if stored != base:
-                raise BenchmarkError("unexpected Produce answer layout")
-            self._length = len(payload)
-            return base
-        raise BenchmarkError(f"Produce answer of an unexpected shape: {response.body}")
-
-
-def leader_address(bootstrap: str, topic: str) -> tuple[str, int]:
-    """Where partition 0's leader is reached from `bootstrap` (through the proxy: its node port)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    metadata = admin.list_topics(topic, timeout=10)
-    leader = metadata.topics[topic].partitions[0].leader
-    broker = metadata.brokers[leader]
-    return str(broker.host), int(broker.port)
-
-
-def check_stored(bootstrap: str, topic: str, expected: int) -> str:
-    """Fail unless partition 0 of `topic` holds offsets 0 .. expected - 1 (asked of the broker).
-
-    The high watermark says so in one request. Tansu 0.6 sometimes answers ListOffsets with fewer
-    than the records it holds and acknowledged (seen: 1 to 10 short; they can all be read back):
-    then the records from its watermark on are read, and they must be exactly the missing ones.
-    Returns how it was checked.
-    """
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "kvbench-check", "enable.auto.commit": False}
-    )
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-        if high == expected:
-            return "high watermark"
-        if high > expected or high < 0 or expected == 0:
-            raise BenchmarkError(f"{topic}: {expected} records acknowledged, high watermark {high}")
-        consumer.assign([TopicPartition(topic, 0, high)])
-        found: list[int] = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                if found and found[-1] >= expected - 1:
-                    break
-                continue
-            if message.error():
-                raise BenchmarkError(f"{topic}: reading back records: {message.error()}")
-            found.append(int(message.offset() or 0))
-        if found != list(range(high, expected)):
-            raise BenchmarkError(
-                f"{topic}: {expected} records acknowledged, high watermark {high}, read back "
-                f"{len(found)} records from it ({found[:3]} .. {found[-3:]})"
-            )
-        return f"high watermark {expected - high} short, the rest read back"
-    finally:
-        consumer.close()
-
-
-def check_offsets(offsets: array[int], expected: int) -> None:
-    """The acknowledged base offsets are `expected` distinct, consecutive offsets from 0."""
-    if len(offsets) != expected or sorted(offsets) != list(range(expected)):
-        raise BenchmarkError(
-            f"{expected} requests answered, but their offsets are not 0 .. {expected - 1} "
-            f"({len(set(offsets))} distinct, from {min(offsets, default=-1)} to "
-            f"{max(offsets, default=-1)})"
-        )
-
-
-def metrics_url(proxy: ProxyProcess) -> str:
-    """The proxy's /metrics address, from its log (`start_proxy` asks for port 0)."""
-    log = proxy.config_path.parent / "kvproxy.log"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        found = re.search(r"metrics, /healthz and /readyz on (http://\S+)", log.read_text())
-        if found:
-            return found.group(1) + "/metrics"
-        time.sleep(0.1)
-    raise BenchmarkError("the proxy log does not say where its metrics are")
-
-
-def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of one Prometheus series (every sample of `name` whose labels include `labels`)."""
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        text = answer.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        found = re.match(rf"{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-        if found is None:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if all(have.get(k) == v for k, v in (labels or {}).items()):
-            total += float(found.group(2))
-    return total
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    """User + system CPU seconds of one process (the broker) so far."""
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(0, min(len(sorted_values) - 1, int(fraction * len(sorted_values) + 0.5) - 1))
-    return sorted_values[rank]
-
-
-# ---- the pipelined client ----
-
-
-class Pipeline(asyncio.Protocol):
-    """One connection keeping `depth` Produce requests in flight until `stop_at`."""
-
-    def __init__(self, template: ProduceTemplate, check: AnswerCheck, depth: int) -> None:
-        self.template = template
-        self.check = check
-        self.depth = depth
-        self.latencies: array[float] | None = None
-        self.sent_at: collections.deque[float] = collections.deque()
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.sent = 0
-        self.answered = 0
-        self.in_window = 0
-        self.last_offset = -1
-        self.offsets = array("q")
-        self.stop_at = 0.0
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def run(self, stop_at: float, *, keep_latencies: bool = False) -> asyncio.Future[None]:
-        """Send until `stop_at` (time.perf_counter), then let the last answers come in."""
-        self.stop_at = stop_at
-        self.in_window = 0
-        self.latencies = array("d") if keep_latencies else None
-        self.done = asyncio.get_running_loop().create_future()
-        for _ in range(self.depth):
-            self._send()
-        return self.done
-
-    def _send(self) -> None:
-        self.sent += 1
-        self.sent_at.append(time.perf_counter())
-        assert self.transport is not None
-        self.transport.write(self.template.frame(self.sent))
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        buffer = self.buffer
-        buffer += data
-        pos = 0
-        try:
-            while len(buffer) - pos >= 4:
-                end = pos + 4 + int.from_bytes(buffer[pos : pos + 4], "big")
-                if end > len(buffer):
-                    break
-                payload = bytes(buffer[pos + 4 : end])
-                pos = end
-                self.answered += 1
-                offset = self.check.offset(payload, self.answered)
-                if offset <= self.last_offset:
-                    raise BenchmarkError(f"offset {offset} after {self.last_offset}")
-                self.last_offset = offset
-                self.offsets.append(offset)
-                sent_at = self.sent_at.popleft()
-                if now <= self.stop_at:
-                    self.in_window += 1
-                    if self.latencies is not None:
-                        self.latencies.append(now - sent_at)
-                    self._send()
-                elif not self.sent_at and not self.done.done():
-                    self.done.set_result(None)
-        except Exception as exc:  # any failure ends the run, with its reason
-            if not self.done.done():
-                self.done.set_exception(exc)
-            assert self.transport is not None
-            self.transport.abort()
-        del buffer[:pos]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_exception(
-                BenchmarkError(f"connection closed with {len(self.sent_at)} answers missing: {exc}")
-            )
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """What one client process does: its share of the connections, how, for how long."""
-
-    host: str
-    port: int
-    topic: str
-    connections: int
-    depth: int
-    record_bytes: int
-    seconds: float
-    keep_latencies: bool
-
-
-async def _load(spec: LoadSpec, control: Connection) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    template = ProduceTemplate(spec.topic, b"v" * spec.record_bytes)
-    check = AnswerCheck(spec.topic)
-    pipes = []
-    for _ in range(spec.connections):
-        _, pipe = await loop.create_connection(
-            lambda: Pipeline(template, check, spec.depth), spec.host, spec.port
-        )
-        pipes.append(pipe)
-    # warm-up: one round of requests on every connection (the first answer is decoded in full)
-    await asyncio.gather(*(pipe.run(0.0) for pipe in pipes))
-    control.send("ready")
-    control.recv()  # go
-    cpu0 = time.process_time()
-    started = time.perf_counter()
-    stop_at = started + spec.seconds
-    await asyncio.gather(*(p.run(stop_at, keep_latencies=spec.keep_latencies) for p in pipes))
-    finished = time.perf_counter()
-    cpu = time.process_time() - cpu0
-    for pipe in pipes:
-        assert pipe.transport is not None
-        pipe.transport.close()
-    latencies, offsets = array("d"), array("q")
-    for pipe in pipes:
-        offsets.extend(pipe.offsets)
-        if pipe.latencies is not None:
-            latencies.extend(pipe.latencies)
-    return {
-        "in_window": sum(p.in_window for p in pipes),
-        "answered": sum(p.answered for p in pipes),
-        "window_seconds": stop_at - started,
-        "drain_seconds": finished - stop_at,
-        "cpu_seconds": cpu,
-        "latencies": latencies.tobytes(),
-        "offsets": offsets.tobytes(),
-    }
-
-
-def _load_process(spec: LoadSpec, control: Connection) -> None:
-    """A client process: connect, say ready, run on "go", send back the figures (or the error)."""
-    uvloop.install()
-    try:
-        result = asyncio.run(_load(spec, control))
-    except BaseException as exc:  # the parent fails the run with it
-        control.send({"error": f"{type(exc).__name__}: {exc}"})
-        return
-    control.send(result)
-
-
-@dataclass
-class LoadResult:
-    """What every client process of one run did."""
-
-    requests: int  # answered within the window
-    answered: int  # all answered, the last in-flight ones included
-    seconds: float
-    client_cpu_seconds: float
-    client_processes: int
-    latencies: array[float] = field(default_factory=lambda: array("d"))
-    offsets: array[int] = field(default_factory=lambda: array("q"))
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.seconds
-
-
-def run_load(
-    host: str,
-    port: int,
-    topic: str,
-    *,
-    connections: int,
-    depth: int,
-    seconds: float,
-    record_bytes: int,
-    processes: int,
-    keep_latencies: bool = False,
-    while_running: Callable[[], None] | None = None,
-) -> LoadResult:
-    """`connections` pipelined connections over `processes` client processes, for `seconds`.
-
-    `while_running` is called about every 0.2 s while the clients send (say, to sample RSS).
-    """
-    processes = max(1, min(processes, connections))
-    context = multiprocessing.get_context("spawn")
-    controls: list[Connection] = []
-    workers = []
-    for index in range(processes):
-        share = connections // processes + (1 if index < connections % processes else 0)
-        spec = LoadSpec(host, port, topic, share, depth, record_bytes, seconds, keep_latencies)
-        mine, theirs = context.Pipe()
-        worker = context.Process(target=_load_process, args=(spec, theirs), daemon=True)
-        worker.start()
-        controls.append(mine)
-        workers.append(worker)
-    try:
-        for control in controls:
-            if not control.poll(60):
-                raise BenchmarkError("a client process did not get ready")
-            message = control.recv()
-            if message != "ready":
-                raise BenchmarkError(f"client process failed: {message['error']}")
-        for control in controls:
-            control.send("go")
-        results: list[dict[str, Any]] = []
-        deadline = time.monotonic() + seconds + 60
-        pending = list(controls)
-        while pending:
-            if time.monotonic() > deadline:
-                raise BenchmarkError("client processes did not finish")
-            for control in list(pending):
-                if control.poll(0.2 / len(pending)):
-                    results.append(control.recv())
-                    pending.remove(control)
-            if while_running is not None:
-                while_running()
-    finally:
-        for worker in workers:
-            worker.join(10)
-            if worker.is_alive():
-                worker.kill()
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
-        raise BenchmarkError("; ".join(errors))
-    latencies, offsets = array("d"), array("q")
-    for r in results:
-        latencies.frombytes(r["latencies"])
-        offsets.frombytes(r["offsets"])
-    return LoadResult(
-        requests=sum(r["in_window"] for r in results),
-        answered=sum(r["answered"] for r in results),
-        seconds=max(r["window_seconds"] for r in results),
-        client_cpu_seconds=sum(r["cpu_seconds"] for r in results),
-        client_processes=processes,
-        latencies=latencies,
-        offsets=offsets,
-    )
 
 
 # ---- benchmark 2 ----
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
     parser.add_argument("--rounds", type=int, default=3)
@@ -543,103 +98,90 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds, args.warmup = 2.0, 1, 1.0
-    began = time.monotonic()
+    return args
 
-    with (
-        upstream(args.upstream, floor=True, uvloop_relay=args.uvloop_relay) as server,
-        start_proxy(server.bootstrap) as proxy,
-    ):
-        broker = server.bootstrap
-        url = metrics_url(proxy)
-        broker_process = server.process
-        floor_relay = floor_settings(server)
-        relays = relay_sides(server, proxy)
-        bootstraps = {"direct": broker} | {side: r.bootstrap for side, r in relays.items()}
-        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in bootstraps}
 
-        def one_run(side: str, round_index: int, seconds: float = args.seconds) -> float:
-            topic = server.create_topic(f"rate-{side}-r{round_index + 1}")  # warm-up: r0
-            host, port = leader_address(bootstraps[side], topic)
-            produce_before = metric(url, "kvproxy_requests_total", {"api": "produce"})
-            relay = relays.get(side)
-            relay_before = relay.cpu_seconds() if relay else 0.0
-            broker_before = cpu_seconds(broker_process)
-            result = run_load(
-                host,
-                port,
-                topic,
-                connections=args.connections,
-                depth=args.in_flight,
-                seconds=seconds,
-                record_bytes=args.record_bytes,
-                processes=args.client_processes,
-            )
-            relay_cpu = relay.cpu_seconds() - relay_before if relay else 0.0
-            broker_cpu = cpu_seconds(broker_process) - broker_before
-            check_offsets(result.offsets, result.answered)
-            stored = check_stored(broker, topic, result.answered)
-            relayed = metric(url, "kvproxy_requests_total", {"api": "produce"}) - produce_before
-            expected = result.answered if side == "proxy" else 0
-            if relayed != expected:
-                raise BenchmarkError(
-                    f"{topic}: the proxy counted {relayed:.0f} Produce requests, not {expected}"
-                )
-            figures = {
-                "requests_per_s": result.rate,
-                "requests_in_window": result.requests,
-                "acknowledged": result.answered,
-                "stored_check": stored,
-                "window_seconds": result.seconds,
-                "client_cpu_share": result.client_cpu_seconds / result.seconds,
-                "broker_cpu_s_per_100k": broker_cpu / result.answered * 100_000,
-            }
-            if relay is not None:  # "proxy_cpu_..." for kvproxy, "haproxy_cpu_..." for HAProxy
-                # and "uvloop_cpu_..." for the uvloop relay
-                figures[f"{side}_cpu_seconds"] = relay_cpu
-                figures[f"{side}_cpu_s_per_100k"] = relay_cpu / result.answered * 100_000
-                figures["requests_per_cpu_s"] = (
-                    result.answered / relay_cpu if relay_cpu > 0 else float("nan")
-                )
-            if side == "proxy":
-                figures["proxy_counted_produce_requests"] = relayed
-            runs[side].append(figures)
-            return result.rate
-
-        print(
-            f"small-request rate: {args.connections} connections x {args.in_flight} in flight, "
-            f"1 record ({args.record_bytes} B value) per Produce v{PRODUCE_VERSION} request, "
-            f"acks=all, {args.seconds:g} s per run, {args.rounds} rounds",
-            flush=True,
+def _one_run(
+    args: argparse.Namespace,
+    server: BrokerUnderTest,
+    relays: dict[str, RelayProcess],
+    url: str,
+    *,
+    side: str,
+    round_index: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """One run of one side on a fresh topic: the load, the CPU of the broker and of the side's
+    relay, every answer and stored record checked, and the proxy's count of Produce requests."""
+    bootstraps = {"direct": server.bootstrap} | {s: r.bootstrap for s, r in relays.items()}
+    topic = server.create_topic(f"rate-{side}-r{round_index + 1}")  # warm-up: r0
+    host, port = leader_address(bootstraps[side], topic)
+    produce_before = metric(url, "kvproxy_requests_total", {"api": "produce"})
+    relay = relays.get(side)
+    relay_before = relay.cpu_seconds() if relay else 0.0
+    broker_before = cpu_seconds(server.process)
+    result = run_load(
+        host,
+        port,
+        topic,
+        connections=args.connections,
+        depth=args.in_flight,
+        seconds=seconds,
+        record_bytes=args.record_bytes,
+        processes=args.client_processes,
+    )
+    relay_cpu = relay.cpu_seconds() - relay_before if relay else 0.0
+    broker_cpu = cpu_seconds(server.process) - broker_before
+    check_offsets(result.offsets, result.answered)
+    stored = check_stored(server.bootstrap, topic, result.answered)
+    relayed = metric(url, "kvproxy_requests_total", {"api": "produce"}) - produce_before
+    expected = result.answered if side == "proxy" else 0
+    if relayed != expected:
+        raise BenchmarkError(
+            f"{topic}: the proxy counted {relayed:.0f} Produce requests, not {expected}"
         )
-        for side, side_runs in runs.items():  # not measured: a JVM's JIT, the first requests
-            one_run(side, -1, args.warmup)
-            side_runs.clear()
-        rates = alternate(
-            args.rounds,
-            {f"{side} req/s": lambda i, side=side: one_run(side, i) for side in runs},
+    figures = {
+        "requests_per_s": result.rate,
+        "requests_in_window": result.requests,
+        "acknowledged": result.answered,
+        "stored_check": stored,
+        "window_seconds": result.seconds,
+        "client_cpu_share": result.client_cpu_seconds / result.seconds,
+        "broker_cpu_s_per_100k": broker_cpu / result.answered * 100_000,
+    }
+    if relay is not None:  # "proxy_cpu_..." for kvproxy, "haproxy_cpu_..." for HAProxy
+        # and "uvloop_cpu_..." for the uvloop relay
+        figures[f"{side}_cpu_seconds"] = relay_cpu
+        figures[f"{side}_cpu_s_per_100k"] = relay_cpu / result.answered * 100_000
+        figures["requests_per_cpu_s"] = (
+            result.answered / relay_cpu if relay_cpu > 0 else float("nan")
         )
+    if side == "proxy":
+        figures["proxy_counted_produce_requests"] = relayed
+    return figures
 
+
+def _summary(
+    runs: dict[str, list[dict[str, Any]]], rates: dict[str, list[float]]
+) -> dict[str, Any]:
     direct = median(rates["direct req/s"])
     proxied = median(rates["proxy req/s"])
     ratios = [p / d for d, p in zip(rates["direct req/s"], rates["proxy req/s"], strict=True)]
-    cpu_per_100k = median([r["proxy_cpu_s_per_100k"] for r in runs["proxy"]])
-    client_share = {side: median([r["client_cpu_share"] for r in runs[side]]) for side in runs}
-    broker_per_100k = {
-        side: median([r["broker_cpu_s_per_100k"] for r in runs[side]]) for side in runs
-    }
-    elapsed = time.monotonic() - began
     summary = {
         "direct_requests_per_s": direct,
         "proxy_requests_per_s": proxied,
         "ratio": proxied / direct,
         "ratios_per_round": ratios,
         "target_ratio": 0.8,
-        "proxy_cpu_s_per_100k_requests": cpu_per_100k,
-        "client_cpu_share": client_share,
-        "broker_cpu_s_per_100k_requests": broker_per_100k,
+        "proxy_cpu_s_per_100k_requests": median([r["proxy_cpu_s_per_100k"] for r in runs["proxy"]]),
+        "client_cpu_share": {
+            side: median([r["client_cpu_share"] for r in runs[side]]) for side in runs
+        },
+        "broker_cpu_s_per_100k_requests": {
+            side: median([r["broker_cpu_s_per_100k"] for r in runs[side]]) for side in runs
+        },
         "proxy_requests_per_cpu_s": median([r["requests_per_cpu_s"] for r in runs["proxy"]]),
     }
-    floor = floor_rows(runs) if "haproxy" in runs else []
     for side in ("haproxy", "uvloop"):
         if side in runs:
             summary[f"{side}_requests_per_s"] = median(rates[f"{side} req/s"])
@@ -649,7 +191,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             summary[f"{side}_requests_per_cpu_s"] = median(
                 [r["requests_per_cpu_s"] for r in runs[side]]
             )
-    settings = {
+    return summary
+
+
+def _settings(
+    args: argparse.Namespace, server: BrokerUnderTest, floor_relay: dict[str, str] | None
+) -> dict[str, Any]:
+    return {
         "seconds": args.seconds,
         "rounds": args.rounds,
         "connections": args.connections,
@@ -666,30 +214,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "floor": floor_relay,
         "quick": args.quick,
     }
+
+
+def _print_report(
+    args: argparse.Namespace, label: str, summary: dict[str, Any], settings: dict[str, Any]
+) -> None:
+    direct, proxied = summary["direct_requests_per_s"], summary["proxy_requests_per_s"]
+    broker_per_100k = summary["broker_cpu_s_per_100k_requests"]
+    client_share = summary["client_cpu_share"]
     print()
-    print(f"{'direct to ' + server.label:16}: {direct:10,.0f} requests/s (median of {args.rounds})")
-    if floor:
+    print(f"{'direct to ' + label:16}: {direct:10,.0f} requests/s (median of {args.rounds})")
+    if "haproxy_requests_per_s" in summary:
         print(f"through HAProxy : {summary['haproxy_requests_per_s']:10,.0f} requests/s")
-    if "uvloop" in runs:
+    if "uvloop_requests_per_s" in summary:
         print(f"through uvloop relay: {summary['uvloop_requests_per_s']:6,.0f} requests/s")
     print(f"through kvproxy : {proxied:10,.0f} requests/s")
     print(
         f"ratio           : {proxied / direct:10.2f}   (target >= 0.8; per round: "
-        + ", ".join(f"{r:.2f}" for r in ratios)
+        + ", ".join(f"{r:.2f}" for r in summary["ratios_per_round"])
         + ")"
     )
     print(
-        f"proxy CPU       : {cpu_per_100k:10.2f} s per 100k requests, "
+        f"proxy CPU       : {summary['proxy_cpu_s_per_100k_requests']:10.2f} s per 100k requests, "
         f"{summary['proxy_requests_per_cpu_s']:,.0f} requests per CPU second"
     )
     shown = {"haproxy": "HAProxy CPU     :", "uvloop": "uvloop relay CPU:"}
-    for side in [side for side in shown if side in runs]:
+    for side in [side for side in shown if f"{side}_requests_per_s" in summary]:
         print(
             f"{shown[side]} {summary[f'{side}_cpu_s_per_100k_requests']:10.2f} s per 100k "
             f"requests, {summary[f'{side}_requests_per_cpu_s']:,.0f} requests per CPU second"
         )
     print(
-        f"{server.label + ' CPU':16}: {broker_per_100k['direct']:10.2f} s per 100k requests "
+        f"{label + ' CPU':16}: {broker_per_100k['direct']:10.2f} s per 100k requests "
         f"direct, {broker_per_100k['proxy']:.2f} through the proxy"
     )
     print(
@@ -697,6 +253,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"(proxy) cores over {settings['client_processes']} client processes"
     )
     print("every request acknowledged without error; stored records = acknowledged requests")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
+    began = time.monotonic()
+
+    with (
+        upstream(args.upstream, floor=True, uvloop_relay=args.uvloop_relay) as server,
+        start_proxy(server.bootstrap) as proxy,
+    ):
+        url = metrics_url(proxy)
+        floor_relay = floor_settings(server)
+        relays = relay_sides(server, proxy)
+        runs: dict[str, list[dict[str, Any]]] = {"direct": []} | {side: [] for side in relays}
+
+        def one_run(side: str, round_index: int, seconds: float = args.seconds) -> float:
+            figures = _one_run(
+                args, server, relays, url, side=side, round_index=round_index, seconds=seconds
+            )
+            runs[side].append(figures)
+            return float(runs[side][-1]["requests_per_s"])
+
+        print(
+            f"small-request rate: {args.connections} connections x {args.in_flight} in flight, "
+            f"1 record ({args.record_bytes} B value) per Produce v{PRODUCE_VERSION} request, "
+            f"acks=all, {args.seconds:g} s per run, {args.rounds} rounds",
+            flush=True,
+        )
+        for side, side_runs in runs.items():  # not measured: a JVM's JIT, the first requests
+            one_run(side, -1, args.warmup)
+            side_runs.clear()
+        rates = alternate(
+            args.rounds,
+            {f"{side} req/s": lambda i, side=side: one_run(side, i) for side in runs},
+        )
+
+    elapsed = time.monotonic() - began
+    summary = _summary(runs, rates)
+    floor = floor_rows(runs) if "haproxy" in runs else []
+    settings = _settings(args, server, floor_relay)
+    _print_report(args, server.label, summary, settings)
     if floor:
         print_floor(floor)
     print(f"took {elapsed:.0f} s")

@@ -10,7 +10,7 @@ TCP mode (the floor, measured in the same run; Kafka only) are gathered into one
 the floor", printed and added to the report (with the rows of 2 and 3 that compare kvproxy
 with the uvloop relay and the relay with HAProxy).
 
-    .venv/bin/python bench/run_all.py [--quick] [--only engine latency] [--upstream kafka|tansu]
+    .venv/bin/python -m bench.run_all [--quick] [--only engine latency] [--upstream kafka|tansu]
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import RESULTS, ROOT, UPSTREAMS, floor_table, machine
+from bench._brokers import UPSTREAMS
+from bench._floor import floor_table
+from bench._results import RESULTS, ROOT, machine
 
 BENCHMARKS = (
     ("throughput", "1. End-to-end produce throughput"),
@@ -46,7 +46,7 @@ FLOOR_NOTE = (
 )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small and short")
     parser.add_argument("--only", nargs="+", choices=[name for name, _ in BENCHMARKS])
@@ -56,7 +56,45 @@ def main(argv: list[str] | None = None) -> int:
         default="kafka",
         help="the broker of benchmarks 1, 2 and 3 (default: Apache Kafka)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _run_one(name: str, title: str, args: argparse.Namespace) -> tuple[int, list[str]]:
+    """Benchmark `name` as `python -m bench.<name>` from the repository root, its output shown
+    as it comes; its exit code and the report's section on it."""
+    command = [sys.executable, "-m", f"bench.{name}"]
+    if args.quick:
+        command.append("--quick")
+    if name in WITH_UPSTREAM:
+        command += ["--upstream", args.upstream]
+    print(f"\n=== {title}: {' '.join(command[1:])}", flush=True)
+    begun = time.monotonic()
+    printed: list[str] = []
+    with subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:  # shown as it comes, kept for the report
+            print(line, end="", flush=True)
+            printed.append(line.rstrip("\n"))
+    took = time.monotonic() - begun
+    status = "ok" if process.returncode == 0 else f"FAILED (exit {process.returncode})"
+    print(f"=== {name}: {status} in {took:.0f} s", flush=True)
+    section = [
+        f"## {title}",
+        "",
+        f"`{Path(sys.executable).name} {' '.join(command[1:])}`: {status}, {took:.0f} s",
+        "",
+        "```",
+        *_printed(printed),
+        "```",
+        "",
+    ]
+    return process.returncode, section
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
     chosen = [(n, t) for n, t in BENCHMARKS if args.only is None or n in args.only]
     RESULTS.mkdir(parents=True, exist_ok=True)
     host = machine()
@@ -71,37 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     started = time.monotonic()
     for name, title in chosen:
-        command = [sys.executable, str(ROOT / "bench" / f"{name}.py")]
-        if args.quick:
-            command.append("--quick")
-        if name in WITH_UPSTREAM:
-            command += ["--upstream", args.upstream]
-        print(f"\n=== {title}: {' '.join(command[1:])}", flush=True)
-        begun = time.monotonic()
-        printed: list[str] = []
-        with subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        ) as process:
-            assert process.stdout is not None
-            for line in process.stdout:  # shown as it comes, kept for the report
-                print(line, end="", flush=True)
-                printed.append(line.rstrip("\n"))
-        took = time.monotonic() - begun
-        status = "ok" if process.returncode == 0 else f"FAILED (exit {process.returncode})"
-        if process.returncode != 0:
+        code, section = _run_one(name, title, args)
+        if code != 0:
             failed.append(name)
-        print(f"=== {name}: {status} in {took:.0f} s", flush=True)
-        report += [
-            f"## {title}",
-            "",
-            f"`{Path(sys.executable).name} {' '.join(command[1:]).replace(str(ROOT) + '/', '')}`: "
-            f"{status}, {took:.0f} s",
-            "",
-            "```",
-            *_printed(printed),
-            "```",
-            "",
-        ]
+        report += section
     total = time.monotonic() - started
     floor = _against_floor([name for name, _ in chosen if name not in failed])
     if floor:

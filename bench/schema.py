@@ -26,7 +26,7 @@ The target (docs/benchmarks.md): id checks at >= 1 M records/s per core. The mac
 and noisy: compare fractions, not absolute figures across runs. Figures go to
 bench/results/schema.json.
 
-    .venv/bin/python bench/schema.py [--quick] [--seconds 0.2] [--repeats 5] [--profile]
+    .venv/bin/python -m bench.schema [--quick] [--seconds 0.2] [--repeats 5] [--profile]
 
 `--profile` skips the measurements and prints cProfile's top functions (by own time) for (a) on
 the 16 KiB batch and (b) with Avro.
@@ -35,124 +35,41 @@ the 16 KiB batch and (b) with Avro.
 from __future__ import annotations
 
 import argparse
-import base64
 import io
-import json
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import fastavro
 import fastjsonschema
 import orjson
 from aiokafka.record.default_records import DefaultRecordBatch
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import write_results
-from engine import WORDS, Timing, profile, time_rounds
-
+from bench._engine_inputs import WORDS
+from bench._order_schemas import (
+    ORDER_AVRO,
+    ORDER_JSON,
+    SCHEMA_IDS,
+    TOPIC,
+    ProtoOrder,
+    make_catalog,
+)
+from bench._results import write_results
+from bench._timing import Timing, profile, time_rounds
 from kvproxy.policies.api import PolicyContext, ProducedRecords, Verdict, parse_records
 from kvproxy.policies.builtin.schema import SchemaPolicy
-from kvproxy.policies.schemas.model import RegisteredSchema, SchemaType
 from kvproxy.protocol.records import build_batch
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 from kvproxy.registry.catalog import StaticCatalog
 
-TOPIC = "bench-schema"
-SUBJECT = f"{TOPIC}-value"
 KIB = 1024
 MIB = 1024 * KIB
 SIZES: dict[str, int] = {"16 KiB": 16 * KIB, "1 MiB": MIB}
 PAYLOAD_SIZE = "16 KiB"
 ID_TARGET_RPS = 1_000_000
 FORMATS = ("avro", "json", "protobuf")
-
-# ---- the schemas: one order type, three formats -------------------------------------------
-
-ORDER_AVRO: dict[str, Any] = {
-    "type": "record",
-    "name": "Order",
-    "namespace": "shop",
-    "fields": [
-        {"name": "id", "type": "string"},
-        {"name": "customer", "type": "string"},
-        {"name": "units", "type": "long"},
-        {"name": "price", "type": "double"},
-        {"name": "currency", "type": "string"},
-        {"name": "paid", "type": "boolean"},
-    ],
-}
-ORDER_JSON: dict[str, Any] = {
-    "$schema": "http://json-schema.org/draft-07/schema#",
-    "title": "shop.Order",
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "customer": {"type": "string"},
-        "units": {"type": "integer", "minimum": 1},
-        "price": {"type": "number", "minimum": 0},
-        "currency": {"type": "string", "enum": ["EUR", "USD", "GBP"]},
-        "paid": {"type": "boolean"},
-    },
-    "required": ["id", "customer", "units", "price", "currency", "paid"],
-}
-
-
-def order_file() -> descriptor_pb2.FileDescriptorProto:
-    """orders.proto with `shop.Order`, as a serializer registers it (a FileDescriptorProto)."""
-    field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="bench-orders.proto", package="shop", syntax="proto3"
-    )
-    message = proto.message_type.add(name="Order")
-    for number, (name, kind) in enumerate(
-        (
-            ("id", field.TYPE_STRING),
-            ("customer", field.TYPE_STRING),
-            ("units", field.TYPE_INT64),
-            ("price", field.TYPE_DOUBLE),
-            ("currency", field.TYPE_STRING),
-            ("paid", field.TYPE_BOOL),
-        ),
-        start=1,
-    ):
-        message.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
-    return proto
-
-
-ORDER_PROTO = order_file()
-_POOL = descriptor_pool.DescriptorPool()
-_POOL.Add(ORDER_PROTO)
-ProtoOrder: Any = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("shop.Order"))
-
-SCHEMA_IDS = {"ids": 1, "avro": 2, "json": 3, "protobuf": 4}
-
-
-def registered(schema_id: int, schema_type: SchemaType, text: str) -> RegisteredSchema:
-    return RegisteredSchema(schema_id, schema_type, text, subjects=frozenset({SUBJECT}))
-
-
-def make_catalog() -> StaticCatalog:
-    """The registry's answers for every id the benchmark frames values with (a warm cache)."""
-    avro_text = json.dumps(ORDER_AVRO)
-    answers: dict[int, Any] = {
-        SCHEMA_IDS["ids"]: registered(SCHEMA_IDS["ids"], SchemaType.AVRO, avro_text),
-        SCHEMA_IDS["avro"]: registered(SCHEMA_IDS["avro"], SchemaType.AVRO, avro_text),
-        SCHEMA_IDS["json"]: registered(SCHEMA_IDS["json"], SchemaType.JSON, json.dumps(ORDER_JSON)),
-        SCHEMA_IDS["protobuf"]: registered(
-            SCHEMA_IDS["protobuf"],
-            SchemaType.PROTOBUF,
-            base64.b64encode(ORDER_PROTO.SerializeToString()).decode(),
-        ),
-    }
-    return StaticCatalog(answers, accept_unavailable=False)
-
 
 # ---- inputs --------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ batch.size=1 MiB) sends `--mib` MiB to a fresh single-partition topic on the bro
 Kafka 4.4.0, one KRaft node, by default; Tansu in memory with `--upstream tansu`), four ways:
 
 - `direct`: straight to the broker (the baseline);
-- `haproxy`: through HAProxy in TCP mode (the floor: a relay that reads nothing, bench/_common.py),
+- `haproxy`: through HAProxy in TCP mode (the floor: a relay that reads nothing, bench/_brokers.py),
   on a second listener of the broker that advertises HAProxy's port (Kafka only: Tansu advertises
   one address, so with `--upstream tansu` this variant is left out);
 - `default`: through `kvproxy serve` with the default checks (batch_integrity, crc, timestamps,
@@ -46,7 +46,7 @@ are divided by HAProxy's (goals: CPU <= 1.5x for the default checks, <= 3x recor
 >= 0.95x for the default checks), with the same ratio of each round's two runs beside. Figures
 go to bench/results/throughput.json (`against_floor`: those rows).
 
-    .venv/bin/python bench/throughput.py [--mib 200] [--rounds 5] [--quick] [--schema]
+    .venv/bin/python -m bench.throughput [--mib 200] [--rounds 5] [--quick] [--schema]
         [--upstream kafka|tansu]
 """
 
@@ -54,291 +54,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import (
-    RECORD_LEVEL_RULE,
-    ROOT,
-    BrokerUnderTest,
-    FloorRow,
-    ProxyProcess,
-    RelayProcess,
-    add_upstream_option,
-    against_floor,
-    floor_settings,
-    median,
-    print_floor,
-    start_proxy,
-    upstream,
-    write_results,
+from bench._brokers import BrokerUnderTest, add_upstream_option
+from bench._floor import FloorRow, against_floor, print_floor
+from bench._producer_runs import (
+    PRODUCER_CONFIG,
+    RECORD_BYTES,
+    announce_source,
+    check_run,
+    produce,
+    records_for,
 )
+from bench._relays import RelayProcess
+from bench._results import median, write_results
+from bench._throughput_variants import Variants, start_variants, topic_name
 
-from tests.harness.schema_registry import TestRegistry
-
-RECORD_BYTES = 1024
-DISTINCT_VALUES = 1024
-"""Values cycle through this many distinct JSON documents (the same for every variant)."""
 WARM_UP_MIB = 4
 """Sent once per variant before the rounds, not measured: connections, metadata, first batches."""
-FLUSH_TIMEOUT = 120.0
-RECORD_LEVEL_PREFIX = "rl-"
 TARGETS = {"default": 0.9, "record-level": 0.8}
 FLOOR_CPU_GOALS = {"default": 1.5, "record-level": 3.0}
 """kvproxy's CPU s/GiB over HAProxy's, at most (issue 30)."""
 FLOOR_THROUGHPUT_GOALS = {"default": 0.95}
 """kvproxy's MB/s over HAProxy's, at least (issue 30)."""
-SCHEMA_PREFIX = "sc-"
 SCHEMA_TARGET = 0.9
 """`schema` (ids only) against `default`, same run."""
-SCHEMA_RULE = """\
-topics:
-  - match: "{pattern}"
-    policies:
-      - batch_integrity
-      - crc
-      - timestamps
-      - compacted_key
-      - {{schema: {{value: required}}}}
-"""
-"""The `schema` variant's topic rule: the default checks, then every value's schema id."""
-SCHEMA_TEXT = '{"type": "object", "title": "bench.Order"}'
-"""The JSON schema every `sc-` topic's values are framed with (payloads are not checked)."""
-RUN_TOKEN = uuid.uuid4().hex[:8]
-"""Names this run's `schema` topics, so their subjects can be registered before the rounds."""
-PRODUCER_CONFIG: dict[str, Any] = {
-    "acks": "all",
-    "linger.ms": 5,
-    "batch.size": 1048576,
-    "queue.buffering.max.messages": 200000,
-}
-
-
-def source_state() -> dict[str, Any]:
-    """The commit measured and the files changed in the working tree (they are measured too)."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", *args], capture_output=True, text=True, cwd=ROOT, check=False, timeout=30
-        )
-        return done.stdout.strip()
-
-    changed = git("status", "--short", "--untracked-files=no").splitlines()
-    return {"commit": git("rev-parse", "HEAD"), "changed_files": [ln.split()[-1] for ln in changed]}
-
-
-def announce_source() -> dict[str, Any]:
-    """`source_state()`, printed: which code the figures are for."""
-    source = source_state()
-    changed = len(source["changed_files"])
-    print(
-        f"source: commit {source['commit'][:10]}, {changed} file{'s' * (changed != 1)} changed "
-        "in the working tree",
-        flush=True,
-    )
-    return source
-
-
-def json_value(index: int) -> bytes:
-    """A JSON document of exactly RECORD_BYTES bytes (an order-like object padded by `note`)."""
-    doc: dict[str, Any] = {
-        "id": index,
-        "customer": f"customer-{index % 977:04d}",
-        "items": [
-            {"sku": f"sku-{(index * 7 + n) % 10007:05d}", "qty": n + 1, "price": 9.5 + n}
-            for n in range(4)
-        ],
-        "currency": "EUR",
-        "paid": index % 3 != 0,
-        "note": "",
-    }
-    pad = RECORD_BYTES - len(json.dumps(doc, separators=(",", ":")).encode())
-    doc["note"] = "n" * pad
-    value = json.dumps(doc, separators=(",", ":")).encode()
-    assert len(value) == RECORD_BYTES, len(value)
-    return value
-
-
-VALUES: list[bytes] = [json_value(i) for i in range(DISTINCT_VALUES)]
-
-
-def framed_values(schema_id: int) -> list[bytes]:
-    """VALUES with their first 5 bytes replaced by Confluent's header (same size)."""
-    header = b"\x00" + schema_id.to_bytes(4, "big")
-    return [header + value[len(header) :] for value in VALUES]
-
-
-def records_for(mib: float) -> int:
-    """How many 1 KiB records make `mib` MiB."""
-    return max(1, round(mib * 1024 * 1024 / RECORD_BYTES))
-
-
-@dataclass
-class ProduceRun:
-    """What one producer run sent and how long it took (client side)."""
-
-    records: int
-    value_bytes: int
-    seconds: float
-    client_cpu_seconds: float
-    delivered: int
-    last_offset: int
-    delivery_errors: int
-    first_error: str | None
-    unflushed: int
-    started_at: float
-    """time.monotonic() when the first record was handed over (comparable across processes)."""
-    finished_at: float
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.value_bytes / self.seconds / 1e6
-
-
-def produce(
-    bootstrap: str,
-    topic: str,
-    records: int,
-    *,
-    ready: Callable[[], object] | None = None,
-    values: list[bytes] | None = None,
-) -> ProduceRun:
-    """Send `records` keyed JSON records of 1 KiB to partition 0 of `topic`, wait for every ack
-    (`values`: other 1 KiB values to cycle through instead).
-
-    The producer connects (metadata for `topic`) before the clock starts; `ready` is called
-    then, before the clock starts (several processes wait on a barrier there to start together).
-    """
-    errors = delivered = 0
-    last_offset = -1
-    first_error: list[str] = []
-
-    def on_delivery(err: KafkaError | None, msg: Message) -> None:
-        nonlocal errors, delivered, last_offset
-        if err is not None:
-            errors += 1
-            if not first_error:
-                first_error.append(str(err))
-        else:
-            delivered += 1
-            last_offset = max(last_offset, msg.offset() or 0)
-
-    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
-    producer.list_topics(topic, timeout=10)
-    if ready is not None:
-        ready()
-    values = VALUES if values is None else values
-    count = len(values)
-    cpu0 = time.process_time()
-    started_at = time.monotonic()
-    started = time.perf_counter()
-    for i in range(records):
-        key = b"key-%09d" % i
-        value = values[i % count]
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=0, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.005)
-        if i & 1023 == 0:
-            producer.poll(0)
-    unflushed = producer.flush(FLUSH_TIMEOUT)
-    seconds = time.perf_counter() - started
-    finished_at = time.monotonic()
-    cpu = time.process_time() - cpu0
-    return ProduceRun(
-        records=records,
-        value_bytes=records * RECORD_BYTES,
-        seconds=seconds,
-        client_cpu_seconds=cpu,
-        delivered=delivered,
-        last_offset=last_offset,
-        delivery_errors=errors,
-        first_error=first_error[0] if first_error else None,
-        unflushed=unflushed,
-        started_at=started_at,
-        finished_at=finished_at,
-    )
-
-
-def check_run(run: ProduceRun, label: str) -> None:
-    """A run with a failed delivery or a missing acknowledgement is a benchmark error.
-
-    The topic is fresh, so the broker's acknowledged offsets must run up to records - 1. (Tansu
-    0.6's ListOffsets answers the last batch's base offset + 1 as the high watermark, so the
-    delivery reports are the broker's word used here.)
-    """
-    if run.unflushed != 0:
-        raise RuntimeError(f"{label}: flush() left {run.unflushed} records unacknowledged")
-    if run.delivery_errors:
-        raise RuntimeError(
-            f"{label}: {run.delivery_errors} deliveries failed (first: {run.first_error})"
-        )
-    if run.delivered != run.records or run.last_offset != run.records - 1:
-        raise RuntimeError(
-            f"{label}: {run.delivered} of {run.records} records acknowledged, "
-            f"last offset {run.last_offset}"
-        )
-
-
-def topic_name(variant: str, label: str) -> str:
-    if variant == "schema":  # known in advance: its subject is registered before the rounds
-        return f"{SCHEMA_PREFIX}{variant}-{label}-{RUN_TOKEN}"
-    prefix = RECORD_LEVEL_PREFIX if variant == "record-level" else "tp-"
-    return f"{prefix}{variant}-{label}-{uuid.uuid4().hex[:8]}"
-
-
-def register_schema_subjects(registry: TestRegistry, labels: list[str]) -> int:
-    """SCHEMA_TEXT under `<topic>-value` of every `schema` topic the run will use; its id."""
-    ids = {
-        registry.register(f"{topic_name('schema', label)}-value", SCHEMA_TEXT, "JSON")
-        for label in labels
-    }
-    if len(ids) != 1:
-        raise RuntimeError(f"the registry gave several ids for one schema: {sorted(ids)}")
-    return ids.pop()
-
-
-def check_schema_active(broker: BrokerUnderTest, proxy: ProxyProcess) -> str:
-    """The schema proxy must refuse an unframed value on an `sc-` topic; returns its error."""
-    topic = broker.create_topic(topic_name("schema", "refused"))
-    outcome: list[KafkaError | None] = []
-    producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
-    producer.produce(
-        topic, b"no header", b"k", partition=0, on_delivery=lambda err, _m: outcome.append(err)
-    )
-    if producer.flush(30) != 0 or not outcome:
-        raise RuntimeError("schema check: no answer for the unframed record")
-    if outcome[0] is None:
-        raise RuntimeError("schema proxy accepted an unframed value: policy not active")
-    return str(outcome[0])
-
-
-def check_policies_active(broker: BrokerUnderTest, proxy: ProxyProcess) -> str:
-    """The record-level proxy must refuse a non-JSON value on an `rl-` topic; returns its error."""
-    topic = broker.create_topic(topic_name("record-level", "refused"))
-    outcome: list[KafkaError | None] = []
-    producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
-    producer.produce(
-        topic, b"not json", b"k", partition=0, on_delivery=lambda err, _m: outcome.append(err)
-    )
-    if producer.flush(30) != 0 or not outcome:
-        raise RuntimeError("record-level check: no answer for the non-JSON record")
-    if outcome[0] is None:
-        raise RuntimeError("record-level proxy accepted a non-JSON value: policies not active")
-    return str(outcome[0])
 
 
 @dataclass
@@ -514,7 +256,7 @@ def print_schema_ratio(extra: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=200, help="MiB sent per run (default 200)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the three (default 5)")
@@ -528,6 +270,54 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.mib, args.rounds = 20, 2
+    return args
+
+
+def _measure_rounds(
+    args: argparse.Namespace, variants: Variants, records: int
+) -> dict[str, list[VariantRun]]:
+    """A warm-up of every variant, then `--rounds` rounds of them in turn, each run printed."""
+    broker, proxies, values = variants.broker, variants.proxies, variants.values
+    runs: dict[str, list[VariantRun]] = {name: [] for name in proxies}
+    for name, proxy in proxies.items():
+        measure(
+            name,
+            broker,
+            proxy,
+            records=records_for(WARM_UP_MIB),
+            label="warmup",
+            rnd=0,
+            values=values.get(name),
+        )
+    if variants.registry is not None:
+        variants.schema_extra["registry_requests"] = len(variants.registry.requests)
+    for rnd in range(1, args.rounds + 1):
+        for name, proxy in proxies.items():
+            run = measure(
+                name,
+                broker,
+                proxy,
+                records=records,
+                label=f"r{rnd}",
+                rnd=rnd,
+                values=values.get(name),
+            )
+            runs[name].append(run)
+            cpu = (
+                f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB"
+                if run.proxy_cpu_s_per_gib is not None
+                else ""
+            )
+            print(
+                f"  round {rnd}/{args.rounds} {name:<12} {run.mb_per_s:7.1f} MB/s "
+                f"({run.seconds:.2f} s{cpu})",
+                flush=True,
+            )
+    return runs
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
     records = records_for(args.mib)
     started = time.monotonic()
     print(
@@ -539,83 +329,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         flush=True,
     )
     source = announce_source()
-    values: dict[str, list[bytes]] = {}
-    schema_extra: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(upstream(args.upstream, floor=True))
-        print(f"broker: {broker.label} {broker.version} at {broker.bootstrap}", flush=True)
-        floor_relay = floor_settings(broker)
-        default_proxy = stack.enter_context(start_proxy(broker.bootstrap))
-        rule = RECORD_LEVEL_RULE.format(pattern=f"{RECORD_LEVEL_PREFIX}*")
-        record_proxy = stack.enter_context(start_proxy(broker.bootstrap, rules=rule))
-        proxies: dict[str, RelayProcess | None] = {"direct": None}
-        if broker.floor is not None:
-            print(f"haproxy (the floor) at {broker.floor.bootstrap}", flush=True)
-            proxies["haproxy"] = broker.floor
-        proxies.update({"default": default_proxy, "record-level": record_proxy})
-        runs: dict[str, list[VariantRun]] = {name: [] for name in proxies}
-        refusal = check_policies_active(broker, record_proxy)
-        print(f"record-level proxy refuses a non-JSON value: {refusal}", flush=True)
-        if args.schema:
-            registry = stack.enter_context(TestRegistry())
-            labels = ["warmup", *(f"r{rnd}" for rnd in range(1, args.rounds + 1))]
-            schema_id = register_schema_subjects(registry, labels)
-            values["schema"] = framed_values(schema_id)
-            schema_rule = SCHEMA_RULE.format(pattern=f"{SCHEMA_PREFIX}*")
-            schema_proxy = stack.enter_context(
-                start_proxy(
-                    broker.bootstrap,
-                    rules=schema_rule,
-                    extra_yaml=f"schema_registry: {{url: '{registry.url}'}}\n",
-                )
-            )
-            proxies["schema"] = schema_proxy
-            runs["schema"] = []
-            schema_refusal = check_schema_active(broker, schema_proxy)
-            print(f"schema proxy refuses an unframed value: {schema_refusal}", flush=True)
-            schema_extra = {"schema_rule": schema_rule, "schema_id": schema_id}
-            schema_extra["schema_refusal"] = schema_refusal
-        for name, proxy in proxies.items():
-            measure(
-                name,
-                broker,
-                proxy,
-                records=records_for(WARM_UP_MIB),
-                label="warmup",
-                rnd=0,
-                values=values.get(name),
-            )
-        if args.schema:
-            schema_extra["registry_requests"] = len(registry.requests)
-        for rnd in range(1, args.rounds + 1):
-            for name, proxy in proxies.items():
-                run = measure(
-                    name,
-                    broker,
-                    proxy,
-                    records=records,
-                    label=f"r{rnd}",
-                    rnd=rnd,
-                    values=values.get(name),
-                )
-                runs[name].append(run)
-                cpu = (
-                    f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB"
-                    if run.proxy_cpu_s_per_gib is not None
-                    else ""
-                )
-                print(
-                    f"  round {rnd}/{args.rounds} {name:<12} {run.mb_per_s:7.1f} MB/s "
-                    f"({run.seconds:.2f} s{cpu})",
-                    flush=True,
-                )
+        variants = start_variants(stack, args)
+        runs = _measure_rounds(args, variants, records)
     summary = summarize(runs, TARGETS, "direct")
     elapsed = time.monotonic() - started
     print_table(runs, summary, "direct")
-    if args.schema:
-        schema_extra["schema_vs_default"] = schema_vs_default(runs)
-        schema_extra["registry_requests_after_rounds"] = len(registry.requests)
-        print_schema_ratio(schema_extra)
+    if variants.registry is not None:
+        variants.schema_extra["schema_vs_default"] = schema_vs_default(runs)
+        variants.schema_extra["registry_requests_after_rounds"] = len(variants.registry.requests)
+        print_schema_ratio(variants.schema_extra)
     floor = floor_rows(runs) if "haproxy" in runs else []
     if floor:
         print_floor(floor)
@@ -628,22 +351,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rounds": args.rounds,
             "warm_up_mib": WARM_UP_MIB,
             "producer": PRODUCER_CONFIG,
-            "record_level_rule": rule,
+            "record_level_rule": variants.rule,
             "partitions": 1,
             "upstream": args.upstream,
-            "upstream_version": broker.version,
-            "floor": floor_relay,
+            "upstream_version": variants.broker.version,
+            "floor": variants.floor_relay,
         },
         "source": source,
         "targets": TARGETS,
-        "record_level_refusal": refusal,
+        "record_level_refusal": variants.refusal,
         "runs": {name: [asdict(r) for r in variant_runs] for name, variant_runs in runs.items()},
         "summary": summary,
         "against_floor": [asdict(row) for row in floor],
         "elapsed_seconds": round(elapsed, 1),
     }
     if args.schema:
-        results["schema"] = schema_extra
+        results["schema"] = variants.schema_extra
     write_results("throughput", results)
     return results
 

@@ -8,7 +8,7 @@ when the other's send buffer is full. Measured beside HAProxy and kvproxy in the
 (bench/request_rate.py, bench/latency.py), it separates the cost of the event loop and the
 syscalls from kvproxy's own per-request work.
 
-    .venv/bin/python bench/uvloop_relay.py --port P --upstream host:port
+    .venv/bin/python -m bench.uvloop_relay --port P --upstream host:port
 
 It listens on 127.0.0.1 only and stops on SIGTERM or SIGINT.
 """

@@ -20,7 +20,7 @@ runs, which shows whether the connections landed on both workers. The machine ha
 the broker, the producers and the proxy, so a second worker cannot double anything here: it only
 helps as far as one proxy process was the bottleneck. Figures go to bench/results/workers.json.
 
-    .venv/bin/python bench/workers.py [--mib 200] [--rounds 3] [--producers 4] [--quick]
+    .venv/bin/python -m bench.workers [--mib 200] [--rounds 3] [--producers 4] [--quick]
 """
 
 from __future__ import annotations
@@ -34,23 +34,21 @@ import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import ROOT, ProxyProcess, create_topic, median, start_proxy, tansu, write_results
-from throughput import (
+from bench._brokers import BrokerUnderTest, create_topic, upstream
+from bench._producer_runs import (
     RECORD_BYTES,
-    Broker,
     ProduceRun,
     announce_source,
     check_run,
     produce,
     records_for,
 )
+from bench._relays import ProxyProcess, start_proxy
+from bench._results import ROOT, median, write_results
 
 BARRIER_TIMEOUT = 60.0
 RESULT_TIMEOUT = 300.0
@@ -158,7 +156,7 @@ class WorkersRun:
 
 def measure(
     pool: ProducerPool,
-    broker: Broker,
+    broker: BrokerUnderTest,
     proxy: ProxyProcess | None,
     *,
     records: int,
@@ -261,7 +259,7 @@ def print_table(runs: dict[str, list[WorkersRun]], summary: dict[str, dict[str, 
         )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=200, help="MiB per run, all producers")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the three (default 3)")
@@ -270,10 +268,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.mib, args.rounds = 20, 2
-    started = time.monotonic()
-    records = records_for(args.mib)
-    has_workers = workers_flag_available()
-    second = 2 if has_workers else 1
+    return args
+
+
+def _announce(args: argparse.Namespace, records: int, has_workers: bool) -> None:
     print(
         f"workers: {records:,} records of {RECORD_BYTES} B ({args.mib:g} MiB) per run over "
         f"{args.producers} producer processes, {args.rounds} rounds of direct / workers 1 / "
@@ -286,10 +284,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "with ONE worker (a second copy of 'workers 1')",
             flush=True,
         )
-    source = announce_source()
+
+
+def _print_run(run: WorkersRun, name: str, rnd: int, rounds: int) -> None:
+    extra = ""
+    if run.proxy_cpu_s_per_gib is not None and run.cpu_split:
+        extra = (
+            f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB over "
+            f"{run.proxy_processes} processes, split "
+            + " / ".join(f"{x:.0%}" for x in run.cpu_split)
+        )
+    print(
+        f"  round {rnd}/{rounds} {name:<9} {run.mb_per_s:7.1f} MB/s ({run.seconds:.2f} s{extra})",
+        flush=True,
+    )
+
+
+def _run_rounds(args: argparse.Namespace, records: int, second: int) -> dict[str, list[WorkersRun]]:
+    """Tansu, kvproxy with 1 and with `second` workers, a warm-up of each, then the rounds."""
     runs: dict[str, list[WorkersRun]] = {"direct": [], "workers 1": [], "workers 2": []}
     with contextlib.ExitStack() as stack:
-        broker = Broker.of(stack.enter_context(tansu()))
+        broker = stack.enter_context(upstream("tansu"))
         proxies: dict[str, ProxyProcess | None] = {
             "direct": None,
             "workers 1": stack.enter_context(start_proxy(broker.bootstrap, workers=1)),
@@ -312,18 +327,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     rnd=rnd,
                 )
                 runs[name].append(run)
-                extra = ""
-                if run.proxy_cpu_s_per_gib is not None and run.cpu_split:
-                    extra = (
-                        f", proxy CPU {run.proxy_cpu_s_per_gib:.2f} s/GiB over "
-                        f"{run.proxy_processes} processes, split "
-                        + " / ".join(f"{x:.0%}" for x in run.cpu_split)
-                    )
-                print(
-                    f"  round {rnd}/{args.rounds} {name:<9} {run.mb_per_s:7.1f} MB/s "
-                    f"({run.seconds:.2f} s{extra})",
-                    flush=True,
-                )
+                _print_run(run, name, rnd, args.rounds)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
+    started = time.monotonic()
+    records = records_for(args.mib)
+    has_workers = workers_flag_available()
+    second = 2 if has_workers else 1
+    _announce(args, records, has_workers)
+    source = announce_source()
+    runs = _run_rounds(args, records, second)
     summary = summarize(runs)
     elapsed = time.monotonic() - started
     print_table(runs, summary)

@@ -103,6 +103,7 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
             base_dir=str(Path.cwd()),
             now_ms=now_ms,
             policies=_policy_targets(),
+            default_policies=_default_policies(),
         )
     targets = _policy_targets()
     try:
@@ -117,8 +118,17 @@ def load_settings(config: str | None, now_ms: int) -> AuditSettings:
         profile=read.profile,
         now_ms=now_ms,
         policies=targets,
+        default_policies=_default_policies(),
         schema_registry=read.schema_registry,
     )
+
+
+def _default_policies() -> tuple[str, ...]:
+    """The installed default chain, found here on the driver for the executors."""
+    try:
+        return plugins.default_policies()
+    except PolicyConfigError as exc:
+        raise AuditError(str(exc)) from None
 
 
 def _policy_targets() -> dict[str, str]:

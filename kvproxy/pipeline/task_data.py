@@ -67,6 +67,8 @@ class AuditSettings:
     """Policy name -> `module:attr`, from the driver's installed entry points
     (`plugins.entry_point_targets`): executors given the code as a zip have no such metadata.
     None: scan the installed entry points."""
+    default_policies: tuple[str, ...] | None = None
+    """The installed default chain (`plugins.default_policies`), found on the driver too."""
     schema_registry: SchemaRegistryConfig | None = None
     """The `schema_registry` section: read on the driver only, and dropped from the settings
     before they ship (its credentials stay on the driver)."""
@@ -87,7 +89,9 @@ def routing_for(settings: AuditSettings) -> TopicRouting:
     routing = _ROUTINGS.get(key)
     if routing is None:
         routing = RuleSections(settings.defaults, settings.topics).build(
-            Path(settings.base_dir), policy_targets=settings.policies
+            Path(settings.base_dir),
+            policy_targets=settings.policies,
+            default_policies=settings.default_policies,
         )
         _ROUTINGS[key] = routing
     return routing

@@ -31,7 +31,6 @@ CRASH_LOG_INTERVAL_S = 60.0
 """A crashing policy's traceback is logged at most once per this many seconds (per policy)."""
 
 
-
 class Mode(enum.Enum):
     """What the caller does with a rejection: answer it, only log it, or not check at all."""
 
@@ -96,9 +95,7 @@ class PolicyChain:
         self.observers: tuple[Any, ...] = tuple(policy for policy, _ in watching)
         """The policies shown the broker's answer (`observe`); empty for most chains."""
         self._choosers = tuple(declared.wants_answer for _, declared in watching)
-        self.parsed_by: str = next(
-            (d.name for d in self.declarations if d.judges_parsing), PARSING
-        )
+        self.parsed_by: str = next((d.name for d in self.declarations if d.judges_parsing), PARSING)
         """The name refusals of bytes that do not parse are given (`Declaration.judges_parsing`;
         `PARSING` in a chain with no such policy)."""
         self._steps = chain_steps(self.policies, self.declarations)

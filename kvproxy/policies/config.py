@@ -54,7 +54,6 @@ from kvproxy.policies.topic_patterns import FirstMatch, PatternError, compile_pa
 from kvproxy.protocol.topics import is_legal_topic_name
 
 __all__ = [
-    "DEFAULT_DEFAULTS",
     "MAX_TOPIC_RULES",
     "TopicRouting",
     "TopicRule",
@@ -62,8 +61,6 @@ __all__ = [
     "spelling_hint",
 ]
 
-DEFAULT_POLICIES: tuple[str, ...] = ("batch_integrity", "crc", "timestamps", "compacted_key")
-DEFAULT_DEFAULTS: Mapping[str, Any] = {"mode": "enforce", "policies": list(DEFAULT_POLICIES)}
 
 _DEFAULTS_KEYS = frozenset({"mode", "policies"})
 _TOPIC_KEYS = frozenset({"match", "mode", "compacted", "config", "policies", "default_policies"})
@@ -201,10 +198,12 @@ def build_routing(
     *,
     producer_state: ProducerStateTracker | None = None,
     policy_targets: Mapping[str, str] | None = None,
+    default_policies: Sequence[str] | None = None,
 ) -> TopicRouting:
     """Resolve the config sections; pass the old routing's `producer_state` on reload to keep it.
     `policy_targets` (`plugins.entry_point_targets`) names the policies where the installed
-    entry points are not to be scanned.
+    entry points are not to be scanned, and `default_policies` (`plugins.default_policies`)
+    then the chain of defaults that name none.
 
     Every problem of both sections is found before one `PolicyConfigError` lists them all, so a
     file is fixed in one round; the policies built meanwhile are closed again.
@@ -213,7 +212,9 @@ def build_routing(
     problems = _Problems()
     built: list[TopicRule] = []
     try:
-        default, default_specs = _build_defaults(defaults, context, problems, policy_targets)
+        default, default_specs = _build_defaults(
+            defaults, context, problems, policy_targets, default_policies
+        )
         built.append(default)
         rules: list[TopicRule] = []
         for position, entry in enumerate(_entries(topics, problems)):
@@ -299,18 +300,21 @@ def _build_defaults(
     context: PolicyContext,
     problems: _Problems,
     targets: Mapping[str, str] | None,
+    default_policies: Sequence[str] | None,
 ) -> tuple[TopicRule, Any]:
     """The rule of every other topic, and the policies it names (which topics without a
-    `policies` key inherit)."""
+    `policies` key inherit; the installed default chain when it names none)."""
     where: KeyPath = ("defaults",)
     if defaults is None:
-        defaults = DEFAULT_DEFAULTS
+        defaults = {}
     if not isinstance(defaults, Mapping):
         problems.add((), f"defaults must be a mapping, not {kind_of(defaults)}", where)
-        defaults = DEFAULT_DEFAULTS
+        defaults = {}
     _check_keys(where, defaults, _DEFAULTS_KEYS, problems)
     mode = _mode(where, defaults.get("mode", "enforce"), problems) or Mode.ENFORCE
-    specs = defaults.get("policies", list(DEFAULT_POLICIES))
+    specs = defaults.get("policies")
+    if specs is None:
+        specs = list(plugins.default_policies() if default_policies is None else default_policies)
     policies = _build_policies(where, specs, context, problems, targets)
     chain = PolicyChain(policies, mode)
     rule = TopicRule(None, mode, None, chain, lambda _topic: True, needs=_needs(chain))

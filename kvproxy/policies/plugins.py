@@ -9,6 +9,7 @@ policy (the contract: `kvproxy.policies.api.RecordsPolicy`). See docs/adding-a-p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import sys
@@ -26,6 +27,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ProblemSink",
     "build_policy",
+    "default_policies",
     "entry_point_targets",
     "find_factory",
     "load_custom_class",
@@ -50,6 +52,28 @@ class ProblemSink(Protocol):
     def add(self, path: KeyPath, message: str, at: KeyPath = ()) -> None: ...
 
     def hint(self, key: object, known: Iterable[str]) -> str: ...
+
+
+DEFAULTS_GROUP = "kvproxy.defaults"
+"""The entry-point group whose `policies` entry is the default chain's names."""
+
+
+@functools.cache
+def default_policies() -> tuple[str, ...]:
+    """The policies of a config that names none: what kvproxy's own distribution declares in
+    the entry point `policies` of `DEFAULTS_GROUP` (the framework names none itself)."""
+    try:
+        entries = metadata.distribution(DISTRIBUTION).entry_points.select(group=DEFAULTS_GROUP)
+    except metadata.PackageNotFoundError:
+        entries = metadata.EntryPoints(())
+    for entry in entries:
+        if entry.name == "policies":
+            return tuple(str(name) for name in entry.load())
+    raise PolicyConfigError(
+        f"kvproxy's default policies are missing from the installed package metadata "
+        f"(entry point policies of {DEFAULTS_GROUP} in {DISTRIBUTION}): reinstall kvproxy "
+        "(pip install -e . in its checkout, or make setup)"
+    )
 
 
 def policy_names() -> list[str]:

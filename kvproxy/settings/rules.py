@@ -42,14 +42,16 @@ class RuleSections:
         *,
         producer_state: ProducerStateTracker | None = None,
         policy_targets: Mapping[str, str] | None = None,
+        default_policies: Sequence[str] | None = None,
     ) -> TopicRouting:
         """The rules, built (custom classes imported, schema files read); PolicyConfigError
         lists every problem. Relative paths in policies resolve against `base_dir`;
-        `policy_targets` as `build_routing` takes it."""
+        `policy_targets` and `default_policies` as `build_routing` takes them."""
         return build_routing(
             self.defaults,
             self.topics,
             Path(base_dir),
             producer_state=producer_state,
             policy_targets=policy_targets,
+            default_policies=default_policies,
         )

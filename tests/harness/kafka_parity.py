@@ -140,8 +140,8 @@ def produce(
     upstream = None
     if decision.forward is not None:
         upstream = broker_success(version)
-        decision.observe(upstream)
-    body = decode_response(decision.answer(upstream), PRODUCE, version).body
+        engine.answers.observe(decision, upstream)
+    body = decode_response(engine.answers.answer(decision, upstream), PRODUCE, version).body
     (topic,) = body.responses
     (partition,) = topic.partition_responses
     record_errors = tuple(

@@ -9,19 +9,10 @@ broker: every value exactly once.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import replay_kill
 
 
 def test_every_refused_record_is_replayed_exactly_once_after_kills() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        replay_kill = importlib.import_module("replay_kill")
-    finally:
-        sys.path.remove(str(BENCH))
     figures = replay_kill.run(records=2000, kills=2)
     assert figures["kills"] == 2
     assert [replay["exit"] for replay in figures["replays"]] == [0, 0], figures["replays"]

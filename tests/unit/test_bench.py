@@ -18,9 +18,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -28,17 +26,19 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
+from bench import producer_perf, run_all
+from bench._hostile_inputs import XerialWriter, legacy_gzip_wrapper, read_answer, snappy_zero_batch
+from bench._hostile_watch import lag_figures
 from kvproxy.protocol.compression import Codec, compress, decompress
 from kvproxy.protocol.messages import encode_response, make_response
 from kvproxy.protocol.records import read_batch
-from tests.harness.bench_modules import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_run_all_quick_engine_writes_its_figures(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "bench/run_all.py", "--quick", "--only", "engine"],
+        [sys.executable, "-m", "bench.run_all", "--quick", "--only", "engine"],
         cwd=ROOT,
         env={**os.environ, "KVPROXY_BENCH_RESULTS": str(tmp_path)},
         capture_output=True,
@@ -59,7 +59,7 @@ def test_run_all_quick_engine_writes_its_figures(tmp_path: Path) -> None:
 def test_schema_bench_quick_writes_every_row(tmp_path: Path) -> None:
     """bench/schema.py (not in `make bench`) on the schema policy and a StaticCatalog."""
     result = subprocess.run(
-        [sys.executable, "bench/schema.py", "--quick"],
+        [sys.executable, "-m", "bench.schema", "--quick"],
         cwd=ROOT,
         env={**os.environ, "KVPROXY_BENCH_RESULTS": str(tmp_path)},
         capture_output=True,
@@ -83,14 +83,8 @@ def test_schema_bench_quick_writes_every_row(tmp_path: Path) -> None:
 # ---- bench/hostile.py: its hand-built inputs are what they claim, its readings parse ----
 
 
-@pytest.fixture(scope="module")
-def hostile() -> Iterator[ModuleType]:
-    with bench_module("hostile") as module:
-        yield module
-
-
-def test_the_xerial_writer_frames_as_the_proxy_codec_does(hostile: ModuleType) -> None:
-    writer = hostile.XerialWriter()
+def test_the_xerial_writer_frames_as_the_proxy_codec_does() -> None:
+    writer = XerialWriter()
     writer.write(b"head")
     writer.zeros(100_000)  # whole zero blocks take the shortcut
     writer.write(b"tail")
@@ -101,8 +95,8 @@ def test_the_xerial_writer_frames_as_the_proxy_codec_does(hostile: ModuleType) -
     assert decompress(Codec.SNAPPY, stream) == plain
 
 
-def test_the_snappy_bomb_is_a_valid_batch_of_zero_records(hostile: ModuleType) -> None:
-    batch, end = read_batch(hostile.snappy_zero_batch(3, 100_000))
+def test_the_snappy_bomb_is_a_valid_batch_of_zero_records() -> None:
+    batch, end = read_batch(snappy_zero_batch(3, 100_000))
     assert end == batch.size
     assert (batch.magic, batch.codec, batch.record_count) == (2, Codec.SNAPPY, 3)
     assert batch.crc_valid()
@@ -112,8 +106,8 @@ def test_the_snappy_bomb_is_a_valid_batch_of_zero_records(hostile: ModuleType) -
     ]
 
 
-def test_the_legacy_wrapper_holds_every_inner_message(hostile: ModuleType) -> None:
-    batch, _ = read_batch(hostile.legacy_gzip_wrapper(1000))
+def test_the_legacy_wrapper_holds_every_inner_message() -> None:
+    batch, _ = read_batch(legacy_gzip_wrapper(1000))
     assert (batch.magic, batch.codec, batch.base_offset) == (1, Codec.GZIP, 999)
     assert batch.crc_valid() and batch.inner_crcs_valid()
     records = list(batch.records())
@@ -122,7 +116,7 @@ def test_the_legacy_wrapper_holds_every_inner_message(hostile: ModuleType) -> No
     ]
 
 
-def test_a_produce_answer_is_summarised_and_checked(hostile: ModuleType) -> None:
+def test_a_produce_answer_is_summarised_and_checked() -> None:
     schema = importlib.import_module("kio.schema.produce.v9.response")
 
     def part(index: int, code: ErrorCode, errors: int) -> Any:
@@ -149,43 +143,41 @@ def test_a_produce_answer_is_summarised_and_checked(hostile: ModuleType) -> None
         throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
     )
     payload = encode_response(0, 9, make_response(0, 9, 7, body))
-    answer = hostile.read_answer(payload, 9, 7, "hostile", 2)
+    answer = read_answer(payload, 9, 7, "hostile", 2)
     assert answer.well_formed, answer.problem
     assert answer.said() == "1 x NONE (0), 1 x INVALID_RECORD (87), 2 record errors"
     assert answer.size == len(payload)
-    assert hostile.read_answer(payload, 9, 8, "hostile", 2).said() == (
+    assert read_answer(payload, 9, 8, "hostile", 2).said() == (
         "malformed answer (correlation id 7, sent 8)"
     )
-    assert hostile.read_answer(payload, 9, 7, "hostile", 3).problem == (
-        "answers 2 partitions, 3 were sent"
-    )
+    assert read_answer(payload, 9, 7, "hostile", 3).problem == ("answers 2 partitions, 3 were sent")
     assert (
-        hostile.read_answer(payload[:-3], 9, 7, "hostile", 2)
+        read_answer(payload[:-3], 9, 7, "hostile", 2)
         .said()
         .startswith("malformed answer (does not decode")
     )
 
 
-def test_the_loop_lag_is_read_from_metrics_when_the_proxy_has_it(hostile: ModuleType) -> None:
+def test_the_loop_lag_is_read_from_metrics_when_the_proxy_has_it() -> None:
     histogram = "".join(
         f'kvproxy_event_loop_lag_seconds_bucket{{le="{le}"}} {n}\n'
         for le, n in (("1.0", 5.0), ("2.5", 5.0), ("5.0", 6.0), ("+Inf", 6.0))
     )
     text = histogram + "kvproxy_event_loop_lag_seconds_count 6.0\n"
-    assert hostile.lag_figures(text) == (None, "2.5-5 s")
-    assert hostile.lag_figures(text + "kvproxy_event_loop_lag_max_seconds 3.25\n") == (
+    assert lag_figures(text) == (None, "2.5-5 s")
+    assert lag_figures(text + "kvproxy_event_loop_lag_max_seconds 3.25\n") == (
         3.25,
         "2.5-5 s",
     )
     beyond = text.replace('le="+Inf"} 6.0', 'le="+Inf"} 7.0').replace("count 6.0", "count 7.0")
-    assert hostile.lag_figures(beyond) == (None, "> 5 s")
-    assert hostile.lag_figures("kvproxy_requests_total 3.0\n") == (None, None)
-    assert hostile.lag_figures(None) == (None, None)
+    assert lag_figures(beyond) == (None, "> 5 s")
+    assert lag_figures("kvproxy_requests_total 3.0\n") == (None, None)
+    assert lag_figures(None) == (None, None)
 
 
 def test_the_hostile_bench_refuses_an_unknown_scenario() -> None:
     result = subprocess.run(
-        [sys.executable, "bench/hostile.py", "--scenarios", "zstd-5,nope"],
+        [sys.executable, "-m", "bench.hostile", "--scenarios", "zstd-5,nope"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -226,13 +218,7 @@ max latency, 11947 ms 50th, 17336 ms 95th, 17575 ms 99th, 17597 ms 99.9th.
 """The same tool with `--warmup-records 20000` (60,000 records): a second, steady-state summary."""
 
 
-@pytest.fixture(scope="module")
-def producer_perf() -> Iterator[ModuleType]:
-    with bench_module("producer_perf") as module:
-        yield module
-
-
-def test_the_perf_summary_is_read_and_progress_lines_are_not(producer_perf: ModuleType) -> None:
+def test_the_perf_summary_is_read_and_progress_lines_are_not() -> None:
     summary = producer_perf.parse_summary(PERF_OUTPUT)
     assert summary == producer_perf.PerfSummary(
         records=100_000,
@@ -247,7 +233,7 @@ def test_the_perf_summary_is_read_and_progress_lines_are_not(producer_perf: Modu
     )
 
 
-def test_the_whole_run_and_the_steady_state_are_told_apart(producer_perf: ModuleType) -> None:
+def test_the_whole_run_and_the_steady_state_are_told_apart() -> None:
     whole = producer_perf.parse_summary(PERF_WARM_UP_OUTPUT)
     steady = producer_perf.parse_summary(PERF_WARM_UP_OUTPUT, steady_state=True)
     assert (whole.records, whole.records_per_s, whole.p99_ms) == (60_000, 1795.17099, 17575)
@@ -256,7 +242,7 @@ def test_the_whole_run_and_the_steady_state_are_told_apart(producer_perf: Module
         producer_perf.parse_summary(PERF_OUTPUT, steady_state=True)
 
 
-def test_a_run_that_did_not_finish_has_no_summary(producer_perf: ModuleType) -> None:
+def test_a_run_that_did_not_finish_has_no_summary() -> None:
     """Progress lines alone (the tool killed, or stuck until its timeout) are no result."""
     cut = PERF_OUTPUT.rsplit("100000 records sent", 1)[0]
     with pytest.raises(ValueError, match="no ProducerPerformance summary line"):
@@ -266,7 +252,7 @@ def test_a_run_that_did_not_finish_has_no_summary(producer_perf: ModuleType) -> 
     assert empty.records == 0
 
 
-def test_a_send_that_failed_is_found_in_the_output(producer_perf: ModuleType) -> None:
+def test_a_send_that_failed_is_found_in_the_output() -> None:
     failed = PERF_OUTPUT + (
         "org.apache.kafka.common.InvalidRecordException: One or more records have been rejected\n"
         "[2026-11-26 16:50:02,000] ERROR [Producer clientId=perf-producer-client] boom\n"
@@ -275,7 +261,7 @@ def test_a_send_that_failed_is_found_in_the_output(producer_perf: ModuleType) ->
     assert len(producer_perf.tool_errors(failed)) == 2
 
 
-def test_the_perf_command_is_kafka_tools_producer_performance(producer_perf: ModuleType) -> None:
+def test_the_perf_command_is_kafka_tools_producer_performance() -> None:
     command = producer_perf.perf_command("127.0.0.1:9", "t", 1000, 1024, ["acks=all", "x=1"])
     tail = command[command.index(producer_perf.MAIN_CLASS) :]
     assert tail == [
@@ -298,14 +284,13 @@ def test_the_perf_command_is_kafka_tools_producer_performance(producer_perf: Mod
 
 
 def test_run_all_passes_upstream_only_to_benchmarks_that_take_it() -> None:
-    """`run_all.py --upstream` goes to 1, 2 and 3; each of them must accept it."""
-    with bench_module("run_all") as module:
-        names = {name for name, _ in module.BENCHMARKS}
-    assert {"throughput", "request_rate", "latency"} == module.WITH_UPSTREAM
-    assert names >= module.WITH_UPSTREAM
-    for name in sorted(module.WITH_UPSTREAM):
+    """`bench.run_all --upstream` goes to 1, 2 and 3; each of them must accept it."""
+    names = {name for name, _ in run_all.BENCHMARKS}
+    assert {"throughput", "request_rate", "latency"} == run_all.WITH_UPSTREAM
+    assert names >= run_all.WITH_UPSTREAM
+    for name in sorted(run_all.WITH_UPSTREAM):
         shown = subprocess.run(
-            [sys.executable, f"bench/{name}.py", "--help"],
+            [sys.executable, "-m", f"bench.{name}", "--help"],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
-import pytest
-
-from tests.harness.bench_modules import bench_module
+from bench import instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CASES = ("produce_small", "merge_small")
 
 
-@pytest.fixture(scope="module")
-def instructions() -> Iterator[ModuleType]:
-    with bench_module("instructions") as module:
-        yield module
-
-
-def test_a_case_grown_beyond_the_tolerance_fails_the_check_by_name(
-    instructions: ModuleType,
-) -> None:
+def test_a_case_grown_beyond_the_tolerance_fails_the_check_by_name() -> None:
     committed = {"produce_small": 300_000, "merge_small": 500_000}
     now = {"produce_small": 309_300, "merge_small": 500_000}
     status, lines = instructions.check_report(instructions.compare(committed, now, 3.0), 3.0)
@@ -35,7 +23,7 @@ def test_a_case_grown_beyond_the_tolerance_fails_the_check_by_name(
     assert "produce_small: committed 300,000 Ir per iteration, now 309,300 (+3.10%)" in grew
 
 
-def test_a_case_within_the_tolerance_passes(instructions: ModuleType) -> None:
+def test_a_case_within_the_tolerance_passes() -> None:
     committed = {"produce_small": 300_000}
     for now in (308_700, 291_300):
         status, lines = instructions.check_report(
@@ -45,9 +33,7 @@ def test_a_case_within_the_tolerance_passes(instructions: ModuleType) -> None:
         assert [line.split(":")[0] for line in lines] == ["within 3.0%"]
 
 
-def test_a_case_that_fell_passes_and_asks_for_the_figure_to_be_refreshed(
-    instructions: ModuleType,
-) -> None:
+def test_a_case_that_fell_passes_and_asks_for_the_figure_to_be_refreshed() -> None:
     status, lines = instructions.check_report(
         instructions.compare({"produce_small": 300_000}, {"produce_small": 250_000}, 3.0), 3.0
     )
@@ -56,7 +42,7 @@ def test_a_case_that_fell_passes_and_asks_for_the_figure_to_be_refreshed(
     assert "--write" in lines[0]
 
 
-def test_a_case_without_a_committed_figure_fails(instructions: ModuleType) -> None:
+def test_a_case_without_a_committed_figure_fails() -> None:
     status, lines = instructions.check_report(
         instructions.compare({}, {"produce_small": 300_000}, 3.0), 3.0
     )
@@ -67,7 +53,7 @@ def test_a_case_without_a_committed_figure_fails(instructions: ModuleType) -> No
 def test_the_committed_figures_hold_for_the_small_cases() -> None:
     """The real check, under valgrind, against bench/instructions.json (about 30 s)."""
     result = subprocess.run(
-        [sys.executable, "bench/instructions.py", "--check", "--cases", ",".join(SMALL_CASES)],
+        [sys.executable, "-m", "bench.instructions", "--check", "--cases", ",".join(SMALL_CASES)],
         cwd=ROOT,
         capture_output=True,
         text=True,

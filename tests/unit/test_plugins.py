@@ -25,7 +25,7 @@ from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
-from tests.harness.engine import TOPIC, batch, broker_answer, decide
+from tests.harness.engine import TOPIC, batch, broker_answer, decide, observe
 from tests.harness.produced import produced
 
 BUILTINS = {
@@ -288,14 +288,14 @@ def test_observe_sees_the_broker_answer_to_what_the_chain_let_through() -> None:
     chosen = engine_with("crc", "loud")
     decision = decide(chosen, 9, [(TOPIC, 0, batch(b"STOP it")), (TOPIC, 1, batch(b"calm"))])
     (loud,) = [p for p in chosen.routing.chain_for(TOPIC).policies if p.name == "loud"]
-    decision.observe(broker_answer(9, [1]))
+    observe(decision, broker_answer(9, [1]))
     assert loud.seen == [(TOPIC, 1, 0)]  # the refused partition was never the broker's
 
 
 def test_no_observer_no_decoding_of_the_answer() -> None:
     decision = decide(engine_with("crc"), 9, [(TOPIC, 0, batch(b"x"))])
     assert decision.observing == ()
-    decision.observe(b"not a produce answer")  # never decoded: nothing observes it
+    observe(decision, b"not a produce answer")  # never decoded: nothing observes it
 
 
 def test_an_observer_that_raises_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
@@ -307,7 +307,7 @@ def test_an_observer_that_raises_changes_nothing(caplog: pytest.LogCaptureFixtur
         raise RuntimeError("observer down")
 
     loud.observe = fail
-    decision.observe(broker_answer(9, [0]))
+    observe(decision, broker_answer(9, [0]))
     assert "policy loud failed to observe the broker's answer" in caplog.text
 
 
@@ -316,7 +316,7 @@ def test_producer_state_leaves_a_plain_producers_answer_undecoded() -> None:
     costs a plain producer no decoding of the broker's answer."""
     decision = decide(engine_with("producer_state"), 9, [(TOPIC, 0, batch(b"plain"))])
     assert decision.observing  # the chain observes ...
-    decision.observe(b"not a produce answer")  # ... but nothing here is an idempotent batch
+    observe(decision, b"not a produce answer")  # ... but nothing here is an idempotent batch
 
 
 def test_the_producer_state_is_handed_only_to_a_policy_that_declares_it() -> None:
@@ -339,7 +339,7 @@ def test_a_failed_observe_does_not_silence_the_next_crash_of_validate(
         raise RuntimeError("down")
 
     loud.observe = fail
-    decision.observe(broker_answer(9, [0]))
+    observe(decision, broker_answer(9, [0]))
     loud.validate = fail
     decide(chosen, 9, [(TOPIC, 0, batch(b"calm"))])
     assert "policy loud failed to observe the broker's answer" in caplog.text

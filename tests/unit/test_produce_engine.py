@@ -31,7 +31,7 @@ from kvproxy.protocol.messages import (
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
-from tests.harness.engine import TOPIC, batch, broker_answer, decide
+from tests.harness.engine import TOPIC, answer_of, batch, broker_answer, decide, judged_by
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import (
     ANOTHER_PARTITION,
@@ -48,7 +48,7 @@ def engine(profile: ErrorProfile, **settings: Any) -> ProduceEngine:
 
 
 def answered(decision: ProduceDecision, upstream: bytes | None) -> dict[int, Any]:
-    body = decode_response(decision.answer(upstream), PRODUCE, decision.api_version).body
+    body = decode_response(answer_of(decision, upstream), PRODUCE, decision.api_version).body
     return {int(p.index): p for t in body.responses for p in t.partition_responses}
 
 
@@ -70,12 +70,12 @@ def test_a_decision_is_answered_with_the_engine_that_judged_it(
     judge = engine(judged_under)
     current = engine(ErrorProfile.KIP if judged_under is ErrorProfile.KAFKA else ErrorProfile.KAFKA)
     decision = decide(judge, 9, [(TOPIC, 0, batch(b"not json")), (TOPIC, 1, batch(b"[1]"))])
-    assert decision.engine is judge and decision.engine is not current
     assert decision.forward is not None  # partition 1 goes to the broker
     answers = answered(decision, broker_answer(9, [1]))
     assert (int(answers[0].error_code), int(answers[1].error_code)) == (code, 0)
     upstream = broker_answer(9, [1])
-    assert judge.answers.answer(decision, upstream) == decision.answer(upstream)
+    assert answer_of(decision, upstream) == judge.answers.answer(decision, upstream)
+    assert current.answers.answer(decision, upstream) != judge.answers.answer(decision, upstream)
 
 
 # ---- a transactional batch without a transactional id ----
@@ -110,7 +110,7 @@ def test_every_partition_is_refused_when_a_first_batch_is_transactional_without_
         assert outcome.verdict.policy == "transactional_id"
         assert outcome.verdict.message == "Transactional Id authorization failed."
         assert bytes(outcome.raw) == sent[(outcome.topic, outcome.index)]
-    body = decode_response(decision.answer(None), PRODUCE, version).body
+    body = decode_response(answer_of(decision, None), PRODUCE, version).body
     answers = [(str(t.name), p) for t in body.responses for p in t.partition_responses]
     assert [(name, int(p.index)) for name, p in answers] == [(TOPIC, 0), (TOPIC, 1), ("other", 0)]
     for _, partition in answers:
@@ -212,7 +212,7 @@ def judged(
 ) -> tuple[bytes, ProduceDecision]:
     """The request frame and the engine's decision on it."""
     frame = produce_request(version, 9, parts, **options)
-    return frame, chosen.decide(frame, decode_request(frame))
+    return frame, judged_by(chosen.decide(frame, decode_request(frame)), chosen)
 
 
 def forwarded(decision: ProduceDecision) -> list[tuple[str, int, bytes]]:
@@ -257,7 +257,7 @@ def broker_accepts(forward: bytes, code: int = 0, throttle_ms: int = 250) -> byt
 
 def in_order(decision: ProduceDecision, upstream: bytes | None) -> tuple[Any, list[Any]]:
     """The client's answer: its body, and ((topic, partition), answer) in the answer's order."""
-    body = decode_response(decision.answer(upstream), PRODUCE, decision.api_version).body
+    body = decode_response(answer_of(decision, upstream), PRODUCE, decision.api_version).body
     answers = [
         ((str(topic.name), int(p.index)), p)
         for topic in body.responses
@@ -598,7 +598,7 @@ def test_observe_feeds_the_producer_state_only_what_the_broker_accepted(
 
     frame, first = judged(chosen, 9, [(TOPIC, 0, idempotent(0))])
     assert first.forward is frame
-    first.observe(broker_accepts(frame, code=broker_code))
+    chosen.answers.observe(first, broker_accepts(frame, code=broker_code))
     _, gap = judged(chosen, 9, [(TOPIC, 0, idempotent(5))])
     assert [o.verdict.code for o in gap.outcomes] == [gap_code]
 

@@ -15,7 +15,7 @@ from kvproxy.protocol.produce_request import read_produce
 from kvproxy.protocol.produce_shape import answer_names_nodes, refusal_answer, scan_produce
 from kvproxy.protocol.produce_topics import name_topics, topic_ids_of, unnamed_ids
 from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
-from tests.harness.engine import batch
+from tests.harness.engine import answer_of, batch, judged_by
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import JSON_ONLY
 
@@ -78,7 +78,8 @@ def test_the_names_policies_run_and_the_refused_partition_stays_out() -> None:
     frame = _request([(ORDERS, 0, batch(b'{"ok": 1}')), (ORDERS, 1, batch(b"not json"))])
     request = name_topics(decode_request(frame), NAMES.get)
     assert unnamed_ids(request) == []
-    decision = _engine().decide(frame, request)
+    engine = _engine()
+    decision = judged_by(engine.decide(frame, request), engine)
     assert [(o.topic, o.index, o.verdict.ok) for o in decision.outcomes] == [
         ("orders", 0, True),
         ("orders", 1, False),
@@ -90,7 +91,7 @@ def test_the_names_policies_run_and_the_refused_partition_stays_out() -> None:
     assert [
         (t.topic_id, [int(p.index) for p in t.partition_data]) for t in forwarded.body.topic_data
     ] == [(ORDERS, [0])]
-    answer = decode_response(decision.answer(_v13_answer([(ORDERS, 0)])), PRODUCE, 13).body
+    answer = decode_response(answer_of(decision, _v13_answer([(ORDERS, 0)])), PRODUCE, 13).body
     (topic,) = answer.responses
     assert topic.topic_id == ORDERS
     codes = {int(p.index): int(p.error_code) for p in topic.partition_responses}
@@ -99,7 +100,10 @@ def test_the_names_policies_run_and_the_refused_partition_stays_out() -> None:
 
 def test_an_all_valid_v13_request_goes_upstream_as_its_own_bytes() -> None:
     frame = _request([(ORDERS, 0, batch(b"{}")), (LOGS, 0, batch(b"plain text"))])
-    decision = _engine().decide(frame, name_topics(decode_request(frame), NAMES.get))
+    engine = _engine()
+    decision = judged_by(
+        engine.decide(frame, name_topics(decode_request(frame), NAMES.get)), engine
+    )
     assert decision.forward is frame
     assert not decision.rejected
 
@@ -108,14 +112,15 @@ def test_an_id_the_cluster_does_not_know_is_answered_unknown_topic_id() -> None:
     frame = _request([(NOBODY, 0, batch(b"{}")), (ORDERS, 2, batch(b"{}"))])
     request = name_topics(decode_request(frame), NAMES.get)
     assert unnamed_ids(request) == [NOBODY]
-    decision = _engine().decide(frame, request)
+    engine = _engine()
+    decision = judged_by(engine.decide(frame, request), engine)
     unknown = next(o for o in decision.outcomes if o.index == 0)
     assert unknown.verdict.code == error_codes.UNKNOWN_TOPIC_ID
     assert unknown.topic == f"<unknown topic id {NOBODY}>"
     assert decision.forward is not None  # the known topic's partition still goes
     forwarded = decode_request(decision.forward)
     assert [t.topic_id for t in forwarded.body.topic_data] == [ORDERS]
-    answer = decode_response(decision.answer(_v13_answer([(ORDERS, 2)])), PRODUCE, 13).body
+    answer = decode_response(answer_of(decision, _v13_answer([(ORDERS, 2)])), PRODUCE, 13).body
     by_id = {t.topic_id: t.partition_responses for t in answer.responses}
     (refused,) = by_id[NOBODY]
     # as Kafka answers it: the code, no message, no offsets

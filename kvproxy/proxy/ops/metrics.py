@@ -11,9 +11,11 @@ cardinality by inventing topics.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Final
 
 from kio.schema.index import api_key_map
@@ -30,6 +32,7 @@ __all__ = ["OTHER_TOPICS", "UNKNOWN_TOPICS", "ProxyMetrics", "start_http_endpoin
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_REGISTRY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LATENCY_BUCKETS: Final = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0,
@@ -125,7 +128,147 @@ class _ShownOnceCounted(Collector):
             yield CounterMetricFamily(self._name, self._documentation, value=self.value)
 
 
+@dataclass(frozen=True, slots=True)
+class _MetricRow:
+    """One prometheus_client metric of `ProxyMetrics`: its attribute, kind, name, help, labels."""
+
+    attr: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    """A histogram's buckets (every histogram here names its own)."""
+    tallied: bool = False
+    """The attribute holds a `HistogramTally` of the histogram (observed on the event loop)."""
+
+    def __post_init__(self) -> None:
+        if (self.buckets is not None or self.tallied) != (self.kind is Histogram):
+            raise TypeError(f"{self.attr}: buckets (and tallied) go with a Histogram only")
+
+    def create(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.buckets is None:
+            return self.kind(self.name, self.help, self.labels, registry=registry)
+        return Histogram(self.name, self.help, self.labels, buckets=self.buckets, registry=registry)
+
+
+_C, _G, _H = Counter, Gauge, Histogram
+_RELAY_METRICS: Final = (
+    _MetricRow("requests", _C, "kvproxy_requests",
+               "Requests from clients by API and what the proxy did with them", ("api", "outcome")),
+    _MetricRow("batches", _C, "kvproxy_produce_batches",
+               "Produced record batches by topic and verdict (accepted, rejected, warned)",
+               ("topic", "outcome")),
+    _MetricRow("records", _C, "kvproxy_produce_records",
+               "Produced records by topic and verdict (accepted, rejected, warned)",
+               ("topic", "outcome")),
+    _MetricRow("rejections", _C, "kvproxy_policy_rejections",
+               "Partitions rejected (or, in warn mode, that would have been) by topic, policy, "
+               "code",
+               ("topic", "policy", "code")),
+    _MetricRow("bytes", _C, "kvproxy_bytes",
+               "Bytes moved, by direction (client_in, client_out, upstream_in, upstream_out)",
+               ("direction",)),
+    _MetricRow("proxy_latency", _H, "kvproxy_produce_proxy_latency_seconds",
+               "Time the proxy adds to a Produce request before forwarding or answering it",
+               buckets=_LATENCY_BUCKETS, tallied=True),
+    _MetricRow("upstream_latency", _H, "kvproxy_produce_upstream_latency_seconds",
+               "Time from forwarding a Produce request to the broker's answer",
+               buckets=_LATENCY_BUCKETS, tallied=True),
+    _MetricRow("client_connections", _G, "kvproxy_client_connections", "Open client connections"),
+    _MetricRow("client_connections_accepted", _C, "kvproxy_client_connections_accepted",
+               "Client connections accepted (TLS: once the handshake is done), by listener "
+               "(bootstrap, broker, sni) and node (bootstrap or the node id; 'other' beyond "
+               f"{MAX_NODE_LABELS} node ids)",
+               ("listener", "node")),
+    _MetricRow("upstream_connections", _G, "kvproxy_upstream_connections",
+               "Open connections to brokers"),
+    _MetricRow("connect_failures", _C, "kvproxy_upstream_connect_failures",
+               "Failed attempts to connect to a broker", ("upstream",)),
+    _MetricRow("tls_handshake_failures", _C, "kvproxy_tls_handshake_failures",
+               "Failed TLS handshakes of clients, by listener (bootstrap, broker, sni) and reason",
+               ("listener", "reason")),
+    _MetricRow("reloads", _C, "kvproxy_config_reloads", "Configuration reloads by result",
+               ("result",)),
+    _MetricRow("closed", _C, "kvproxy_connections_closed",
+               "Client connections the proxy closed, by reason", ("reason",)),
+    _MetricRow("dead_letters", _C, "kvproxy_dead_letters",
+               "Dead-letter copies of rejected batches, by result", ("result",)),
+)  # fmt: skip
+"""What the proxy relays, its connections and its refusals, in /metrics order."""
+_HEALTH_METRICS: Final = (
+    _MetricRow("ready", _G, "kvproxy_ready",
+               "1 once the cluster has answered the proxy and while a bootstrap server accepts "
+               "connections"),
+    _MetricRow("unmapped_nodes", _G, "kvproxy_unmapped_nodes",
+               "Broker nodes named by the cluster that have no proxy port (left out of answers)"),
+    _MetricRow("loop_lag", _H, "kvproxy_event_loop_lag_seconds",
+               "How late the event loop ran a timer due every 100 ms: how long it was held",
+               buckets=_LAG_BUCKETS),
+    _MetricRow("loop_lag_max", _G, "kvproxy_event_loop_lag_max_seconds",
+               "The longest the event loop was held in the last minute"),
+    _MetricRow("decode_memory", _G, "kvproxy_decode_memory_bytes",
+               "Memory held by decoding Produce requests now (limits.decode_memory_bytes)"),
+    _MetricRow("decode_budget_refusals", _C, "kvproxy_decode_budget_refusals",
+               "Partitions answered MESSAGE_TOO_LARGE because decoding them would pass a memory "
+               "limit"),
+    _MetricRow("receive_memory", _G, "kvproxy_receive_memory_bytes",
+               "Bytes reserved by client requests being received (limits.receive_buffer_bytes)"),
+    _MetricRow("receive_waits", _C, "kvproxy_receive_memory_waits",
+               "Times a client connection stopped being read until receive memory was free"),
+    _MetricRow("off_loop_decisions", _C, "kvproxy_produce_off_loop",
+               "Produce requests decided off the event loop (too much to decode on it)"),
+    _MetricRow("topic_lookups", _C, "kvproxy_topic_settings_lookups",
+               "New topic names described (asked) or not (client_rate, pending)", ("outcome",)),
+    _MetricRow("schema_lookups", _C, "kvproxy_schema_lookups",
+               "Schema ids looked up in the registry, by outcome (found, unknown, unavailable, "
+               "abandoned: nobody waited any more, wait_expired: a request stopped waiting)",
+               ("outcome",)),
+    _MetricRow("schema_cache_hits", _C, "kvproxy_schema_cache_hits",
+               "Schema ids a partition's check found in the cache (counted once per partition)"),
+    _MetricRow("schema_registry_requests", _H, "kvproxy_schema_registry_request_seconds",
+               "HTTP requests to the schema registry and their time, by outcome (ok, not_found, "
+               "error, timeout, unreachable, too_large)",
+               ("outcome",), buckets=_REGISTRY_BUCKETS),
+)  # fmt: skip
+"""Readiness, the event loop, memory and the lookups, in /metrics order (after the collector of
+repeated refusals, registered between the two tables)."""
+
+
 class ProxyMetrics:
+    """The proxy's metrics: the two tables above, in their order, plus what does not fit them."""
+
+    # The tables' attributes, declared so that their types are known (`_create` sets them). The
+    # `bytes` among them hides the builtin in this class: `builtins.bytes` below.
+    requests: Counter
+    batches: Counter
+    records: Counter
+    rejections: Counter
+    bytes: Counter
+    proxy_latency: HistogramTally
+    upstream_latency: HistogramTally
+    client_connections: Gauge
+    client_connections_accepted: Counter
+    upstream_connections: Gauge
+    connect_failures: Counter
+    tls_handshake_failures: Counter
+    reloads: Counter
+    closed: Counter
+    dead_letters: Counter
+    ready: Gauge
+    unmapped_nodes: Gauge
+    loop_lag: Histogram
+    loop_lag_max: Gauge
+    decode_memory: Gauge
+    decode_budget_refusals: Counter
+    receive_memory: Gauge
+    receive_waits: Counter
+    off_loop_decisions: Counter
+    topic_lookups: Counter
+    schema_lookups: Counter
+    schema_cache_hits: Counter
+    schema_registry_requests: Histogram
+
     def __init__(self, topic_label_limit: int = 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._tallies = TallyFlush()
@@ -133,171 +276,21 @@ class ProxyMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], CounterTally] = {}
         self.topic_labels = TopicLabels(topic_label_limit, self.child)
         """Counts by topic go through it: `topic_labels.count(metric, topic, (outcome,), n)`."""
-        r = self.registry
-        self.requests = Counter(
-            "kvproxy_requests",
-            "Requests from clients by API and what the proxy did with them",
-            ["api", "outcome"],
-            registry=r,
-        )
-        self.batches = Counter(
-            "kvproxy_produce_batches",
-            "Produced record batches by topic and verdict (accepted, rejected, warned)",
-            ["topic", "outcome"],
-            registry=r,
-        )
-        self.records = Counter(
-            "kvproxy_produce_records",
-            "Produced records by topic and verdict (accepted, rejected, warned)",
-            ["topic", "outcome"],
-            registry=r,
-        )
-        self.rejections = Counter(
-            "kvproxy_policy_rejections",
-            "Partitions rejected (or, in warn mode, that would have been) by topic, policy, code",
-            ["topic", "policy", "code"],
-            registry=r,
-        )
-        self.bytes = Counter(
-            "kvproxy_bytes",
-            "Bytes moved, by direction (client_in, client_out, upstream_in, upstream_out)",
-            ["direction"],
-            registry=r,
-        )
-        self.proxy_latency = self._tally(
-            Histogram(
-                "kvproxy_produce_proxy_latency_seconds",
-                "Time the proxy adds to a Produce request before forwarding or answering it",
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
-        )
-        self.upstream_latency = self._tally(
-            Histogram(
-                "kvproxy_produce_upstream_latency_seconds",
-                "Time from forwarding a Produce request to the broker's answer",
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
-        )
-        self.client_connections = Gauge(
-            "kvproxy_client_connections", "Open client connections", registry=r
-        )
-        self.client_connections_accepted = Counter(
-            "kvproxy_client_connections_accepted",
-            "Client connections accepted (TLS: once the handshake is done), by listener "
-            "(bootstrap, broker, sni) and node (bootstrap or the node id; 'other' beyond "
-            f"{MAX_NODE_LABELS} node ids)",
-            ["listener", "node"],
-            registry=r,
-        )
-        self.upstream_connections = Gauge(
-            "kvproxy_upstream_connections", "Open connections to brokers", registry=r
-        )
-        self.connect_failures = Counter(
-            "kvproxy_upstream_connect_failures",
-            "Failed attempts to connect to a broker",
-            ["upstream"],
-            registry=r,
-        )
-        self.tls_handshake_failures = Counter(
-            "kvproxy_tls_handshake_failures",
-            "Failed TLS handshakes of clients, by listener (bootstrap, broker, sni) and reason",
-            ["listener", "reason"],
-            registry=r,
-        )
-        self.reloads = Counter(
-            "kvproxy_config_reloads", "Configuration reloads by result", ["result"], registry=r
-        )
-        self.closed = Counter(
-            "kvproxy_connections_closed",
-            "Client connections the proxy closed, by reason",
-            ["reason"],
-            registry=r,
-        )
-        self.dead_letters = Counter(
-            "kvproxy_dead_letters",
-            "Dead-letter copies of rejected batches, by result",
-            ["result"],
-            registry=r,
-        )
+        self._create(_RELAY_METRICS)
         self.repeated_refusals = _ShownOnceCounted(
             "kvproxy_quarantine_repeated_batches", "Refused batches sent again, kept once"
         )
-        r.register(self.repeated_refusals)
-        self.ready = Gauge(
-            "kvproxy_ready",
-            "1 once the cluster has answered the proxy and while a bootstrap server accepts "
-            "connections",
-            registry=r,
-        )
-        self.unmapped_nodes = Gauge(
-            "kvproxy_unmapped_nodes",
-            "Broker nodes named by the cluster that have no proxy port (left out of answers)",
-            registry=r,
-        )
-        self.loop_lag = Histogram(
-            "kvproxy_event_loop_lag_seconds",
-            "How late the event loop ran a timer due every 100 ms: how long it was held",
-            buckets=_LAG_BUCKETS,
-            registry=r,
-        )
-        self.loop_lag_max = Gauge(
-            "kvproxy_event_loop_lag_max_seconds",
-            "The longest the event loop was held in the last minute",
-            registry=r,
-        )
-        self.decode_memory = Gauge(
-            "kvproxy_decode_memory_bytes",
-            "Memory held by decoding Produce requests now (limits.decode_memory_bytes)",
-            registry=r,
-        )
-        self.decode_budget_refusals = Counter(
-            "kvproxy_decode_budget_refusals",
-            "Partitions answered MESSAGE_TOO_LARGE because decoding them would pass a memory limit",
-            registry=r,
-        )
-        self.receive_memory = Gauge(
-            "kvproxy_receive_memory_bytes",
-            "Bytes reserved by client requests being received (limits.receive_buffer_bytes)",
-            registry=r,
-        )
-        self.receive_waits = Counter(
-            "kvproxy_receive_memory_waits",
-            "Times a client connection stopped being read until receive memory was free",
-            registry=r,
-        )
-        self.off_loop_decisions = Counter(
-            "kvproxy_produce_off_loop",
-            "Produce requests decided off the event loop (too much to decode on it)",
-            registry=r,
-        )
-        self.topic_lookups = Counter(
-            "kvproxy_topic_settings_lookups",
-            "New topic names described (asked) or not (client_rate, pending)",
-            ["outcome"],
-            registry=r,
-        )
-        self.schema_lookups = Counter(
-            "kvproxy_schema_lookups",
-            "Schema ids looked up in the registry, by outcome (found, unknown, unavailable, "
-            "abandoned: nobody waited any more, wait_expired: a request stopped waiting)",
-            ["outcome"],
-            registry=r,
-        )
-        self.schema_cache_hits = Counter(
-            "kvproxy_schema_cache_hits",
-            "Schema ids a partition's check found in the cache (counted once per partition)",
-            registry=r,
-        )
-        self.schema_registry_requests = Histogram(
-            "kvproxy_schema_registry_request_seconds",
-            "HTTP requests to the schema registry and their time, by outcome (ok, not_found, "
-            "error, timeout, unreachable, too_large)",
-            ["outcome"],
-            buckets=_REGISTRY_BUCKETS,
-            registry=r,
-        )
+        self.registry.register(self.repeated_refusals)
+        self._create(_HEALTH_METRICS)
+
+    def _create(self, rows: tuple[_MetricRow, ...]) -> None:
+        """Make the rows' metrics in their order: the registry's order is the exposition's."""
+        for row in rows:
+            metric = row.create(self.registry)
+            if row.tallied and isinstance(metric, Histogram):
+                setattr(self, row.attr, self._tally(metric))
+            else:
+                setattr(self, row.attr, metric)
 
     def registry_observer(self) -> CatalogObserver:
         """What the schema catalog reports, into these metrics (straight into prometheus_client,
@@ -331,19 +324,17 @@ class ProxyMetrics:
         self._tallies.tallies.append(tally)
         return tally
 
-    def exposition(self) -> bytes:
+    def exposition(self) -> builtins.bytes:
         """/metrics as it is now (counts whose topic the cluster has not answered for are not
         in it yet; `render` waits for those)."""
         return generate_latest(self.registry)
 
-    async def render(self) -> bytes:
+    async def render(self) -> builtins.bytes:
         """/metrics once the answers pending about topics counted before are in (at most
         `LABEL_FLUSH_TIMEOUT_S`)."""
         await self.topic_labels.flush(LABEL_FLUSH_TIMEOUT_S)
         return self.exposition()
 
-
-_REGISTRY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 Exposition = Callable[[], Awaitable[bytes]]

@@ -95,7 +95,10 @@ class ProduceAnswers:
                 chain.observe(outcome.produced, code)
 
     def answer(self, decision: ProduceDecision, upstream: Frame | None) -> bytes:
-        """The client's answer: local errors merged with the broker's answer, in request order."""
+        """The client's answer: local errors merged with the broker's answer, in request order
+        (written already when the request was decided off the loop and answered locally)."""
+        if upstream is None and decision.written is not None:
+            return decision.written
         version = decision.api_version
         types = produce_response_types(version)
         ids = decision.topic_ids

@@ -124,9 +124,6 @@ class ProduceDecision:
     correlation_id: int
     acks: int
     topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
-    engine: ProduceEngine
-    """The rules and settings the request was judged under: its answer is built with them even
-    when a reload has replaced them before the broker answers."""
     forward: Frame | None = None
     """What goes upstream: the original frame, a re-encoded one, or nothing."""
     observing: tuple[tuple[str, PolicyChain], ...] = ()
@@ -161,16 +158,6 @@ class ProduceDecision:
     @property
     def needs_merge(self) -> bool:
         return bool(self.rejected)
-
-    def answer(self, upstream: Frame | None) -> bytes:
-        """The client's answer (`ProduceAnswers.answer`) under the rules it was judged by."""
-        if upstream is None and self.written is not None:
-            return self.written
-        return self.engine.answers.answer(self, upstream)
-
-    def observe(self, upstream: Frame) -> None:
-        """Show the broker's answer to the policies that observe it (`ProduceAnswers.observe`)."""
-        self.engine.answers.observe(self, upstream)
 
 
 _UNKNOWN_TOPIC_ID_VERDICT = Verdict(
@@ -379,7 +366,7 @@ class ProduceEngine:
                         ),
                     )
                 )
-        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out), self)
+        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out))
         if version >= FIRST_WITH_TOPIC_IDS:
             decision.topic_ids = tuple(t.topic_id for t in body.topic_data)
         decision.forward = self._forward(frame, request, decision)

@@ -191,7 +191,9 @@ class ProduceExchange:
             if decision.rejected:
                 client.close_after_silent_refusal()
         elif decision.forward is None:
-            client.produce_answered(self, correlation_id, version, decision.answer(None))
+            client.produce_answered(
+                self, correlation_id, version, self._engine.answers.answer(decision, None)
+            )
         else:
             client.produce_upstream(self, correlation_id, version, decision.forward)
 
@@ -201,7 +203,7 @@ class ProduceExchange:
         decision = self.decision
         if decision is None:
             return upstream
-        decision.observe(upstream)
+        self._engine.answers.observe(decision, upstream)
         if not decision.needs_merge:
             return upstream
-        return decision.answer(upstream)
+        return self._engine.answers.answer(decision, upstream)

@@ -126,7 +126,6 @@ def refuse(
         counted.correlation_id,
         counted.acks,
         ((first_topic, (outcome,)),),
-        engine,
     )
     refusal.written = written
     return refusal

@@ -17,7 +17,6 @@ server.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +28,20 @@ from kvproxy.protocol.budget import MemoryBudget
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.framing import BufferPool
 from kvproxy.proxy.cluster.upstream_failures import describe_failure
-from kvproxy.proxy.config.proxy_config import RELOADABLE_SECTIONS, ProxyConfig, build_routing_for
+from kvproxy.proxy.config.proxy_config import (
+    RELOADABLE_SECTIONS,
+    MetricsConfig,
+    ProxyConfig,
+    build_routing_for,
+)
 from kvproxy.proxy.errors import ProxyError
 from kvproxy.proxy.listen.listeners import Listeners
 from kvproxy.proxy.listen.tls_context import client_side_ssl, upstream_side_ssl
 from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from kvproxy.proxy.lookups.topic_ids import TopicIds
+from kvproxy.proxy.ops.loop_lag import LAG_TICK_S, LAG_WINDOW_S, watch_loop_lag
 from kvproxy.proxy.ops.memory import return_large_buffers_to_the_os
-from kvproxy.proxy.ops.metrics import ProxyMetrics, start_http_endpoint
+from kvproxy.proxy.ops.metrics import ProxyMetrics, ReadyCheck, start_http_endpoint
 from kvproxy.proxy.produce.decider import ProduceDecider
 from kvproxy.proxy.refusals.sink import RejectionSink, make_journal
 from kvproxy.proxy.relay.client_connection import ClientConnection
@@ -46,8 +51,7 @@ from kvproxy.registry.catalog import RegistryCatalog
 
 log = logging.getLogger("kvproxy")
 
-LAG_TICK_S = 0.1
-LAG_WINDOW_S = 60.0
+__all__ = ["LAG_TICK_S", "LAG_WINDOW_S", "ProxyServer", "ProxyStats", "WorkerRole"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +87,18 @@ class ProxyStats:
     pending_tasks: int
 
 
+def _worker_config(config: ProxyConfig, worker: WorkerRole | None) -> ProxyConfig:
+    """A worker's metrics endpoint: a loopback port of its own (the supervisor serves them all)."""
+    if worker is None:
+        return config
+    return config.model_copy(
+        update={"metrics": config.metrics.model_copy(update={"host": "127.0.0.1", "port": 0})}
+    )
+
+
 class ProxyServer:
-    """Puts the relay's parts together and runs them: start, reload, stop."""
+    """Puts the relay's parts together and runs them: start, reload, stop. The parts are built in
+    the order they need each other: each `_build_*` says why it comes where it does."""
 
     def __init__(
         self,
@@ -97,26 +111,35 @@ class ProxyServer:
         worker: WorkerRole | None = None,
     ) -> None:
         self.worker = worker
-        if worker is not None:
-            config = config.model_copy(
-                update={
-                    "metrics": config.metrics.model_copy(update={"host": "127.0.0.1", "port": 0})
-                }
-            )
-        self.config = config
+        self.config = config = _worker_config(config, worker)
         self.base_dir = base_dir or Path.cwd()
         routing = routing if routing is not None else build_routing_for(config, Path.cwd())
         self._bootstrap = bootstrap if bootstrap is not None else config.upstream.addresses()
         if not self._bootstrap:
             raise ProxyError("no bootstrap servers to connect to")
-        limits = config.limits
+        self._build_budgets()
+        self._build_cluster_view()
+        self._build_metrics_and_decisions(routing)
+        self._build_refusals()
+        self._build_connections(tap)
+        self._stopping = False
+        self._lag_task: asyncio.Task[None] | None = None
+        self._http: asyncio.Server | None = None
+        self._readiness_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
+
+    def _build_budgets(self) -> None:
+        """First: the decisions, the sink, the metrics' gauges and the connections share them."""
+        limits = self.config.limits
         self.decode_memory = MemoryBudget(limits.decode_memory_bytes, "limits.decode_memory_bytes")
         """What every Produce request being decoded may hold together."""
         self.receive_memory = ReceiveMemory(limits.receive_buffer_bytes)
         """What the large frames being received from clients have declared, together."""
-        self._lag_task: asyncio.Task[None] | None = None
+
+    def _build_cluster_view(self) -> None:
+        """Before the decisions and the listeners: the upstream TLS and the proxy's own lookups."""
+        config = self.config
         self._upstream_ssl = upstream_side_ssl(config)
-        self._stopping = False
         self.admin_connections = AdminConnections(self._upstream_ssl)
         """The kept connections of the proxy's own requests (DescribeConfigs, Metadata)."""
         self.topic_configs = TopicConfigCache(
@@ -128,6 +151,10 @@ class ProxyServer:
             connections=self.admin_connections,
             count=lambda outcome, names: self.metrics.topic_lookups.labels(outcome).inc(names),
         )
+
+    def _build_metrics_and_decisions(self, routing: TopicRouting) -> None:
+        """Metrics before the decisions that count into them; then the gauges reading the parts."""
+        config = self.config
         self.metrics = ProxyMetrics(config.metrics.topic_label_limit)
         self.schemas = (
             None
@@ -155,12 +182,14 @@ class ProxyServer:
         self.metrics.topic_labels.lookup = self._topics_exist
         # A lambda, not the bound method: a reload replaces the routing.
         self.metrics.watch_policy_crashes(lambda: self.routing.crash_counts())  # noqa: PLW0108
-        self.journal = make_journal(
-            config.quarantine, self.base_dir, None if worker is None else worker.index
-        )
+
+    def _build_refusals(self) -> None:
+        """After the decisions (the sink uses their off-loop runner) and the crash collector."""
+        index = None if self.worker is None else self.worker.index
+        self.journal = make_journal(self.config.quarantine, self.base_dir, index)
         self.metrics.watch_journal(lambda: self.journal)
         self.sink = RejectionSink(
-            config,
+            self.config,
             self.metrics,
             journal=self.journal,
             bootstrap=self._bootstrap,
@@ -168,20 +197,23 @@ class ProxyServer:
             decode_memory=self.decode_memory,
             off_loop=self.decisions.off_loop,
         )
+
+    def _build_connections(self, tap: ResponseTap | None) -> None:
+        """Last: the listeners and the state every connection is handed take the parts above."""
         self.listeners = Listeners(
-            config,
+            self.config,
             self._bootstrap,
             self.metrics,
             self.journal,
             self._new_connection,
-            client_ssl=client_side_ssl(config),
+            client_ssl=client_side_ssl(self.config),
             upstream_ssl=self._upstream_ssl,
-            reuse_port=worker is not None,
+            reuse_port=self.worker is not None,
             admin_connections=self.admin_connections,
         )
         self._tasks = TaskCount()
         self.connection_state = ConnectionState(
-            limits=limits,
+            limits=self.config.limits,
             metrics=self.metrics,
             buffer_pool=BufferPool(),
             receive=ReceiveWaiters(self.receive_memory, self.metrics),
@@ -191,11 +223,8 @@ class ProxyServer:
             connections=self.listeners.connections,
             tasks=self._tasks,
             tap=tap,
-            unknown_apis=config.apis.unknown,
+            unknown_apis=self.config.apis.unknown,
         )
-        self._http: asyncio.Server | None = None
-        self._readiness_task: asyncio.Task[None] | None = None
-        self._sweep_task: asyncio.Task[None] | None = None
 
     def _new_connection(self, node_id: int | None) -> ClientConnection:
         return ClientConnection(self.connection_state, node_id)
@@ -204,23 +233,6 @@ class ProxyServer:
     def routing(self) -> TopicRouting:
         """The policy rules in force."""
         return self.decisions.routing
-
-    async def _watch_loop_lag(self) -> None:
-        """How late a timer due every `LAG_TICK_S` runs: the longest the loop was held."""
-        loop = asyncio.get_running_loop()
-        recent: collections.deque[tuple[float, float]] = collections.deque()
-        while not self._stopping:
-            due = loop.time() + LAG_TICK_S
-            await asyncio.sleep(LAG_TICK_S)
-            now = loop.time()
-            lag = max(0.0, now - due)
-            self.metrics.loop_lag.observe(lag)
-            while recent and (recent[0][0] < now - LAG_WINDOW_S or recent[0][1] <= lag):
-                recent.popleft()
-            while recent and recent[-1][1] <= lag:
-                recent.pop()
-            recent.append((now, lag))  # decreasing lags: the first is the window's longest
-            self.metrics.loop_lag_max.set(recent[0][1])
 
     async def _topics_exist(self, topics: list[str]) -> dict[str, bool | None]:
         """Which of `topics` the cluster has, asked of the first bootstrap server that answers
@@ -278,24 +290,15 @@ class ProxyServer:
             )
         self.listeners.fds.start()  # accept errors and the descriptor check
         await self.listeners.open_bootstrap()
-        settings = self.config.metrics
-        if settings.enabled:
-            try:
-                self._http = await start_http_endpoint(
-                    settings.host, settings.port, self.metrics, self.listeners.readiness.check
-                )
-            except OSError as exc:  # the data path matters more than its metrics
-                log.error(
-                    "metrics endpoint %s:%s unavailable: %s", settings.host, settings.port, exc
-                )
-            else:
-                bound = self._http.sockets[0].getsockname()
-                log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
+        if self.config.metrics.enabled:
+            self._http = await _open_metrics_endpoint(
+                self.config.metrics, self.metrics, self.listeners.readiness.check
+            )
 
         loop = asyncio.get_running_loop()
         self._readiness_task = loop.create_task(self.listeners.watch_readiness())
         self._sweep_task = loop.create_task(self.listeners.sweep())
-        self._lag_task = loop.create_task(self._watch_loop_lag())
+        self._lag_task = loop.create_task(watch_loop_lag(self.metrics, lambda: self._stopping))
 
     @property
     def metrics_port(self) -> int | None:
@@ -340,3 +343,17 @@ class ProxyServer:
             listeners=self.listeners.count,
             pending_tasks=self._tasks.running,
         )
+
+
+async def _open_metrics_endpoint(
+    settings: MetricsConfig, metrics: ProxyMetrics, ready: ReadyCheck
+) -> asyncio.Server | None:
+    """/metrics, /healthz and /readyz, or None (logged) when the port cannot be had."""
+    try:
+        http = await start_http_endpoint(settings.host, settings.port, metrics, ready)
+    except OSError as exc:  # the data path matters more than its metrics
+        log.error("metrics endpoint %s:%s unavailable: %s", settings.host, settings.port, exc)
+        return None
+    bound = http.sockets[0].getsockname()
+    log.info("metrics, /healthz and /readyz on http://%s:%s", bound[0], bound[1])
+    return http
