@@ -94,6 +94,12 @@ class Verdict:
     """The refusal is about the proxy's circumstances, not the data (no memory to decompress,
     a schema registry out of reach): the code is retriable, the client sends the same batch
     again, so nothing of it is kept in the quarantine journal."""
+    code_only: bool = False
+    """The answer carries the code alone, no `error_message`: the broker's exception says only
+    what its code says, and Kafka's ApiError leaves such a message out."""
+    any_version: bool = False
+    """The code is answered to every Produce version as it is, never replaced by the legacy code
+    old clients are sent (a limit answered MESSAGE_TOO_LARGE, which no client retries)."""
 
     @property
     def ok(self) -> bool:
@@ -104,7 +110,14 @@ class Verdict:
         if self.policy is not None or self.code == 0:
             return self
         return Verdict(
-            self.code, self.message, self.record_errors, name, self.rejection, self.resend
+            self.code,
+            self.message,
+            self.record_errors,
+            name,
+            self.rejection,
+            self.resend,
+            self.code_only,
+            self.any_version,
         )
 
 

@@ -19,16 +19,8 @@ from kvproxy.protocol.messages import (
     make_response,
 )
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
-from kvproxy.proxy.produce.request_scan import (
-    ANSWERED_AS_THEY_ARE,
-    DECODE_BUDGET,
-    NO_TRANSACTIONAL_ID,
-    RECORDS_LIMIT,
-)
+from kvproxy.proxy.produce.request_scan import ANSWERED_AS_THEY_ARE
 from kvproxy.settings.errors import profile_code
-
-UNKNOWN_TOPIC_ID_POLICY = "topic_id"
-"""`Verdict.policy` of a partition whose topic id the cluster does not know (Produce v13)."""
 
 
 def _topic_keys(decision: ProduceDecision) -> tuple[str | uuid.UUID | None, ...]:
@@ -53,11 +45,6 @@ __all__ = ["ANOTHER_PARTITION", "ProduceAnswers"]
 ANOTHER_PARTITION = (
     "Invalid record in another topic-partition caused the whole request to be rejected"
 )
-_EVERY_VERSION_KNOWS = frozenset({RECORDS_LIMIT, DECODE_BUDGET})
-"""Limits answered MESSAGE_TOO_LARGE on every Produce version, never the legacy code."""
-_ANSWERED_WITHOUT_MESSAGE = frozenset({NO_TRANSACTIONAL_ID, UNKNOWN_TOPIC_ID_POLICY})
-"""Refusals whose answer has no `error_message`: the broker's exception says only what its code
-says, and Kafka's ApiError leaves such a message out."""
 
 
 class ProduceAnswers:
@@ -150,7 +137,7 @@ class ProduceAnswers:
         verdict = outcome.verdict
         code = self.code(verdict, version)
         record_errors = tuple((e.index, e.message) for e in verdict.record_errors)
-        message = None if verdict.policy in _ANSWERED_WITHOUT_MESSAGE else verdict.message
+        message = None if verdict.code_only else verdict.message
         return partition_answer(
             types, outcome.index, code, message=message, record_errors=record_errors
         )
@@ -162,7 +149,7 @@ class ProduceAnswers:
         if (
             version < self.settings.legacy_below
             and code not in ANSWERED_AS_THEY_ARE
-            and verdict.policy not in _EVERY_VERSION_KNOWS  # MESSAGE_TOO_LARGE, not retried
+            and not verdict.any_version
         ):
             code = self.settings.legacy_code
         return code

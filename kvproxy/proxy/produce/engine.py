@@ -4,7 +4,7 @@ Everything here is synchronous and free of I/O. A client connection hands each P
 to `ProduceDecider` (`kvproxy.proxy.produce.decider`), which gathers what the chains need and
 calls
 `ProduceEngine.decide` on the event loop or the decoding thread; the connection sends the
-decision's `forward` upstream and answers the client with `ProduceDecision.answer`
+decision's `forward` upstream and answers the client with `ProduceAnswers.answer`
 (`kvproxy.proxy.produce.answer`) once the broker has answered. All-valid requests go upstream as
 their original bytes. With rejections, `reject: partition` forwards a re-encoded request holding
 only the valid partitions, whose answer is merged with the local errors in request order;
@@ -32,7 +32,7 @@ from kvproxy.policies.chain import Mode, PolicyChain
 from kvproxy.policies.config import TopicRouting, TopicRule
 from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol import error_codes
-from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached, RetryLater
+from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.framing import Frame
@@ -44,24 +44,22 @@ from kvproxy.protocol.produce_topics import (
     topic_ids_of,
     topic_name,
 )
-from kvproxy.proxy.produce.answer import UNKNOWN_TOPIC_ID_POLICY, ProduceAnswers
+from kvproxy.proxy.produce.answer import ProduceAnswers
 from kvproxy.proxy.produce.request_scan import (
-    DECODE_BUDGET,
-    NO_TRANSACTIONAL_ID,
+    NO_TRANSACTIONAL_ID_VERDICT,
+    Parsed,
     declared_records,
     has_transactional_records,
+    invalid_acks,
     refuse_every_partition,
     too_many_records,
+    unchecked,
+    unknown_topic_id,
 )
 
 _VALID_ACKS = frozenset({-1, 0, 1})
 _VIEWS_KEPT = 10_000
 """Topics whose chain and settings an engine keeps (as many as the routing keeps rules of)."""
-_NO_TRANSACTIONAL_ID_VERDICT = Verdict(
-    code=error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    message="Transactional Id authorization failed.",
-    policy=NO_TRANSACTIONAL_ID,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +129,9 @@ class ProduceDecision:
     with that chain: usually none, and then the answer is not decoded for them."""
     topic_ids: tuple[uuid.UUID | None, ...] = ()
     """Produce v13: each topic's id, in the order of `topics` (what its answer names)."""
+    unchecked: int = 0
+    """Partitions refused without their records checked: decoding them would pass the decode
+    budget (`kvproxy_decode_budget_refusals_total`)."""
     written: bytes | None = None
     """The answer, written where a request of many partitions answered locally was decided
     (off the event loop), so the loop only sends it."""
@@ -160,24 +161,6 @@ class ProduceDecision:
         return bool(self.rejected)
 
 
-_UNKNOWN_TOPIC_ID_VERDICT = Verdict(
-    code=error_codes.UNKNOWN_TOPIC_ID,
-    message="This server does not host this topic ID.",
-    policy=UNKNOWN_TOPIC_ID_POLICY,
-)
-
-
-def _unknown_topic_id(
-    topic_data: Any,
-) -> list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]:
-    """Every partition of a topic named by an unknown id: UNKNOWN_TOPIC_ID, as Kafka answers."""
-    verdict: ProducedRecords | Verdict = _UNKNOWN_TOPIC_ID_VERDICT
-    return [
-        (int(d.index), d.records if d.records is not None else b"", verdict)
-        for d in topic_data.partition_data
-    ]
-
-
 def _verdicts(
     name: str, partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]
 ) -> tuple[PartitionOutcome, ...]:
@@ -188,12 +171,29 @@ def _verdicts(
     )
 
 
-def _bad_acks(acks: int) -> Verdict:
-    """Every partition's verdict when the request's acks is none Kafka takes."""
-    return Verdict(
-        code=error_codes.INVALID_REQUIRED_ACKS,
-        message=f"Invalid required acks {acks}: only -1, 0 and 1 are allowed",
-        policy="acks",
+@dataclass(slots=True)
+class _Judged:
+    """The outcomes of a request's partitions, topic by topic, while it is being decided."""
+
+    topics: list[tuple[str, tuple[PartitionOutcome, ...]]]
+    observing: list[tuple[str, PolicyChain]] = field(default_factory=list)
+    unchecked: int = 0
+
+
+def _every_one(
+    name: str,
+    partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]],
+    verdict: Verdict,
+) -> tuple[str, tuple[PartitionOutcome, ...]]:
+    """A topic of a request refused as a whole: `verdict` for each partition that has none."""
+    return (
+        name,
+        tuple(
+            PartitionOutcome(
+                name, index, p if isinstance(p, Verdict) else verdict, enforced=True, raw=raw
+            )
+            for index, raw, p in partitions
+        ),
     )
 
 
@@ -269,26 +269,49 @@ class ProduceEngine:
         is what the registry said about the ids the checks read, looked up before
         (`kvproxy.proxy.lookups.schema_ids`).
         """
-        header, body = request.header, request.body
-        version = header.api_version
+        self._admit(request, allowance)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        # First every partition's batch headers (no record decoded), then the request's limits,
+        # then the policies, which decode records only when one of them needs to.
+        parsed, views = self._read(request, now, allowance, topics, schemas)
+        parsed, refusal = self._whole_request(request.body, parsed, allowance)
+        if refusal is not None:
+            judged = _Judged([_every_one(name, partitions, refusal) for name, partitions in parsed])
+        else:
+            judged = self._judge_topics(parsed, views)
+        return self._decision(frame, request, judged)
+
+    def _admit(self, request: Request, allowance: Allowance | None) -> None:
+        """Raise when the request cannot be decided here: topic ids not yet named (a caller's
+        error), or more partitions than an inline decision takes."""
+        version = request.header.api_version
         if version >= FIRST_WITH_TOPIC_IDS and topic_ids_of(request):
             raise DecodeError(f"Produce v{version} decided before its topic ids were named")
         if allowance is not None and allowance.inline:
-            named = sum(len(topic_data.partition_data) for topic_data in body.topic_data)
+            named = sum(len(topic_data.partition_data) for topic_data in request.body.topic_data)
             if named > self.settings.inline_max_partitions:
                 raise InlineLimitReached(f"the request names {named} partitions")
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+
+    def _read(
+        self,
+        request: Request,
+        now: int,
+        allowance: Allowance | None,
+        topics: Mapping[str, TopicView] | None,
+        schemas: SchemaCatalog | None,
+    ) -> tuple[Parsed, dict[str, TopicView]]:
+        """Each partition's batch views (or the verdict that it is unreadable or its acks
+        invalid), and each topic's chain and settings, looked up once."""
+        body, version = request.body, request.header.api_version
         acks = int(body.acks)
         transactional_id = getattr(body, "transactional_id", None)
-        bad_acks = None if acks in _VALID_ACKS else _bad_acks(acks)
-        # First every partition's batch headers (no record decoded), then the record limit,
-        # then the policies, which decode records only when one of them needs to.
-        parsed = []
-        views: dict[str, TopicView] = {}  # each topic's chain and settings, looked up once
+        bad_acks = None if acks in _VALID_ACKS else invalid_acks(acks)
+        parsed: Parsed = []
+        views: dict[str, TopicView] = {}
         for topic_data in body.topic_data:
             name = topic_name(topic_data)
             if is_unknown_id(topic_data):  # v13: an id the cluster does not know
-                parsed.append((name, _unknown_topic_id(topic_data)))
+                parsed.append((name, unknown_topic_id(topic_data)))
                 continue
             view = views.get(name)
             if view is None:
@@ -317,8 +340,18 @@ class ProduceEngine:
                 )
                 partitions.append((index, raw, produced))
             parsed.append((name, partitions))
-        if transactional_id is None and has_transactional_records(body, parsed):
-            parsed = refuse_every_partition(body, _NO_TRANSACTIONAL_ID_VERDICT)
+        return parsed, views
+
+    def _whole_request(
+        self, body: Any, parsed: Parsed, allowance: Allowance | None
+    ) -> tuple[Parsed, Verdict | None]:
+        """The checks of the request as a whole, before any policy: transactional records
+        without a transactional id (every partition refused in their place), then the number
+        of records it declares (the verdict every partition gets, or None)."""
+        if getattr(body, "transactional_id", None) is None and has_transactional_records(
+            body, parsed
+        ):
+            parsed = refuse_every_partition(body, NO_TRANSACTIONAL_ID_VERDICT)
         declared = declared_records(parsed)
         if (
             allowance is not None
@@ -327,50 +360,46 @@ class ProduceEngine:
         ):
             raise InlineLimitReached(f"the request declares {declared} records")
         limit = self.settings.max_records_per_request
-        too_many = None if limit is None or declared <= limit else too_many_records(declared, limit)
-        topics_out: list[tuple[str, tuple[PartitionOutcome, ...]]] = []
-        if too_many is not None:
-            for name, partitions in parsed:
-                topics_out.append(
-                    (
-                        name,
-                        tuple(
-                            PartitionOutcome(
-                                name,
-                                index,
-                                p if isinstance(p, Verdict) else too_many,
-                                enforced=True,
-                                raw=raw,
-                            )
-                            for index, raw, p in partitions
-                        ),
+        if limit is None or declared <= limit:
+            return parsed, None
+        return parsed, too_many_records(declared, limit)
+
+    def _judge_topics(self, parsed: Parsed, views: Mapping[str, TopicView]) -> _Judged:
+        """Each partition through its topic's chain; a partition whose decoding would pass the
+        allowance is answered without its records checked, and counted."""
+        judged = _Judged([])
+        for name, partitions in parsed:
+            if name not in views:  # an unknown topic id: answered without a chain
+                judged.topics.append((name, _verdicts(name, partitions)))
+                continue
+            chain = views[name].chain
+            if chain.observers:
+                judged.observing.append((name, chain))
+            outcomes = []
+            for index, raw, p in partitions:
+                try:
+                    outcomes.append(self._judge(chain, name, index, raw, p))
+                except BudgetExhausted as exc:
+                    judged.unchecked += 1
+                    produced = p if isinstance(p, ProducedRecords) else None
+                    verdict = unchecked(name, index, exc)
+                    outcomes.append(
+                        PartitionOutcome(name, index, verdict, True, produced=produced, raw=raw)
                     )
-                )
-        observing: list[tuple[str, PolicyChain]] = []
-        if too_many is None:
-            for name, partitions in parsed:
-                if name not in views:  # an unknown topic id: answered without a chain
-                    topics_out.append((name, _verdicts(name, partitions)))
-                    continue
-                chain = views[name].chain
-                if chain.observers:
-                    observing.append((name, chain))
-                topics_out.append(
-                    (
-                        name,
-                        tuple(
-                            [
-                                self._judge(chain, name, index, raw, p)
-                                for index, raw, p in partitions
-                            ]
-                        ),
-                    )
-                )
-        decision = ProduceDecision(version, header.correlation_id, acks, tuple(topics_out))
+            judged.topics.append((name, tuple(outcomes)))
+        return judged
+
+    def _decision(self, frame: Frame, request: Request, judged: _Judged) -> ProduceDecision:
+        """The decision of the judged partitions: what goes upstream, and the answer written at
+        once when the request was decided off the loop and nothing of it goes upstream."""
+        header, body = request.header, request.body
+        version, acks = header.api_version, int(body.acks)
+        decision = ProduceDecision(version, header.correlation_id, acks, tuple(judged.topics))
         if version >= FIRST_WITH_TOPIC_IDS:
             decision.topic_ids = tuple(t.topic_id for t in body.topic_data)
         decision.forward = self._forward(frame, request, decision)
-        decision.observing = tuple(observing)
+        decision.observing = tuple(judged.observing)
+        decision.unchecked = judged.unchecked
         many = len(decision.outcomes) > self.settings.inline_max_partitions  # decided off loop
         if many and decision.forward is None and acks != 0:
             decision.written = self.answers.answer(decision, None)
@@ -395,21 +424,14 @@ class ProduceEngine:
         raw: bytes | memoryview,
         parsed: ProducedRecords | Verdict,
     ) -> PartitionOutcome:
-        """The partition's outcome: its chain's verdict on the batch views read."""
+        """The partition's outcome: its chain's verdict on the batch views read (raises
+        `BudgetExhausted` when decoding its records would pass the allowance)."""
         if isinstance(parsed, Verdict):  # malformed or bad acks: never forwarded, whatever the mode
             return PartitionOutcome(topic, index, parsed, enforced=True, raw=raw)
         if chain.mode is Mode.OFF:
             return PartitionOutcome(topic, index, ACCEPT, enforced=True, produced=parsed, raw=raw)
         try:
             verdict = chain.check(parsed)
-        except BudgetExhausted as exc:  # MESSAGE_TOO_LARGE; RetryLater: NOT_ENOUGH_REPLICAS
-            verdict = Verdict(
-                code=exc.error_code,
-                message=f"Records in topic partition {parsed.topic_partition} not checked: {exc}",
-                policy=DECODE_BUDGET,
-                resend=isinstance(exc, RetryLater),
-            )
-            return PartitionOutcome(topic, index, verdict, enforced=True, produced=parsed, raw=raw)
         finally:
             parsed.release()  # what decoding held goes back before the next partition
         enforced = chain.mode is Mode.ENFORCE

@@ -34,7 +34,6 @@ from kvproxy.proxy.produce.many_partitions import (
     read_many,
     read_unless_many,
 )
-from kvproxy.proxy.produce.request_scan import DECODE_BUDGET
 
 
 class ProduceClient(Protocol):
@@ -172,9 +171,8 @@ class ProduceExchange:
         outcome = "forwarded"
         if decision.rejected:
             outcome = "rejected" if decision.forward is None else "partially_rejected"
-            refused = sum(1 for o in decision.rejected if o.verdict.policy == DECODE_BUDGET)
-            if refused:
-                metrics.decode_budget_refusals.inc(refused)
+            if decision.unchecked:
+                metrics.decode_budget_refusals.inc(decision.unchecked)
         metrics.child(metrics.requests, "produce", outcome).inc()
         try:
             self._route(client, decision, header.correlation_id, header.api_version)

@@ -106,7 +106,11 @@ def refuse(
         f"accepts in one request ({limit}, limits.{PARTITIONS_LIMIT})"
     )
     verdict = Verdict(
-        code=error_codes.MESSAGE_TOO_LARGE, message=message, policy=PARTITIONS_LIMIT, resend=True
+        code=error_codes.MESSAGE_TOO_LARGE,
+        message=message,
+        policy=PARTITIONS_LIMIT,
+        resend=True,
+        any_version=True,
     )
     written = b""
     first_topic, first_index = counted.first_topic, -1

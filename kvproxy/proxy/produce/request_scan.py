@@ -1,5 +1,6 @@
-"""What a Produce request holds, read from its batch headers before any policy runs: whether it
-carries transactional records, how many records it declares."""
+"""What a Produce request holds, read from its batch headers before any policy runs (whether it
+carries transactional records, how many records it declares), and the proxy's own verdicts on
+it: named by the framework's names below, worded as Kafka words them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from kvproxy.policies.api import ProducedRecords, Verdict
 from kvproxy.protocol import error_codes
-from kvproxy.protocol.budget import BudgetExhausted
+from kvproxy.protocol.budget import BudgetExhausted, RetryLater
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.produce_topics import topic_name
@@ -16,13 +17,19 @@ from kvproxy.protocol.records import read_batch
 __all__ = [
     "ANSWERED_AS_THEY_ARE",
     "DECODE_BUDGET",
+    "INVALID_ACKS",
     "NO_TRANSACTIONAL_ID",
+    "NO_TRANSACTIONAL_ID_VERDICT",
     "RECORDS_LIMIT",
+    "UNKNOWN_TOPIC_ID_POLICY",
     "Parsed",
     "declared_records",
     "has_transactional_records",
+    "invalid_acks",
     "refuse_every_partition",
     "too_many_records",
+    "unchecked",
+    "unknown_topic_id",
 ]
 
 ANSWERED_AS_THEY_ARE = frozenset(
@@ -40,6 +47,10 @@ RECORDS_LIMIT = "max_records_per_request"
 """`Verdict.policy` of a request refused for declaring too many records (`limits`)."""
 DECODE_BUDGET = "decode_budget"
 """`Verdict.policy` of a partition whose decoding would hold more memory than allowed."""
+INVALID_ACKS = "required_acks"
+"""`Verdict.policy` of every partition of a request whose acks Kafka does not take (-1, 0, 1)."""
+UNKNOWN_TOPIC_ID_POLICY = "topic_id"
+"""`Verdict.policy` of a partition whose topic id the cluster does not know (Produce v13)."""
 NO_TRANSACTIONAL_ID = "transactional_id"
 """`Verdict.policy` of every partition of a request that carries transactional records without
 a transactional id: Kafka refuses the whole request before any other check."""
@@ -119,4 +130,54 @@ def too_many_records(declared: int, limit: int) -> Verdict:
             f"request ({limit}, limits.max_records_per_request)"
         ),
         policy=RECORDS_LIMIT,
+        any_version=True,
+    )
+
+
+NO_TRANSACTIONAL_ID_VERDICT = Verdict(
+    code=error_codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    message="Transactional Id authorization failed.",
+    policy=NO_TRANSACTIONAL_ID,
+    code_only=True,
+)
+"""Every partition's verdict when a request has transactional records but no transactional id."""
+
+
+UNKNOWN_TOPIC_ID_VERDICT = Verdict(
+    code=error_codes.UNKNOWN_TOPIC_ID,
+    message="This server does not host this topic ID.",
+    policy=UNKNOWN_TOPIC_ID_POLICY,
+    code_only=True,
+)
+
+
+def unknown_topic_id(
+    topic_data: Any,
+) -> list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]:
+    """Every partition of a topic named by an unknown id: UNKNOWN_TOPIC_ID, as Kafka answers."""
+    verdict: ProducedRecords | Verdict = UNKNOWN_TOPIC_ID_VERDICT
+    return [
+        (int(d.index), d.records if d.records is not None else b"", verdict)
+        for d in topic_data.partition_data
+    ]
+
+
+def invalid_acks(acks: int) -> Verdict:
+    """Every partition's verdict when the request's acks is none Kafka takes."""
+    return Verdict(
+        code=error_codes.INVALID_REQUIRED_ACKS,
+        message=f"Invalid required acks {acks}: only -1, 0 and 1 are allowed",
+        policy=INVALID_ACKS,
+    )
+
+
+def unchecked(topic: str, index: int, exc: BudgetExhausted) -> Verdict:
+    """The verdict of a partition whose records were not checked: decoding them would pass the
+    allowance (MESSAGE_TOO_LARGE; `RetryLater`: NOT_ENOUGH_REPLICAS, retried)."""
+    return Verdict(
+        code=exc.error_code,
+        message=f"Records in topic partition {topic}-{index} not checked: {exc}",
+        policy=DECODE_BUDGET,
+        resend=isinstance(exc, RetryLater),
+        any_version=True,
     )
