@@ -22,6 +22,7 @@ import psutil
 
 from bench._results import ROOT
 from tests.harness.proxy import free_port_range
+from tests.harness.socket_frames import read_frame
 from tests.harness.tansu import free_port
 
 HOST = "127.0.0.1"
@@ -285,18 +286,3 @@ def metadata_brokers(port: int) -> list[tuple[int, str, int]]:
         offset += 6 + max(rack_len, 0)
         brokers.append((node_id, host, broker_port))
     return brokers
-
-
-def read_frame(sock: socket.socket) -> bytes:
-    """One size-prefixed Kafka frame from `sock` (without its prefix)."""
-
-    def read(size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("connection closed by the proxy")
-            data += chunk
-        return bytes(data)
-
-    return read(int.from_bytes(read(4), "big"))

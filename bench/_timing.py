@@ -3,6 +3,7 @@ length, one timing of every task per round, and cProfile's view of a task."""
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import math
@@ -94,3 +95,19 @@ def profile(
         print(f"== {name}: {calls} calls ==")
         print(out[name])
     return out
+
+
+def timing_arguments(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The options of a timing benchmark (`--quick`, `--seconds`, `--repeats`, `--profile`),
+    with the lengths `--quick` stands for filled in."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    parser.add_argument("--quick", action="store_true", help="0.02 s timings, 3 rounds")
+    parser.add_argument("--seconds", type=float, default=None, help="length of one timing")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (the best is kept)")
+    parser.add_argument("--profile", action="store_true", help="only print cProfile's top lines")
+    args = parser.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 0.02 if args.quick else 0.2
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    return args

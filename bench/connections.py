@@ -52,6 +52,7 @@ from bench._load import (
 )
 from bench._relays import ProxyProcess, start_proxy
 from bench._results import alternate, median, write_results
+from tests.harness.socket_frames import read_frame
 
 GAUGES = ("kvproxy_client_connections", "kvproxy_upstream_connections")
 MIB = 2**20
@@ -69,21 +70,10 @@ def api_versions(sock: socket.socket, correlation_id: int) -> None:
     """One ApiVersions v0 round trip; BenchmarkError unless it answers error code 0."""
     request = struct.pack(">hhih", 18, 0, correlation_id, 7) + b"kvbench"
     sock.sendall(struct.pack(">i", len(request)) + request)
-    head = _read(sock, 4)
-    body = _read(sock, struct.unpack(">i", head)[0])
+    body = read_frame(sock)
     got, error = struct.unpack_from(">ih", body)
     if got != correlation_id or error != 0:
         raise BenchmarkError(f"ApiVersions answered correlation id {got}, error {error}")
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise BenchmarkError("connection closed by the peer")
-        data += chunk
-    return bytes(data)
 
 
 def settle() -> None:

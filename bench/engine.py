@@ -69,7 +69,7 @@ from bench._engine_calls import (
 )
 from bench._engine_inputs import CODECS, SIZES, Inputs, build_inputs
 from bench._results import write_results
-from bench._timing import Timing, profile, time_rounds
+from bench._timing import Timing, profile, time_rounds, timing_arguments
 from kvproxy.policies.plugins import default_policies
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 
@@ -389,16 +389,7 @@ PROFILED = (f"default chain, compacted, none {RECORD_LEVEL_SIZE}", "decode_reque
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="0.02 s timings, 3 rounds")
-    parser.add_argument("--seconds", type=float, default=None, help="length of one timing")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds (the best is kept)")
-    parser.add_argument("--profile", action="store_true", help="only print cProfile's top lines")
-    args = parser.parse_args(argv)
-    if args.seconds is None:
-        args.seconds = 0.02 if args.quick else 0.2
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 5
+    args = timing_arguments(__doc__, argv)
     started = time.perf_counter()
     inputs = build_inputs(codec_sizes=tuple(SIZES))
     tasks = build_tasks(inputs)

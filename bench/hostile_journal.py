@@ -33,11 +33,12 @@ from bench import hostile
 from bench._brokers import create_topic, tansu
 from bench._hostile_inputs import framed, produce_request
 from bench._hostile_watch import proc_status
-from bench._relays import read_frame, start_proxy
+from bench._relays import start_proxy
 from bench._results import ROOT, report
 from kvproxy.protocol.journal import iter_entries
 from kvproxy.protocol.records import build_batch
 from tests.harness.produce import stored_batches
+from tests.harness.socket_frames import read_frame
 
 PARTITIONS = 16
 PARTITION_BYTES = 256 * 1024

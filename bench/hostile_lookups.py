@@ -29,6 +29,7 @@ from bench._relays import start_proxy
 from kvproxy.protocol.messages import PRODUCE, decode_response
 from kvproxy.protocol.records import build_batch
 from tests.harness.schema_registry import TestRegistry
+from tests.harness.socket_frames import read_frame
 
 HOSTILE_TOPIC = "lookups-hostile"
 INNOCENT_TOPIC = "lookups-innocent"
@@ -47,22 +48,11 @@ def _send(port: int, frame: bytes, out: dict[str, Any], name: str) -> None:
     began = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT) as sock:
         sock.sendall(frame)
-        head = _read(sock, 4)
-        answer = _read(sock, int.from_bytes(head, "big"))
+        answer = read_frame(sock)
     seconds = time.perf_counter() - began
     body = decode_response(answer, PRODUCE, 9).body
     codes = sorted({int(p.error_code) for t in body.responses for p in t.partition_responses})
     out[name] = {"seconds": round(seconds, 3), "error_codes": codes}
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the proxy closed the connection")
-        data += chunk
-    return bytes(data)
 
 
 def _open_gates_later(registry: TestRegistry, delay: float, stop: threading.Event) -> None:

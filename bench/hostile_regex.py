@@ -43,6 +43,7 @@ from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.config.proxy_config import load_config_and_rules
 from kvproxy.settings.loading import ConfigError
 from tests.harness.schema_registry import TestRegistry
+from tests.harness.socket_frames import read_frame
 
 LONG_TOPIC = "-" * 16_000
 EVENTS_RULE = 'topics:\n  - match: "/.*-.*-events/"\n    mode: warn\n'
@@ -58,20 +59,9 @@ def _send_and_wait(port: int, frames: list[bytes]) -> list[float]:
         for frame in frames:
             began = time.perf_counter()
             sock.sendall(frame)
-            head = _read(sock, 4)
-            _read(sock, int.from_bytes(head, "big"))
+            read_frame(sock)
             seconds.append(time.perf_counter() - began)
     return seconds
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the proxy closed the connection")
-        data += chunk
-    return bytes(data)
 
 
 def _with_other_client(

@@ -29,11 +29,12 @@ from bench._brokers import create_topic, tansu
 from bench._hostile_inputs import OTHER_TOPIC
 from bench._hostile_watch import OtherClient
 from bench._load import percentile
-from bench._relays import read_frame, start_proxy
+from bench._relays import start_proxy
 from bench._results import ROOT, report
 from kvproxy.protocol.messages import DESCRIBE_CONFIGS, METADATA, PRODUCE, decode_response
 from tests.harness.counting_relay import run_counting_relay
 from tests.harness.requests import produce_request
+from tests.harness.socket_frames import read_frame
 
 
 def hostile_client(port: int, names: list[str], codes: collections.Counter[str]) -> None:

@@ -45,8 +45,8 @@ from typing import Any
 import fastavro
 import fastjsonschema
 import orjson
-from aiokafka.record.default_records import DefaultRecordBatch
 
+from bench._engine_calls import accepted, parser_count
 from bench._engine_inputs import WORDS
 from bench._order_schemas import (
     ORDER_AVRO,
@@ -57,8 +57,8 @@ from bench._order_schemas import (
     make_catalog,
 )
 from bench._results import write_results
-from bench._timing import Timing, profile, time_rounds
-from kvproxy.policies.api import PolicyContext, ProducedRecords, Verdict, parse_records
+from bench._timing import Timing, profile, time_rounds, timing_arguments
+from kvproxy.policies.api import PolicyContext, ProducedRecords, parse_records
 from kvproxy.policies.builtin.schema import SchemaPolicy
 from kvproxy.protocol.records import build_batch
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
@@ -186,11 +186,6 @@ def parsed(raw: bytes, catalog: StaticCatalog | None) -> ProducedRecords:
     return produced
 
 
-def accepted(verdict: Verdict) -> None:
-    if not verdict.ok:
-        raise AssertionError(f"the benchmark input was rejected: {verdict}")
-
-
 def policy_check(policy: SchemaPolicy, catalog: StaticCatalog, raw: bytes) -> Callable[[], None]:
     def run() -> None:
         accepted(policy.validate(TOPIC, 0, parsed(raw, catalog)))
@@ -217,17 +212,6 @@ def parse_values_only(raw: bytes, expected: int) -> Callable[[], None]:
                 count += 1
         if count != expected:
             raise AssertionError(f"read {count} of {expected} values")
-
-    return run
-
-
-def parser_count(raw: bytes, expected: int) -> Callable[[], None]:
-    def run() -> None:
-        count = 0
-        for _ in DefaultRecordBatch(raw):
-            count += 1
-        if count != expected:
-            raise AssertionError(f"C parser read {count} of {expected} records")
 
     return run
 
@@ -414,16 +398,7 @@ PROFILED = ("schema ids 16 KiB", "schema payload avro")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="0.02 s timings, 3 rounds")
-    parser.add_argument("--seconds", type=float, default=None, help="length of one timing")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds (the best is kept)")
-    parser.add_argument("--profile", action="store_true", help="only print cProfile's top lines")
-    args = parser.parse_args(argv)
-    if args.seconds is None:
-        args.seconds = 0.02 if args.quick else 0.2
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 5
+    args = timing_arguments(__doc__, argv)
     started = time.perf_counter()
     inputs = build_inputs()
     tasks = build_tasks(inputs)

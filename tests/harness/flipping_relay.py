@@ -13,6 +13,8 @@ import socket
 import struct
 import threading
 
+from tests.harness.socket_frames import read_frame
+
 RELAY_HOST = "127.0.0.2"
 PROXY_HOST = "127.0.0.1"
 MARK = b"flip-me"
@@ -53,22 +55,11 @@ class FlippingRelay:
             threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
             threading.Thread(target=self._answers, args=(upstream, client), daemon=True).start()
 
-    @staticmethod
-    def _read(sock: socket.socket, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = sock.recv(size - len(data))
-            if not chunk:
-                raise EOFError
-            data += chunk
-        return data
-
     def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
         try:
             while True:
-                prefix = self._read(client, 4)
-                frame = self._read(client, struct.unpack(">i", prefix)[0])
-                upstream.sendall(prefix + frame.replace(MARK, FLIPPED))
+                flipped = read_frame(client).replace(MARK, FLIPPED)
+                upstream.sendall(struct.pack(">i", len(flipped)) + flipped)
         except (EOFError, OSError):
             pass
         _shut(client, upstream)

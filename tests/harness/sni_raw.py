@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvproxy.protocol.messages import METADATA, decode_response
 from tests.harness.requests import metadata_request
+from tests.harness.socket_frames import read_frame
 
 __all__ = ["exchange", "metadata_brokers", "sni_connect"]
 
@@ -47,18 +48,7 @@ def sni_connect(
 def exchange(sock: ssl.SSLSocket, payload: bytes) -> bytes:
     """Send one request frame, read one answer frame (without its size prefix)."""
     sock.sendall(struct.pack(">i", len(payload)) + payload)
-    (size,) = struct.unpack(">i", _read_exactly(sock, 4))
-    return _read_exactly(sock, size)
-
-
-def _read_exactly(sock: ssl.SSLSocket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the proxy closed the connection")
-        data += chunk
-    return bytes(data)
+    return read_frame(sock)
 
 
 def metadata_brokers(sock: ssl.SSLSocket, version: int) -> list[tuple[int, str, int]]:

@@ -16,6 +16,8 @@ import struct
 import threading
 from collections.abc import Iterator
 
+from tests.harness.socket_frames import read_frame
+
 __all__ = ["cap_api_versions", "capped_versions"]
 
 API_VERSIONS = 18
@@ -95,7 +97,7 @@ class VersionCapRelay:
     def _requests(self, client: socket.socket, upstream: socket.socket, asked: dict) -> None:
         with contextlib.suppress(EOFError, OSError):
             while True:
-                frame = _read_frame(client)
+                frame = read_frame(client)
                 key, version, correlation_id = struct.unpack_from(">hhi", frame)
                 if key == API_VERSIONS:
                     asked[correlation_id] = version  # before the request leaves: no race
@@ -105,7 +107,7 @@ class VersionCapRelay:
     def _answers(self, client: socket.socket, upstream: socket.socket, asked: dict) -> None:
         with contextlib.suppress(EOFError, OSError):
             while True:
-                frame = _read_frame(upstream)
+                frame = read_frame(upstream)
                 version = asked.pop(struct.unpack_from(">i", frame)[0], None)
                 if version is not None:
                     frame = cap_api_versions(frame, version, self.api_key, self.highest)
@@ -126,20 +128,6 @@ def capped_versions(
     finally:
         for relay in relays:
             relay.close()
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    return _read(sock, struct.unpack(">i", _read(sock, 4))[0])
 
 
 def _shut(*sockets: socket.socket) -> None:
