@@ -85,7 +85,7 @@ def learned(proxy: RunningProxy, topic: str) -> TopicConfig:
     async def read() -> TopicConfig:
         engine = proxy.server.decisions.engine
         assert engine is not None
-        return engine.config_for(topic)
+        return engine.views.config_for(topic)
 
     return proxy.call(read())
 

@@ -612,7 +612,7 @@ def test_a_topics_view_is_kept_while_its_rule_and_the_clusters_settings_are_the_
     """Looked up per request, made once: a new answer of the cluster makes a new one, and the
     names kept are bounded (clients choose them)."""
     from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
-    from kvproxy.proxy.produce import engine as produce
+    from kvproxy.proxy.produce import topic_views
 
     learned = {TOPIC: TopicConfig(compacted=False)}
     routing = build_routing(None, [{"match": TOPIC, **JSON_ONLY}], Path("."))
@@ -622,12 +622,12 @@ def test_a_topics_view_is_kept_while_its_rule_and_the_clusters_settings_are_the_
         lambda _: None,
         lambda topic: learned.get(topic, UNKNOWN_TOPIC_CONFIG),
     )
-    first = chosen.view(TOPIC)
+    first = chosen.views.view(TOPIC)
     assert first.chain is routing.chain_for(TOPIC) and first.config.compacted is False
-    assert chosen.view(TOPIC) is first
+    assert chosen.views.view(TOPIC) is first
     learned[TOPIC] = TopicConfig(compacted=True)
-    assert chosen.view(TOPIC).config.compacted is True
-    monkeypatch.setattr(produce, "_VIEWS_KEPT", 3)
-    made = [chosen.view(f"other-{n}") for n in range(10)]
-    assert chosen.view("other-9") is made[-1]  # the newest names are kept
-    assert chosen.view("other-0") is not made[0]  # the oldest were let go
+    assert chosen.views.view(TOPIC).config.compacted is True
+    monkeypatch.setattr(topic_views, "_VIEWS_KEPT", 3)
+    made = [chosen.views.view(f"other-{n}") for n in range(10)]
+    assert chosen.views.view("other-9") is made[-1]  # the newest names are kept
+    assert chosen.views.view("other-0") is not made[0]  # the oldest were let go

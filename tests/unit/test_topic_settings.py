@@ -383,13 +383,13 @@ def test_the_engine_gives_each_partition_the_yaml_settings_over_the_cluster_ones
         "logs": TopicConfig(timestamp_type="LogAppendTime"),
         "new": UNKNOWN_TOPIC_CONFIG,
     }
-    for topics in (None, engine.topic_view(request)):  # inline, and off the loop
+    for topics in (None, engine.views.of_request(request)):  # inline, and off the loop
         decision = engine.decide(frame, request, topics=topics)
         seen = {o.topic: o.produced.topic_config for o in decision.outcomes if o.produced}
         assert seen == expected
         compaction = {o.topic: o.produced.compacted for o in decision.outcomes if o.produced}
         assert compaction == {"orders": True, "logs": None, "new": None}
-    assert engine.config_for("orders").compacted is True
+    assert engine.views.config_for("orders").compacted is True
 
 
 def test_settings_in_force_say_where_each_value_comes_from() -> None:

@@ -218,7 +218,7 @@ class ProduceDecider:
         schemas: SchemaCatalog | None,
     ) -> ProduceDecision:
         """The decision, made on the decoding thread with the full per-request allowance."""
-        topics = engine.topic_view(request)  # the routing's caches are read on the loop only
+        topics = engine.views.of_request(request)  # the routing's caches are read on the loop only
         allowance = Allowance(self.config.limits.decode_bytes_per_request, self.decode_memory)
         self.metrics.off_loop_decisions.inc()
 

@@ -22,14 +22,13 @@ from typing import Any
 
 from kvproxy.policies.api import (
     ACCEPT,
-    UNKNOWN_TOPIC_CONFIG,
     ProducedRecords,
     TopicConfig,
     Verdict,
     parse_records,
 )
 from kvproxy.policies.chain import Mode, PolicyChain
-from kvproxy.policies.config import TopicRouting, TopicRule
+from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
@@ -56,10 +55,9 @@ from kvproxy.proxy.produce.request_scan import (
     unchecked,
     unknown_topic_id,
 )
+from kvproxy.proxy.produce.topic_views import TopicView, TopicViews
 
 _VALID_ACKS = frozenset({-1, 0, 1})
-_VIEWS_KEPT = 10_000
-"""Topics whose chain and settings an engine keeps (as many as the routing keeps rules of)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +73,6 @@ class ProduceSettings:
     `InlineLimitReached`: checking them would hold the event loop for milliseconds."""
     inline_max_partitions: int = 100
     """As `inline_max_records`, for partitions named, empty ones too (about 30 us each)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TopicView:
-    """A topic's chain and settings, read on the event loop for a decision made elsewhere
-    (the routing's caches belong to the loop's thread, and a reload may replace it meanwhile)."""
-
-    chain: PolicyChain
-    config: TopicConfig
-    """The YAML's settings over those learned from the cluster."""
-
-    @property
-    def compacted(self) -> bool | None:
-        return self.config.compacted
 
 
 @dataclass(slots=True, eq=False)
@@ -197,15 +181,6 @@ def _every_one(
     )
 
 
-def _yaml_over_cluster(override: TopicConfig, learned: TopicConfig) -> TopicConfig:
-    """The settings a topic's checks read: the YAML's (`override`) over the cluster's."""
-    if override is UNKNOWN_TOPIC_CONFIG:
-        return learned
-    if learned is UNKNOWN_TOPIC_CONFIG:
-        return override
-    return override.over(learned)
-
-
 class ProduceEngine:
     """Applies the topic routing to Produce requests and builds the answers."""
 
@@ -220,33 +195,8 @@ class ProduceEngine:
         self.settings = settings
         self.answers = ProduceAnswers(settings)
         """Builds the answers of the requests decided here."""
-        self._compacted = compacted
-        self._learned = learned
-        """The cluster's settings of a topic; None: its compaction alone (`compacted`)."""
-        self._views: dict[str, tuple[TopicRule, TopicConfig, TopicView]] = {}
-
-    def config_for(self, topic: str) -> TopicConfig:
-        """The settings a topic's checks read: the YAML's over the cluster's."""
-        return self.view(topic).config
-
-    def view(self, topic: str) -> TopicView:
-        """A topic's chain and settings now. Kept per topic while its rule and the cluster's
-        settings are the ones it was made of (at most `_VIEWS_KEPT` names: clients choose them),
-        so a request costs two lookups per topic, not a new view."""
-        rule = self.routing.rule_for(topic)
-        if self._learned is not None:
-            learned = self._learned(topic)
-        else:
-            compacted = self._compacted(topic)
-            learned = UNKNOWN_TOPIC_CONFIG if compacted is None else TopicConfig(compacted)
-        kept = self._views.get(topic)
-        if kept is not None and kept[0] is rule and kept[1] is learned:
-            return kept[2]
-        view = TopicView(rule.chain, _yaml_over_cluster(rule.config, learned))
-        if kept is None and len(self._views) >= _VIEWS_KEPT:
-            del self._views[next(iter(self._views))]  # the oldest name
-        self._views[topic] = (rule, learned, view)
-        return view
+        self.views = TopicViews(routing, compacted, learned)
+        """Each topic's chain and settings now (read on the event loop)."""
 
     def decide(
         self,
@@ -264,7 +214,7 @@ class ProduceEngine:
         request holds at most one partition's decoded records at a time. A partition that would
         need more than the allowance has is answered MESSAGE_TOO_LARGE; an inline allowance that
         runs out raises `InlineLimitReached` (nothing is decided: the caller decides again with
-        a larger allowance, off the event loop). `topics` (from `topic_view`) replaces every
+        a larger allowance, off the event loop). `topics` (from `views.of_request`) replaces every
         lookup of a topic's chain and settings: a decision made off the loop needs it. `schemas`
         is what the registry said about the ids the checks read, looked up before
         (`kvproxy.proxy.lookups.schema_ids`).
@@ -405,16 +355,8 @@ class ProduceEngine:
             decision.written = self.answers.answer(decision, None)
         return decision
 
-    def topic_view(self, request: Request) -> dict[str, TopicView]:
-        """Each topic's chain and settings now, for `decide(topics=...)`."""
-        return {
-            topic_name(topic): self.view(topic_name(topic))
-            for topic in request.body.topic_data
-            if not is_unknown_id(topic)
-        }
-
     def _view(self, topic: str, topics: Mapping[str, TopicView] | None) -> TopicView:
-        return self.view(topic) if topics is None else topics[topic]
+        return self.views.view(topic) if topics is None else topics[topic]
 
     def _judge(
         self,
