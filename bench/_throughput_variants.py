@@ -58,33 +58,16 @@ def register_schema_subjects(registry: TestRegistry, labels: list[str]) -> int:
     return ids.pop()
 
 
-def check_schema_active(broker: BrokerUnderTest, proxy: ProxyProcess) -> str:
-    """The schema proxy must refuse an unframed value on an `sc-` topic; returns its error."""
-    topic = broker.create_topic(topic_name("schema", "refused"))
+def refused_value(proxy: ProxyProcess, topic: str, value: bytes, what: str) -> str:
+    """The error the proxy answers a record of `value` on `topic` with: it must refuse it (the
+    variant's checks are active), else `RuntimeError` naming `what` was not checked."""
     outcome: list[KafkaError | None] = []
     producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
-    producer.produce(
-        topic, b"no header", b"k", partition=0, on_delivery=lambda err, _m: outcome.append(err)
-    )
+    producer.produce(topic, value, b"k", partition=0, on_delivery=lambda e, _m: outcome.append(e))
     if producer.flush(30) != 0 or not outcome:
-        raise RuntimeError("schema check: no answer for the unframed record")
+        raise RuntimeError(f"{what} check: no answer for the record")
     if outcome[0] is None:
-        raise RuntimeError("schema proxy accepted an unframed value: policy not active")
-    return str(outcome[0])
-
-
-def check_policies_active(broker: BrokerUnderTest, proxy: ProxyProcess) -> str:
-    """The record-level proxy must refuse a non-JSON value on an `rl-` topic; returns its error."""
-    topic = broker.create_topic(topic_name("record-level", "refused"))
-    outcome: list[KafkaError | None] = []
-    producer = Producer({"bootstrap.servers": proxy.bootstrap, **PRODUCER_CONFIG, "retries": 0})
-    producer.produce(
-        topic, b"not json", b"k", partition=0, on_delivery=lambda err, _m: outcome.append(err)
-    )
-    if producer.flush(30) != 0 or not outcome:
-        raise RuntimeError("record-level check: no answer for the non-JSON record")
-    if outcome[0] is None:
-        raise RuntimeError("record-level proxy accepted a non-JSON value: policies not active")
+        raise RuntimeError(f"the proxy accepted {value!r}: the {what} check is not active")
     return str(outcome[0])
 
 
@@ -117,7 +100,12 @@ def start_variants(stack: contextlib.ExitStack, args: argparse.Namespace) -> Var
         print(f"haproxy (the floor) at {broker.floor.bootstrap}", flush=True)
         proxies["haproxy"] = broker.floor
     proxies.update({"default": default_proxy, "record-level": record_proxy})
-    refusal = check_policies_active(broker, record_proxy)
+    refusal = refused_value(
+        record_proxy,
+        broker.create_topic(topic_name("record-level", "refused")),
+        b"not json",
+        "JSON",
+    )
     print(f"record-level proxy refuses a non-JSON value: {refusal}", flush=True)
     variants = Variants(broker, proxies, rule, refusal, floor_relay)
     if args.schema:
@@ -144,7 +132,9 @@ def start_schema_variant(
         )
     )
     variants.proxies["schema"] = schema_proxy
-    schema_refusal = check_schema_active(broker, schema_proxy)
+    schema_refusal = refused_value(
+        schema_proxy, broker.create_topic(topic_name("schema", "refused")), b"no header", "schema"
+    )
     print(f"schema proxy refuses an unframed value: {schema_refusal}", flush=True)
     variants.schema_extra = {"schema_rule": schema_rule, "schema_id": schema_id}
     variants.schema_extra["schema_refusal"] = schema_refusal
