@@ -66,12 +66,18 @@ def test_kcat_refused_by_mutual_tls_is_logged_and_counted_by_reason(
         assert kcat_metadata(proxy, tls, None) != 0
         assert kcat_metadata(proxy, tls, clients.other_ca) != 0
         deadline = time.monotonic() + 10
-        while set(counted(proxy)) != {"no_client_certificate", "unknown_ca"}:
+        while not {"no_client_certificate", "unknown_ca"} <= set(counted(proxy)):
             assert time.monotonic() < deadline, counted(proxy)
             time.sleep(0.05)
         assert value(scrape(proxy), FAILURES, listener="broker", reason="unknown_ca") == 0
-    logged = [r.getMessage() for r in caplog.records if "TLS handshake failed on" in r.getMessage()]
-    # librdkafka retries: a line per reason, the others counted (a line per 10 s at most)
+    # librdkafka retries: a line per reason, the others counted (a line per 10 s at most). On a
+    # loaded machine one of its retries may be cut short mid-handshake, a third reason
+    # (`other`, "unexpected message"), counted and logged apart: only the two are read here.
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if "TLS handshake failed on" in r.getMessage() and ": other (" not in r.getMessage()
+    ]
     assert len(logged) == 2
     no_certificate, other_ca = logged
     assert no_certificate.startswith(
