@@ -24,7 +24,8 @@ from kvproxy.policies.plugins import default_policies
 from kvproxy.protocol.compression import Codec, decompress
 from kvproxy.protocol.messages import PRODUCE, decode_request, encode_request, make_request
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceDecision, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 
 DEFAULT_POLICIES = default_policies()
 
@@ -77,10 +78,11 @@ def check(chain: PolicyChain, raw: bytes, *, compacted: bool) -> Verdict:
     return chain.check(produced)
 
 
-def make_engine() -> ProduceEngine:
-    """The proxy's engine with the default chain, every topic not compacted."""
-    routing = build_routing(None, None, ROOT)
-    return ProduceEngine(routing, ProduceSettings(), lambda _topic: False)
+def make_engine(policies: Sequence[str] | None = None) -> ProduceEngine:
+    """The proxy's engine with `policies` for every topic (None: the default chain), none
+    compacted."""
+    defaults = None if policies is None else {"mode": "enforce", "policies": list(policies)}
+    return ProduceEngine(build_routing(defaults, None, ROOT), ProduceSettings(), lambda _: False)
 
 
 def handle_produce(engine: ProduceEngine, frame: bytes) -> ProduceDecision:

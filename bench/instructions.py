@@ -58,8 +58,7 @@ from kio.schema.produce.v9 import request as produce_v9
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-from bench._engine_calls import DEFAULT_POLICIES
-from kvproxy.policies.config import build_routing
+from bench._engine_calls import DEFAULT_POLICIES, make_engine
 from kvproxy.protocol.budget import Allowance, MemoryBudget
 from kvproxy.protocol.messages import (
     PRODUCE,
@@ -73,7 +72,7 @@ from kvproxy.protocol.produce import partition_answer, produce_answer, produce_r
 from kvproxy.protocol.records import build_batch, skim
 from kvproxy.protocol.request_view import RequestView
 from kvproxy.proxy.produce.decider import INLINE_DECODE_BYTES
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from kvproxy.proxy.produce.exchange import ProduceExchange
 from kvproxy.proxy.produce.many_partitions import read_unless_many
 
@@ -152,12 +151,6 @@ def broker_answer(partitions: Sequence[int]) -> bytes:
     types = produce_response_types(9)
     body = produce_answer(types, [(TOPIC, [partition_answer(types, i, 0) for i in partitions])])
     return encode_response(PRODUCE, 9, make_response(PRODUCE, 9, 7, body))
-
-
-def make_engine(policies: Sequence[str]) -> ProduceEngine:
-    """The proxy's engine with `policies` for every topic, none compacted."""
-    routing = build_routing({"mode": "enforce", "policies": list(policies)}, None, ROOT)
-    return ProduceEngine(routing, ProduceSettings(), lambda _topic: False)
 
 
 # ---- the measured work ---------------------------------------------------------------------

@@ -10,7 +10,8 @@ from typing import Any
 from kvproxy.protocol.messages import PRODUCE, decode_request, encode_response, make_response
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine
+from kvproxy.proxy.produce.decision import ProduceDecision
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.fuzz import produce_request
 
 TOPIC = "orders"

@@ -31,7 +31,8 @@ from kvproxy.protocol.messages import (
 )
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.fuzz import produce_request
 
 NOW = 1_700_000_000_000

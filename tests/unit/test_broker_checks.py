@@ -318,7 +318,8 @@ def test_a_batch_cut_short_is_no_batch_at_all_on_v3_plus() -> None:
 def test_size_refusals_keep_their_code_on_legacy_produce_versions(code: int) -> None:
     """A broker answers max.message.bytes and segment.bytes with their own codes on Produce
     v0-v2 too: the legacy code (CORRUPT_MESSAGE, retried) would have the client resend forever."""
-    from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+    from kvproxy.proxy.produce.decision import ProduceSettings
+    from kvproxy.proxy.produce.engine import ProduceEngine
 
     engine = ProduceEngine(build_routing(None, None, Path(".")), ProduceSettings(), lambda _: None)
     verdict = Verdict(code, "too large", policy="batch_integrity")

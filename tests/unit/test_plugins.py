@@ -24,7 +24,8 @@ from kvproxy.policies.config import build_routing
 from kvproxy.policies.errors import PolicyConfigError
 from kvproxy.policies.topic_settings import FIELD_NAMES
 from kvproxy.protocol.error_codes import ErrorProfile
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.engine import TOPIC, batch, broker_answer, decide, observe
 from tests.harness.produced import produced
 

@@ -30,7 +30,8 @@ from kvproxy.protocol.messages import (
 )
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceDecision, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.engine import TOPIC, answer_of, batch, broker_answer, decide, judged_by
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import (

@@ -14,7 +14,8 @@ from kvproxy.protocol.messages import PRODUCE, decode_request, decode_response
 from kvproxy.protocol.produce_request import read_produce
 from kvproxy.protocol.produce_shape import answer_names_nodes, refusal_answer, scan_produce
 from kvproxy.protocol.produce_topics import name_topics, topic_ids_of, unnamed_ids
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.engine import answer_of, batch, judged_by
 from tests.harness.fuzz import produce_request
 from tests.harness.produce import JSON_ONLY

@@ -14,7 +14,8 @@ from kvproxy.policies.api import INVALID_RECORD_REJECTION, MISSING_KEY, Verdict
 from kvproxy.policies.topic_patterns import PatternError, any_of, compile_pattern, is_regex
 from kvproxy.protocol import error_codes
 from kvproxy.protocol.error_codes import ErrorProfile
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from kvproxy.settings.addresses import join_host_port, parse_host_port
 from kvproxy.settings.errors import profile_code, read_profile
 from kvproxy.settings.loading import ConfigError, Section, read_document, report, validate

@@ -28,7 +28,8 @@ from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 from kvproxy.protocol.records.readers import iter_batches, read_batch
 from kvproxy.protocol.records.record import RecordScan
 from kvproxy.protocol.records.skim import python_skim_v2
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.fuzz import produce_request
 from tests.harness.records_testdata import SEGMENTS, segment_bytes
 

@@ -33,7 +33,8 @@ from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.config.proxy_config import TopicConfigsConfig, load_config_and_rules
 from kvproxy.proxy.lookups import topic_configs
 from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
-from kvproxy.proxy.produce.engine import ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from kvproxy.settings.loading import ConfigError
 from tests.harness.fuzz import produce_request
 

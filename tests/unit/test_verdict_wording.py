@@ -20,7 +20,8 @@ from kvproxy.protocol.budget import Allowance
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.messages import PRODUCE, decode_request, decode_response
 from kvproxy.protocol.records import build_batch
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.decision import ProduceDecision, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness.engine import TOPIC, answer_of, batch, decide, judged_by
 from tests.harness.fuzz import produce_request
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from kvproxy.policies.api import Verdict
 from kvproxy.protocol import error_codes
@@ -19,6 +19,7 @@ from kvproxy.protocol.messages import (
     make_response,
 )
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
+from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision, ProduceSettings
 from kvproxy.proxy.produce.request_scan import ANSWERED_AS_THEY_ARE
 from kvproxy.settings.errors import profile_code
 
@@ -36,9 +37,6 @@ def _answer_key(topic: Any) -> str | uuid.UUID | None:
         return cast("uuid.UUID | None", topic.topic_id)
     return str(topic.name)
 
-
-if TYPE_CHECKING:
-    from kvproxy.proxy.produce.engine import PartitionOutcome, ProduceDecision, ProduceSettings
 
 __all__ = ["ANOTHER_PARTITION", "ProduceAnswers"]
 

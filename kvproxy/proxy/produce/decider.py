@@ -33,8 +33,9 @@ from kvproxy.proxy.lookups.schema_ids import reads_schemas, request_schema_ids
 from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from kvproxy.proxy.lookups.topic_ids import TopicIds
 from kvproxy.proxy.ops.metrics import ProxyMetrics
+from kvproxy.proxy.produce.decision import ProduceDecision, ProduceSettings
 from kvproxy.proxy.produce.decoding_thread import DecodingThread
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine, ProduceSettings
+from kvproxy.proxy.produce.engine import ProduceEngine
 from kvproxy.registry.catalog import RegistryCatalog
 
 INLINE_DECODE_BYTES = 4 * 1024 * 1024

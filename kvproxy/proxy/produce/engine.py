@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvproxy.policies.api import (
@@ -30,9 +28,7 @@ from kvproxy.policies.api import (
 from kvproxy.policies.chain import Mode, PolicyChain
 from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.schemas.model import SchemaCatalog
-from kvproxy.protocol import error_codes
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
-from kvproxy.protocol.error_codes import ErrorProfile
 from kvproxy.protocol.errors import DecodeError
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import Request, encode_request
@@ -44,6 +40,7 @@ from kvproxy.protocol.produce_topics import (
     topic_name,
 )
 from kvproxy.proxy.produce.answer import ProduceAnswers
+from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision, ProduceSettings
 from kvproxy.proxy.produce.request_scan import (
     NO_TRANSACTIONAL_ID_VERDICT,
     Parsed,
@@ -60,91 +57,6 @@ from kvproxy.proxy.produce.topic_views import TopicView, TopicViews
 _VALID_ACKS = frozenset({-1, 0, 1})
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceSettings:
-    profile: ErrorProfile = ErrorProfile.KAFKA
-    legacy_below: int = 3
-    legacy_code: int = error_codes.CORRUPT_MESSAGE
-    reject_request: bool = False
-    max_records_per_request: int | None = None
-    """A request declaring more records is answered MESSAGE_TOO_LARGE before any is decoded."""
-    inline_max_records: int = 10_000
-    """An inline decision (`Allowance.inline`) of a request declaring more records stops with
-    `InlineLimitReached`: checking them would hold the event loop for milliseconds."""
-    inline_max_partitions: int = 100
-    """As `inline_max_records`, for partitions named, empty ones too (about 30 us each)."""
-
-
-@dataclass(slots=True, eq=False)
-class PartitionOutcome:
-    """What the proxy decided for one partition of one request.
-
-    Read-only by contract, not frozen: built per partition per request, and a frozen
-    dataclass's `__init__` costs several times as much (see `kvproxy.policies.api.ProducedRecords`).
-    """
-
-    topic: str
-    index: int
-    verdict: Verdict
-    """ACCEPT, or what a policy answered (kept in warn mode too, for the log)."""
-    enforced: bool
-    """True when the verdict is a rejection the client receives."""
-    produced: ProducedRecords | None = None
-    raw: bytes | memoryview = b""
-    """The partition's records as the client sent them (kept for the quarantine journal)."""
-
-    @property
-    def rejected(self) -> bool:
-        return self.enforced and not self.verdict.ok
-
-
-@dataclass(slots=True, eq=False)
-class ProduceDecision:
-    """What the proxy decided for one Produce request (read-only by contract, as above)."""
-
-    api_version: int
-    correlation_id: int
-    acks: int
-    topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
-    forward: Frame | None = None
-    """What goes upstream: the original frame, a re-encoded one, or nothing."""
-    observing: tuple[tuple[str, PolicyChain], ...] = ()
-    """The topics whose chain shows the broker's answer to a policy (`PolicyChain.observers`),
-    with that chain: usually none, and then the answer is not decoded for them."""
-    topic_ids: tuple[uuid.UUID | None, ...] = ()
-    """Produce v13: each topic's id, in the order of `topics` (what its answer names)."""
-    unchecked: int = 0
-    """Partitions refused without their records checked: decoding them would pass the decode
-    budget (`kvproxy_decode_budget_refusals_total`)."""
-    written: bytes | None = None
-    """The answer, written where a request of many partitions answered locally was decided
-    (off the event loop), so the loop only sends it."""
-    outcomes: tuple[PartitionOutcome, ...] = field(init=False)
-    rejected: tuple[PartitionOutcome, ...] = field(init=False)
-    """The partitions whose rejection the client receives."""
-    warned: tuple[PartitionOutcome, ...] = field(init=False)
-    """Warn mode: the partitions that would have been rejected."""
-
-    def __post_init__(self) -> None:
-        topics = self.topics
-        self.outcomes = (
-            topics[0][1]
-            if len(topics) == 1
-            else tuple(o for _, partitions in topics for o in partitions)
-        )
-        rejected: list[PartitionOutcome] = []
-        warned: list[PartitionOutcome] = []
-        for outcome in self.outcomes:
-            if not outcome.verdict.ok:
-                (rejected if outcome.enforced else warned).append(outcome)
-        self.rejected = tuple(rejected)
-        self.warned = tuple(warned)
-
-    @property
-    def needs_merge(self) -> bool:
-        return bool(self.rejected)
-
-
 def _verdicts(
     name: str, partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]
 ) -> tuple[PartitionOutcome, ...]:
@@ -155,29 +67,23 @@ def _verdicts(
     )
 
 
-@dataclass(slots=True)
-class _Judged:
-    """The outcomes of a request's partitions, topic by topic, while it is being decided."""
-
-    topics: list[tuple[str, tuple[PartitionOutcome, ...]]]
-    observing: list[tuple[str, PolicyChain]] = field(default_factory=list)
-    unchecked: int = 0
-
-
-def _every_one(
-    name: str,
-    partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]],
-    verdict: Verdict,
-) -> tuple[str, tuple[PartitionOutcome, ...]]:
-    """A topic of a request refused as a whole: `verdict` for each partition that has none."""
-    return (
-        name,
-        tuple(
-            PartitionOutcome(
-                name, index, p if isinstance(p, Verdict) else verdict, enforced=True, raw=raw
-            )
-            for index, raw, p in partitions
-        ),
+def _refused_whole(request: Request, parsed: Parsed, verdict: Verdict) -> ProduceDecision:
+    """A request refused as a whole: `verdict` for each partition that has none of its own."""
+    header = request.header
+    topics = tuple(
+        (
+            name,
+            tuple(
+                PartitionOutcome(
+                    name, index, p if isinstance(p, Verdict) else verdict, enforced=True, raw=raw
+                )
+                for index, raw, p in partitions
+            ),
+        )
+        for name, partitions in parsed
+    )
+    return ProduceDecision(
+        header.api_version, header.correlation_id, int(request.body.acks), topics
     )
 
 
@@ -219,42 +125,41 @@ class ProduceEngine:
         is what the registry said about the ids the checks read, looked up before
         (`kvproxy.proxy.lookups.schema_ids`).
         """
-        self._admit(request, allowance)
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        # First every partition's batch headers (no record decoded), then the request's limits,
-        # then the policies, which decode records only when one of them needs to.
-        parsed, views = self._read(request, now, allowance, topics, schemas)
-        parsed, refusal = self._whole_request(request.body, parsed, allowance)
-        if refusal is not None:
-            judged = _Judged([_every_one(name, partitions, refusal) for name, partitions in parsed])
-        else:
-            judged = self._judge_topics(parsed, views)
-        return self._decision(frame, request, judged)
-
-    def _admit(self, request: Request, allowance: Allowance | None) -> None:
-        """Raise when the request cannot be decided here: topic ids not yet named (a caller's
-        error), or more partitions than an inline decision takes."""
-        version = request.header.api_version
-        if version >= FIRST_WITH_TOPIC_IDS and topic_ids_of(request):
+        version, body = request.header.api_version, request.body
+        if version >= FIRST_WITH_TOPIC_IDS and topic_ids_of(request):  # the caller's error
             raise DecodeError(f"Produce v{version} decided before its topic ids were named")
         if allowance is not None and allowance.inline:
-            named = sum(len(topic_data.partition_data) for topic_data in request.body.topic_data)
+            named = sum(len(topic_data.partition_data) for topic_data in body.topic_data)
             if named > self.settings.inline_max_partitions:
                 raise InlineLimitReached(f"the request names {named} partitions")
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        transactional_id = getattr(body, "transactional_id", None)
+        # First every partition's batch headers (no record decoded), then the request's limits,
+        # then the policies, which decode records only when one of them needs to.
+        parsed, views = self._read(
+            request, transactional_id, now, allowance, topics, schemas=schemas
+        )
+        parsed, refusal = self._whole_request(body, transactional_id, parsed, allowance)
+        if refusal is None:
+            decision = self._judge_topics(request, parsed, views)
+        else:
+            decision = _refused_whole(request, parsed, refusal)
+        return self._routed(frame, request, decision)
 
     def _read(
         self,
         request: Request,
+        transactional_id: str | None,
         now: int,
         allowance: Allowance | None,
         topics: Mapping[str, TopicView] | None,
+        *,
         schemas: SchemaCatalog | None,
     ) -> tuple[Parsed, dict[str, TopicView]]:
         """Each partition's batch views (or the verdict that it is unreadable or its acks
         invalid), and each topic's chain and settings, looked up once."""
         body, version = request.body, request.header.api_version
         acks = int(body.acks)
-        transactional_id = getattr(body, "transactional_id", None)
         bad_acks = None if acks in _VALID_ACKS else invalid_acks(acks)
         parsed: Parsed = []
         views: dict[str, TopicView] = {}
@@ -293,14 +198,12 @@ class ProduceEngine:
         return parsed, views
 
     def _whole_request(
-        self, body: Any, parsed: Parsed, allowance: Allowance | None
+        self, body: Any, transactional_id: str | None, parsed: Parsed, allowance: Allowance | None
     ) -> tuple[Parsed, Verdict | None]:
         """The checks of the request as a whole, before any policy: transactional records
         without a transactional id (every partition refused in their place), then the number
         of records it declares (the verdict every partition gets, or None)."""
-        if getattr(body, "transactional_id", None) is None and has_transactional_records(
-            body, parsed
-        ):
+        if transactional_id is None and has_transactional_records(body, parsed):
             parsed = refuse_every_partition(body, NO_TRANSACTIONAL_ID_VERDICT)
         declared = declared_records(parsed)
         if (
@@ -314,42 +217,49 @@ class ProduceEngine:
             return parsed, None
         return parsed, too_many_records(declared, limit)
 
-    def _judge_topics(self, parsed: Parsed, views: Mapping[str, TopicView]) -> _Judged:
+    def _judge_topics(
+        self, request: Request, parsed: Parsed, views: Mapping[str, TopicView]
+    ) -> ProduceDecision:
         """Each partition through its topic's chain; a partition whose decoding would pass the
-        allowance is answered without its records checked, and counted."""
-        judged = _Judged([])
+        allowance is answered without its records checked, and counted (`unchecked`)."""
+        topics: list[tuple[str, tuple[PartitionOutcome, ...]]] = []
+        observing: list[tuple[str, PolicyChain]] = []
+        not_checked = 0
         for name, partitions in parsed:
             if name not in views:  # an unknown topic id: answered without a chain
-                judged.topics.append((name, _verdicts(name, partitions)))
+                topics.append((name, _verdicts(name, partitions)))
                 continue
             chain = views[name].chain
             if chain.observers:
-                judged.observing.append((name, chain))
+                observing.append((name, chain))
             outcomes = []
             for index, raw, p in partitions:
                 try:
                     outcomes.append(self._judge(chain, name, index, raw, p))
                 except BudgetExhausted as exc:
-                    judged.unchecked += 1
+                    not_checked += 1
                     produced = p if isinstance(p, ProducedRecords) else None
                     verdict = unchecked(name, index, exc)
                     outcomes.append(
                         PartitionOutcome(name, index, verdict, True, produced=produced, raw=raw)
                     )
-            judged.topics.append((name, tuple(outcomes)))
-        return judged
+            topics.append((name, tuple(outcomes)))
+        header = request.header
+        decision = ProduceDecision(
+            header.api_version, header.correlation_id, int(request.body.acks), tuple(topics)
+        )
+        if observing:
+            decision.observing = tuple(observing)
+        decision.unchecked = not_checked
+        return decision
 
-    def _decision(self, frame: Frame, request: Request, judged: _Judged) -> ProduceDecision:
-        """The decision of the judged partitions: what goes upstream, and the answer written at
-        once when the request was decided off the loop and nothing of it goes upstream."""
-        header, body = request.header, request.body
-        version, acks = header.api_version, int(body.acks)
-        decision = ProduceDecision(version, header.correlation_id, acks, tuple(judged.topics))
+    def _routed(self, frame: Frame, request: Request, decision: ProduceDecision) -> ProduceDecision:
+        """`decision` with what goes upstream, and the answer written at once when the request
+        was decided off the loop and nothing of it goes upstream."""
+        version, acks = decision.api_version, decision.acks
         if version >= FIRST_WITH_TOPIC_IDS:
-            decision.topic_ids = tuple(t.topic_id for t in body.topic_data)
+            decision.topic_ids = tuple(t.topic_id for t in request.body.topic_data)
         decision.forward = self._forward(frame, request, decision)
-        decision.observing = tuple(judged.observing)
-        decision.unchecked = judged.unchecked
         many = len(decision.outcomes) > self.settings.inline_max_partitions  # decided off loop
         if many and decision.forward is None and acks != 0:
             decision.written = self.answers.answer(decision, None)

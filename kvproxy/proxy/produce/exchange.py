@@ -28,7 +28,8 @@ from kvproxy.protocol.messages import Request
 from kvproxy.protocol.request_view import RequestView
 from kvproxy.proxy.ops.metrics import ProxyMetrics
 from kvproxy.proxy.produce.decider import ProduceDecider
-from kvproxy.proxy.produce.engine import ProduceDecision, ProduceEngine
+from kvproxy.proxy.produce.decision import ProduceDecision
+from kvproxy.proxy.produce.engine import ProduceEngine
 from kvproxy.proxy.produce.many_partitions import (
     WholeRequestRefusal,
     read_many,

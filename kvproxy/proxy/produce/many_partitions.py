@@ -20,7 +20,8 @@ from kvproxy.protocol.errors import DecodeError, ProtocolError
 from kvproxy.protocol.messages import Request
 from kvproxy.protocol.produce_shape import ProduceShape, refusal_answer
 from kvproxy.protocol.request_view import RequestView
-from kvproxy.proxy.produce.engine import PartitionOutcome, ProduceDecision, ProduceEngine
+from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision
+from kvproxy.proxy.produce.engine import ProduceEngine
 
 __all__ = [
     "PARTITIONS_LIMIT",

@@ -24,7 +24,7 @@ from kvproxy.protocol.budget import MemoryBudget
 from kvproxy.proxy.config.proxy_config import ProxyConfig, QuarantineConfig
 from kvproxy.proxy.ops.logs import RejectionEvent, RejectionLogger
 from kvproxy.proxy.ops.metrics import ProxyMetrics
-from kvproxy.proxy.produce.engine import PartitionOutcome, ProduceDecision
+from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision
 from kvproxy.proxy.refusals.dead_letter import dead_letter_records
 from kvproxy.proxy.refusals.dead_letter_sender import DeadLetterSender
 

@@ -19,7 +19,7 @@ from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import PRODUCE
 from kvproxy.proxy.ops.metrics import ProxyMetrics
 from kvproxy.proxy.produce.decider import ProduceDecider
-from kvproxy.proxy.produce.engine import ProduceDecision
+from kvproxy.proxy.produce.decision import ProduceDecision
 from kvproxy.proxy.produce.exchange import ProduceExchange
 from kvproxy.proxy.relay.close_reasons import CloseReason, PauseReason
 from kvproxy.proxy.relay.connection_state import ConnectionState
