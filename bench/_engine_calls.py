@@ -90,21 +90,25 @@ def handle_produce(engine: ProduceEngine, frame: bytes) -> ProduceDecision:
     return engine.decide(frame, decode_request(frame))
 
 
-def produce_frame(batch: bytes) -> bytes:
-    """A Produce v9 request (acks=all) carrying `batch` for partition 0 of TOPIC."""
-    partition = produce_v9.PartitionProduceData(index=i32(0), records=Records(batch))
+def produce_frame(
+    *batches: bytes, topic: str = TOPIC, correlation_id: int = 1, client_id: str = "kvproxy-bench"
+) -> bytes:
+    """A Produce v9 request (acks=all) with partition i of `topic` carrying `batches[i]`."""
     body = produce_v9.ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
         timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
         topic_data=(
             produce_v9.TopicProduceData(
-                name=TopicName(TOPIC),
-                partition_data=(partition,),
+                name=TopicName(topic),
+                partition_data=tuple(
+                    produce_v9.PartitionProduceData(index=i32(index), records=Records(batch))
+                    for index, batch in enumerate(batches)
+                ),
             ),
         ),
     )
-    return encode_request(make_request(PRODUCE, 9, 1, "kvproxy-bench", body))
+    return encode_request(make_request(PRODUCE, 9, correlation_id, client_id, body))
 
 
 def accepted(verdict: Verdict) -> None:

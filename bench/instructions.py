@@ -54,18 +54,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kio.schema.produce.v9 import request as produce_v9
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
-
-from bench._engine_calls import DEFAULT_POLICIES, make_engine
+from bench._engine_calls import DEFAULT_POLICIES, make_engine, produce_frame
 from kvproxy.protocol.budget import Allowance, MemoryBudget
 from kvproxy.protocol.messages import (
     PRODUCE,
     decode_request,
-    encode_request,
     encode_response,
-    make_request,
     make_response,
 )
 from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
@@ -129,21 +123,9 @@ def make_batch(count: int, seed: int = 30) -> bytes:
 
 def produce_request(partitions: Sequence[bytes]) -> bytes:
     """A Produce v9 request (acks=all) with partition i of TOPIC carrying `partitions[i]`."""
-    body = produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            produce_v9.TopicProduceData(
-                name=TopicName(TOPIC),
-                partition_data=tuple(
-                    produce_v9.PartitionProduceData(index=i32(index), records=Records(batch))
-                    for index, batch in enumerate(partitions)
-                ),
-            ),
-        ),
+    return produce_frame(
+        *partitions, topic=TOPIC, correlation_id=7, client_id="kvproxy-instructions"
     )
-    return encode_request(make_request(PRODUCE, 9, 7, "kvproxy-instructions", body))
 
 
 def broker_answer(partitions: Sequence[int]) -> bytes:
