@@ -7,13 +7,17 @@ Shared by the relay and every command that talks to the cluster itself (`kvproxy
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvproxy.proxy.config.listen_config import ListenerTls
 from kvproxy.proxy.config.proxy_config import ProxyConfig
 
-if TYPE_CHECKING:
-    from kvproxy.proxy.listen.tls_accept import Acceptance
+
+class HandshakeRecord(Protocol):
+    """Where a session records its handshake's failure when it happens (an `Acceptance` of
+    `kvproxy.proxy.listen.tls_accept`)."""
+
+    def recorded(self, failure: ssl.SSLError) -> None: ...
 
 
 def client_side_ssl(config: ProxyConfig) -> ListenerContext | None:
@@ -50,7 +54,7 @@ class AlertingSSLObject(ssl.SSLObject):
     acceptance (`kvproxy.proxy.listen.tls_accept`) when it happens, so that it can be logged."""
 
     outgoing: ssl.MemoryBIO | None = None
-    acceptance: Acceptance | None = None
+    acceptance: HandshakeRecord | None = None
     _failure: ssl.SSLError | None = None
 
     def do_handshake(self) -> None:
@@ -75,7 +79,7 @@ class ListenerContext(ssl.SSLContext):
     while the loop's TLS protocol makes its SSL object."""
 
     sslobject_class = AlertingSSLObject
-    accepting: Acceptance | None = None
+    accepting: HandshakeRecord | None = None
 
     def wrap_bio(  # type: ignore[override]
         self,
