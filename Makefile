@@ -124,7 +124,7 @@ demo: setup
 fuzz: setup
 	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q tests/integration/test_fuzz_proxy.py
 
-# The seven benchmarks of docs/benchmarks.md (under 10 minutes), against Apache Kafka (Java and
+# The eight benchmarks of docs/benchmarks.md (under 20 minutes), against Apache Kafka (Java and
 # Maven for its jars) where they compare with a broker, and with HAProxy in front of it as the
 # floor; figures in bench/results/latest.md
 bench: setup java-deps haproxy

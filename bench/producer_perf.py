@@ -111,9 +111,16 @@ def tool_errors(output: str) -> list[str]:
 
 
 def perf_command(
-    bootstrap: str, topic: str, records: int, record_size: int, properties: Sequence[str]
+    bootstrap: str,
+    topic: str,
+    records: int,
+    record_size: int,
+    properties: Sequence[str],
+    *,
+    throughput: int = -1,
 ) -> list[str]:
-    """The `kafka-producer-perf-test` command line, as `java` with kafka-tools' classpath."""
+    """The `kafka-producer-perf-test` command line, as `java` with kafka-tools' classpath
+    (`throughput` records/s at most; -1: as fast as it goes)."""
     return java_command(
         KAFKA_4,
         MAIN_CLASS,
@@ -124,7 +131,7 @@ def perf_command(
         "--record-size",
         str(record_size),
         "--throughput",
-        "-1",
+        str(throughput),
         "--bootstrap-server",
         bootstrap,
         "--command-property",

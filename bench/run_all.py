@@ -1,14 +1,14 @@
-"""`make bench`: the seven benchmarks of docs/benchmarks.md, one after the other.
+"""`make bench`: the eight benchmarks of docs/benchmarks.md, one after the other.
 
 Each runs as its own process (a fresh broker and kvproxy each, nothing shared) and writes
-`bench/results/<name>.json`; this collects what each printed into `bench/results/latest.md`
-with the machine and the time each took. `--quick` passes `--quick` on (a smoke run of about a
+`bench/results/<name>.json`; this collects what each printed into `bench/results/latest.md` with
+the machine and the time each took. `--quick` passes `--quick` on (a smoke run of about a
 minute); `--only NAME ...` runs some of them. Benchmarks 1, 2 and 3 run against Apache Kafka
-4.4.0 unless `--upstream tansu` is given (it is passed on to them); 7 always runs against Kafka,
-5 and 6 against Tansu. At the end, the rows of 1, 2 and 3 that compare kvproxy with HAProxy in
-TCP mode (the floor, measured in the same run; Kafka only) are gathered into one table, "against
-the floor", printed and added to the report (with the rows of 2 and 3 that compare kvproxy
-with the uvloop relay and the relay with HAProxy).
+4.4.0 unless `--upstream tansu` is given (it is passed on to them); 7 and 8 always run against
+Kafka, 5 and 6 against Tansu. At the end, the rows of 1, 2 and 3 that compare kvproxy with
+HAProxy in TCP mode (the floor, measured in the same run; Kafka only) are gathered into one
+table, "against the floor", printed and added to the report (with the rows of 2 and 3 that
+compare kvproxy with the uvloop relay and the relay with HAProxy).
 
     .venv/bin/python -m bench.run_all [--quick] [--only engine latency] [--upstream kafka|tansu]
 """
@@ -34,6 +34,7 @@ BENCHMARKS = (
     ("connections", "5. Connections: idle memory, then 100 active"),
     ("workers", "6. Scale: --workers 1 vs 2"),
     ("producer_perf", "7. Kafka's kafka-producer-perf-test, direct vs through kvproxy"),
+    ("perf_rates", "8. Small requests at 5k and 20k/s: direct, HAProxy, kvproxy"),
 )
 WITH_UPSTREAM = {"throughput", "request_rate", "latency"}
 """The benchmarks that take `--upstream` (the others start Tansu); they measure the floor too."""
