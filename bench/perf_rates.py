@@ -23,21 +23,27 @@ whole milliseconds: a p50 goal of 0.2 ms is shown by the average (a fraction of 
 beside them.
 
     .venv/bin/python -m bench.perf_rates [--rates 5000 20000] [--seconds 10] [--rounds 5]
-        [--record-size 100] [--quick]
+        [--record-size 100] [--quick] [--profile DIR]
+
+`--profile DIR` samples kvproxy with py-spy (the GIL-holding stacks, 250 a second) during each
+of its measured runs into DIR and prints the first round's heaviest frames per rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bench._brokers import BrokerUnderTest, floor_settings, upstream
 from bench._load import BenchmarkError, check_stored, metric, metrics_url
+from bench._profiles import profile_lines, sampling
 from bench._relays import ProxyProcess, RelayProcess, start_proxy
 from bench._results import median, write_results
 from bench.producer_perf import MAIN_CLASS, parse_summary, perf_command, tool_errors
@@ -90,8 +96,10 @@ def rate_run(
     records: int,
     record_size: int,
     rnd: int,
+    profile: Path | None = None,
 ) -> RateRun:
-    """One run of the tool at `rate` records/s to a fresh topic, checked end to end."""
+    """One run of the tool at `rate` records/s to a fresh topic, checked end to end (kvproxy
+    sampled by py-spy into `profile` when given)."""
     relay = _relay(side, broker, proxy)
     topic = broker.create_topic(f"rate-{side}-{rate}-r{rnd}-{uuid.uuid4().hex[:8]}")
     url = metrics_url(proxy)
@@ -105,13 +113,16 @@ def rate_run(
         PROPERTIES,
         throughput=rate,
     )
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=records / rate + TOOL_TIMEOUT_MARGIN,
-        check=False,
-    )
+    with contextlib.ExitStack() as stack:
+        if profile is not None and side == "proxy":
+            stack.enter_context(sampling(proxy.process.pid, profile))
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=records / rate + TOOL_TIMEOUT_MARGIN,
+            check=False,
+        )
     cpu = relay.cpu_seconds() - cpu0 if relay is not None else 0.0
     output = done.stdout + done.stderr
     errors = tool_errors(output)
@@ -247,10 +258,23 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the three sides")
     parser.add_argument("--record-size", type=int, default=100, help="bytes per record")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 1 round")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample kvproxy with py-spy in each of its measured runs into DIR (folded stacks)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds = 3.0, 1
     return args
+
+
+def _profile_path(folder: Path | None, side: str, rate: int, rnd: int) -> Path | None:
+    if folder is None or side != "proxy":
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"kvproxy-{rate}-r{rnd}.txt"
 
 
 def _measure(args: argparse.Namespace) -> tuple[list[RateRun], dict[str, Any]]:
@@ -271,7 +295,10 @@ def _measure(args: argparse.Namespace) -> tuple[list[RateRun], dict[str, Any]]:
                 rate_run(side, broker, proxy, records=min(records, rate), rnd=0, **options)
             for rnd in range(1, args.rounds + 1):
                 for side in SIDES:
-                    run = rate_run(side, broker, proxy, records=records, rnd=rnd, **options)
+                    profile = _profile_path(args.profile, side, rate, rnd)
+                    run = rate_run(
+                        side, broker, proxy, records=records, rnd=rnd, profile=profile, **options
+                    )
                     runs.append(run)
                     print(
                         f"  {rate}/s round {rnd} {side:8} avg {run.avg_ms:.2f} ms, p50 "
@@ -301,6 +328,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rates = summarize(runs)
     print()
     print("\n".join(report(rates)))
+    if args.profile is not None:
+        for rate in args.rates:
+            print("\n".join(profile_lines(args.profile / f"kvproxy-{rate}-r1.txt")))
     print(f"took {time.monotonic() - began:.0f} s")
     results = {
         "settings": settings,
