@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench._brokers import BrokerUnderTest, floor_settings, upstream
 from bench._load import BenchmarkError, check_stored, metric, metrics_url
 from bench._profiles import profile_lines, sampling
@@ -75,6 +77,8 @@ class RateRun:
     """The relay's CPU per record (None direct: no relay)."""
     requests_per_record: float | None
     """kvproxy's counted Produce requests per record (None on the other sides)."""
+    relay_system_share: float | None = None
+    """The share of the relay's CPU spent in the kernel (system time: its socket calls)."""
 
 
 def _relay(side: str, broker: BrokerUnderTest, proxy: ProxyProcess) -> RelayProcess | None:
@@ -104,7 +108,7 @@ def rate_run(
     topic = broker.create_topic(f"rate-{side}-{rate}-r{rnd}-{uuid.uuid4().hex[:8]}")
     url = metrics_url(proxy)
     before = {name: metric(url, name, labels) for name, labels in _COUNTED}
-    cpu0 = relay.cpu_seconds() if relay is not None else 0.0
+    split0 = _cpu_split(relay)
     command = perf_command(
         relay.bootstrap if relay is not None else broker.bootstrap,
         topic,
@@ -123,7 +127,8 @@ def rate_run(
             timeout=records / rate + TOOL_TIMEOUT_MARGIN,
             check=False,
         )
-    cpu = relay.cpu_seconds() - cpu0 if relay is not None else 0.0
+    user, system = (now - then for now, then in zip(_cpu_split(relay), split0, strict=True))
+    cpu = user + system
     output = done.stdout + done.stderr
     errors = tool_errors(output)
     if done.returncode != 0 or errors:
@@ -153,7 +158,18 @@ def rate_run(
         requests_per_record=(
             counted["kvproxy_requests_total"] / records if side == "proxy" else None
         ),
+        relay_system_share=system / cpu if relay is not None and cpu else None,
     )
+
+
+def _cpu_split(relay: RelayProcess | None) -> tuple[float, float]:
+    """User and system CPU seconds so far of `relay` and its children (0 for no relay)."""
+    user = system = 0.0
+    for proc in relay.processes() if relay is not None else []:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = proc.cpu_times()
+            user, system = user + times.user, system + times.system
+    return user, system
 
 
 _COUNTED = (
@@ -162,7 +178,14 @@ _COUNTED = (
 )
 
 
-_FIGURES = ("avg_ms", "p50_ms", "p99_ms", "relay_cpu_us_per_record", "requests_per_record")
+_FIGURES = (
+    "avg_ms",
+    "p50_ms",
+    "p99_ms",
+    "relay_cpu_us_per_record",
+    "requests_per_record",
+    "relay_system_share",
+)
 
 
 def summarize(runs: Sequence[RateRun]) -> dict[int, dict[str, Any]]:
@@ -217,7 +240,7 @@ def report(rates: dict[int, dict[str, Any]]) -> list[str]:
     """The printed table: per rate and side the medians, then kvproxy against HAProxy."""
     lines = [
         f"{'rate/s':>7} {'side':<8}{'avg ms':>8}{'p50':>6}{'p99':>6}"
-        f"{'relay CPU us/record':>21}{'requests/record':>17}{'CPU us/request':>16}"
+        f"{'relay CPU us/record':>21}{'system':>8}{'requests/record':>17}{'CPU us/request':>16}"
     ]
     for rate, figures in rates.items():
         for side, s in figures["sides"].items():
@@ -226,6 +249,7 @@ def report(rates: dict[int, dict[str, Any]]) -> list[str]:
             lines.append(
                 f"{rate:>7} {side:<8}{s['avg_ms']:8.2f}{s['p50_ms']:6.0f}{s['p99_ms']:6.0f}"
                 f"{format(cpu, '.1f') if cpu is not None else '-':>21}"
+                f"{_share(s['relay_system_share']):>8}"
                 f"{format(per, '.3f') if per is not None else '-':>17}"
                 f"{format(per_request, '.0f') if per_request is not None else '-':>16}"
             )
@@ -239,6 +263,10 @@ def report(rates: dict[int, dict[str, Any]]) -> list[str]:
                 f"(<= +{P99_GOAL_MS:g}: {_met(g['p99_met'])})"
             )
     return lines
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _shown(value: float | None, unit: str) -> str:

@@ -43,6 +43,7 @@ def test_the_medians_keep_a_p50_of_zero_and_a_side_without_a_relay() -> None:
         "p99_ms": 20,
         "relay_cpu_us_per_record": 13.0,
         "requests_per_record": 1.0,
+        "relay_system_share": None,
     }
 
 
