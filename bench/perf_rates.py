@@ -48,7 +48,7 @@ from bench._load import BenchmarkError, check_stored, metric, metrics_url
 from bench._profiles import profile_lines, sampling
 from bench._relays import ProxyProcess, RelayProcess, start_proxy
 from bench._results import median, write_results
-from bench.producer_perf import MAIN_CLASS, parse_summary, perf_command, tool_errors
+from bench.producer_perf import MAIN_CLASS, checked_summary, perf_command
 from tests.harness.kafka_broker import KAFKA_4
 
 SIDES = ("direct", "haproxy", "proxy")
@@ -129,16 +129,7 @@ def rate_run(
         )
     user, system = (now - then for now, then in zip(_cpu_split(relay), split0, strict=True))
     cpu = user + system
-    output = done.stdout + done.stderr
-    errors = tool_errors(output)
-    if done.returncode != 0 or errors:
-        raise BenchmarkError(
-            f"{side} {rate}/s r{rnd}: ProducerPerformance exited {done.returncode}; "
-            f"{errors[:5] or output[-2000:]}"
-        )
-    summary = parse_summary(output)
-    if summary.records != records:
-        raise BenchmarkError(f"{side} {rate}/s r{rnd}: the tool sent {summary.records}")
+    summary = checked_summary(done, records, f"{side} {rate}/s r{rnd}")
     check_stored(broker.bootstrap, topic, records)
     counted = {name: metric(url, name, labels) - before[name] for name, labels in _COUNTED}
     accepted = counted["kvproxy_produce_records_total"]

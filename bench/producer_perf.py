@@ -110,6 +110,21 @@ def tool_errors(output: str) -> list[str]:
     ]
 
 
+def checked_summary(done: subprocess.CompletedProcess[str], records: int, run: str) -> PerfSummary:
+    """The summary of a finished run of the tool, which must have exited 0, printed no failure
+    and sent all `records`; `BenchmarkError` naming `run` otherwise."""
+    output = done.stdout + done.stderr
+    errors = tool_errors(output)
+    if done.returncode != 0 or errors:
+        raise BenchmarkError(
+            f"{run}: ProducerPerformance exited {done.returncode}; {errors[:5] or output[-2000:]}"
+        )
+    summary = parse_summary(output)
+    if summary.records != records:
+        raise BenchmarkError(f"{run}: the tool sent {summary.records} of {records}")
+    return summary
+
+
 def perf_command(
     bootstrap: str,
     topic: str,
@@ -186,16 +201,7 @@ def perf_run(
     wall = time.perf_counter() - started
     proxy_cpu = proxy.cpu_seconds() - proxy0
     broker_cpu, client_cpu = broker.cpu_seconds() - broker0, _children_cpu() - client0
-    output = done.stdout + done.stderr
-    errors = tool_errors(output)
-    if done.returncode != 0 or errors:
-        raise BenchmarkError(
-            f"{side} r{rnd}: ProducerPerformance exited {done.returncode}; "
-            f"{errors[:5] or output[-2000:]}"
-        )
-    summary = parse_summary(output)
-    if summary.records != records:
-        raise BenchmarkError(f"{side} r{rnd}: the tool sent {summary.records} of {records}")
+    summary = checked_summary(done, records, f"{side} r{rnd}")
     check_stored(broker.bootstrap, topic, records)
     accepted = metric(url, "kvproxy_produce_records_total", {"outcome": "accepted"}) - accepted0
     if accepted != (records if side == "proxy" else 0):
