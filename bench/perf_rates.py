@@ -1,15 +1,18 @@
 """Small requests at fixed rates: Kafka's `kafka-producer-perf-test` direct, through HAProxy in
-TCP mode and through kvproxy, alternating (benchmark 8, the small-request goals).
+TCP mode, through the uvloop relay and through kvproxy, alternating (benchmark 8, the
+small-request goals).
 
 `org.apache.kafka.tools.ProducerPerformance` of Apache Kafka 4.4.0 (the Java client) sends
 `--record-size` bytes (100) at `--throughput` records/s for `--seconds` to a fresh one-partition
 topic, with `linger.ms=0` and `acks=1`. The tool paces itself by sleeping 2 ms or more at a time
-(its ThroughputThrottler), so records leave in bursts and share requests: about ten a request at
-5k/s, fifty at 20k/s (kvproxy counts its Produce requests: `requests/record`). CPU is given per
+(its ThroughputThrottler), so records leave in bursts and share requests: about seven a request at
+5k/s, 27 at 20k/s (kvproxy counts its Produce requests: `requests/record`). CPU is given per
 record, as the tool counts, and for kvproxy per request too. Each rate runs `--rounds` rounds of
-the three sides, in turn (direct, HAProxy, kvproxy), each run a new JVM; one unmeasured run per
-side and rate first. The broker is one Apache Kafka 4.4.0 node; HAProxy and kvproxy stand in
-front of it, each named alone in the Metadata clients get through it (`bench/_brokers.py`).
+the four sides, in turn (direct, HAProxy, the uvloop relay, kvproxy), each run a new JVM; one
+unmeasured run per side and rate first. The broker is one Apache Kafka 4.4.0 node; HAProxy and
+kvproxy stand in front of it, each named alone in the Metadata clients get through it
+(`bench/_brokers.py`); the uvloop relay (`bench/uvloop_relay.py`, a Python relay on uvloop that
+reads nothing) is the floor of a Python proxy: what kvproxy costs above it is its own work.
 
 A run counts only when the tool exits 0, sent every record, printed no exception, the broker
 holds them all, and (kvproxy) the proxy accepted exactly that many. Per run: the tool's own
@@ -51,7 +54,7 @@ from bench._results import median, write_results
 from bench.producer_perf import MAIN_CLASS, checked_summary, perf_command
 from tests.harness.kafka_broker import KAFKA_4
 
-SIDES = ("direct", "haproxy", "proxy")
+SIDES = ("direct", "haproxy", "uvloop", "proxy")
 PROPERTIES = ("acks=1", "linger.ms=0")
 TOOL_TIMEOUT_MARGIN = 120.0
 """Seconds a run may take beyond its records / rate (the JVM's start, the last answers)."""
@@ -88,6 +91,10 @@ def _relay(side: str, broker: BrokerUnderTest, proxy: ProxyProcess) -> RelayProc
         if broker.floor is None:
             raise BenchmarkError("HAProxy is not running in front of the broker")
         return broker.floor
+    if side == "uvloop":
+        if broker.uvloop_relay is None:
+            raise BenchmarkError("the uvloop relay is not running in front of the broker")
+        return broker.uvloop_relay
     return None
 
 
@@ -274,7 +281,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--rates", type=int, nargs="+", default=[5000, 20000])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of sending per run")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three sides")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the four sides")
     parser.add_argument("--record-size", type=int, default=100, help="bytes per record")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 1 round")
     parser.add_argument(
@@ -300,7 +307,10 @@ def _measure(args: argparse.Namespace) -> tuple[list[RateRun], dict[str, Any]]:
     """Kafka with HAProxy and kvproxy in front; per rate a warm-up run of each side, then the
     rounds; the runs and the settings to record."""
     runs: list[RateRun] = []
-    with upstream("kafka", floor=True) as broker, start_proxy(broker.bootstrap) as proxy:
+    with (
+        upstream("kafka", floor=True, uvloop_relay=True) as broker,
+        start_proxy(broker.bootstrap) as proxy,
+    ):
         print(
             f"perf rates: Kafka {KAFKA_4}'s ProducerPerformance, {args.record_size} B records "
             f"({' '.join(PROPERTIES)}) for {args.seconds:g} s at {args.rates} records/s, "
@@ -333,7 +343,7 @@ def _measure(args: argparse.Namespace) -> tuple[list[RateRun], dict[str, Any]]:
             "seconds": args.seconds,
             "rounds": args.rounds,
             "proxy": "kvproxy serve, default checks, 1 process",
-            "floor": floor_settings(broker),
+            "floors": floor_settings(broker),
             "upstream_version": broker.version,
             "quick": args.quick,
         }
