@@ -1,6 +1,8 @@
 """Where a running relay spends its CPU during a measured run: py-spy samples its stacks (only
 while it holds the GIL, so waiting in the event loop's select is not counted) into a folded file
-of `frame;frame;... count` lines, summed here by frame (self and inclusive)."""
+of `frame;frame;... count` lines, summed here by frame (self and inclusive). py-spy stops the
+process for each sample (its default): sampling without stopping it (`--nonblocking`) was seen
+to favour frames inside a system call, giving the write calls shares the system time denies."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def sampling(pid: int, output: Path) -> Iterator[None]:
     """Sample `pid` into `output` (folded stacks) while the block runs."""
     spy = subprocess.Popen(
         [py_spy(), "record", "--pid", str(pid), "--format", "raw", "--rate", str(RATE),
-         "--gil", "--nonblocking", "--nolineno", "--output", str(output)],
+         "--gil", "--nolineno", "--output", str(output)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
