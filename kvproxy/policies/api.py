@@ -15,6 +15,7 @@ can log it and, if it chooses, send it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -109,16 +110,7 @@ class Verdict:
         """This verdict with `policy` set (when the policy did not set it itself)."""
         if self.policy is not None or self.code == 0:
             return self
-        return Verdict(
-            self.code,
-            self.message,
-            self.record_errors,
-            name,
-            self.rejection,
-            self.resend,
-            self.code_only,
-            self.any_version,
-        )
+        return dataclasses.replace(self, policy=name)
 
 
 ACCEPT = Verdict()

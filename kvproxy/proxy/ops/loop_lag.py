@@ -26,9 +26,9 @@ async def watch_loop_lag(metrics: ProxyMetrics, stopping: Callable[[], bool]) ->
         now = loop.time()
         lag = max(0.0, now - due)
         metrics.loop_lag.observe(lag)
-        while recent and (recent[0][0] < now - LAG_WINDOW_S or recent[0][1] <= lag):
+        while recent and recent[0][0] < now - LAG_WINDOW_S:  # out of the window
             recent.popleft()
-        while recent and recent[-1][1] <= lag:
+        while recent and recent[-1][1] <= lag:  # no longer the longest of anything
             recent.pop()
         recent.append((now, lag))  # decreasing lags: the first is the window's longest
         metrics.loop_lag_max.set(recent[0][1])

@@ -43,6 +43,7 @@ from kvproxy.proxy.produce.answer import ProduceAnswers
 from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision, ProduceSettings
 from kvproxy.proxy.produce.request_scan import (
     NO_TRANSACTIONAL_ID_VERDICT,
+    UNKNOWN_TOPIC_ID_VERDICT,
     Parsed,
     declared_records,
     has_transactional_records,
@@ -57,31 +58,28 @@ from kvproxy.proxy.produce.topic_views import TopicView, TopicViews
 _VALID_ACKS = frozenset({-1, 0, 1})
 
 
-def _verdicts(
-    name: str, partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]]
-) -> tuple[PartitionOutcome, ...]:
-    return tuple(
-        PartitionOutcome(name, index, p, enforced=True, raw=raw)
-        for index, raw, p in partitions
-        if isinstance(p, Verdict)
+def _refused(
+    name: str,
+    partitions: list[tuple[int, bytes | memoryview, ProducedRecords | Verdict]],
+    verdict: Verdict,
+) -> tuple[str, tuple[PartitionOutcome, ...]]:
+    """A topic refused whole: each partition its own verdict (unreadable, bad acks, an unknown
+    topic id), or `verdict`."""
+    return (
+        name,
+        tuple(
+            PartitionOutcome(
+                name, index, p if isinstance(p, Verdict) else verdict, enforced=True, raw=raw
+            )
+            for index, raw, p in partitions
+        ),
     )
 
 
-def _refused_whole(request: Request, parsed: Parsed, verdict: Verdict) -> ProduceDecision:
-    """A request refused as a whole: `verdict` for each partition that has none of its own."""
+def _decision(
+    request: Request, topics: tuple[tuple[str, tuple[PartitionOutcome, ...]], ...]
+) -> ProduceDecision:
     header = request.header
-    topics = tuple(
-        (
-            name,
-            tuple(
-                PartitionOutcome(
-                    name, index, p if isinstance(p, Verdict) else verdict, enforced=True, raw=raw
-                )
-                for index, raw, p in partitions
-            ),
-        )
-        for name, partitions in parsed
-    )
     return ProduceDecision(
         header.api_version, header.correlation_id, int(request.body.acks), topics
     )
@@ -143,7 +141,7 @@ class ProduceEngine:
         if refusal is None:
             decision = self._judge_topics(request, parsed, views)
         else:
-            decision = _refused_whole(request, parsed, refusal)
+            decision = _decision(request, tuple(_refused(n, p, refusal) for n, p in parsed))
         return self._routed(frame, request, decision)
 
     def _read(
@@ -227,7 +225,7 @@ class ProduceEngine:
         not_checked = 0
         for name, partitions in parsed:
             if name not in views:  # an unknown topic id: answered without a chain
-                topics.append((name, _verdicts(name, partitions)))
+                topics.append(_refused(name, partitions, UNKNOWN_TOPIC_ID_VERDICT))
                 continue
             chain = views[name].chain
             if chain.observers:
@@ -244,7 +242,7 @@ class ProduceEngine:
                         PartitionOutcome(name, index, verdict, True, produced=produced, raw=raw)
                     )
             topics.append((name, tuple(outcomes)))
-        header = request.header
+        header = request.header  # built here, not by `_decision`: one call less per request
         decision = ProduceDecision(
             header.api_version, header.correlation_id, int(request.body.acks), tuple(topics)
         )

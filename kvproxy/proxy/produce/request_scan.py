@@ -22,6 +22,7 @@ __all__ = [
     "NO_TRANSACTIONAL_ID_VERDICT",
     "RECORDS_LIMIT",
     "UNKNOWN_TOPIC_ID_POLICY",
+    "UNKNOWN_TOPIC_ID_VERDICT",
     "Parsed",
     "declared_records",
     "has_transactional_records",

@@ -39,7 +39,7 @@ from kvproxy.proxy.listen.listeners import Listeners
 from kvproxy.proxy.listen.tls_context import client_side_ssl, upstream_side_ssl
 from kvproxy.proxy.lookups.topic_configs import TopicConfigCache
 from kvproxy.proxy.lookups.topic_ids import TopicIds
-from kvproxy.proxy.ops.loop_lag import LAG_TICK_S, LAG_WINDOW_S, watch_loop_lag
+from kvproxy.proxy.ops.loop_lag import watch_loop_lag
 from kvproxy.proxy.ops.memory import return_large_buffers_to_the_os
 from kvproxy.proxy.ops.metrics import ProxyMetrics, ReadyCheck, start_http_endpoint
 from kvproxy.proxy.produce.decider import ProduceDecider
@@ -51,7 +51,7 @@ from kvproxy.registry.catalog import RegistryCatalog
 
 log = logging.getLogger("kvproxy")
 
-__all__ = ["LAG_TICK_S", "LAG_WINDOW_S", "ProxyServer", "ProxyStats", "WorkerRole"]
+__all__ = ["ProxyServer", "ProxyStats", "WorkerRole"]
 
 
 @dataclass(frozen=True, slots=True)
