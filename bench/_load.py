@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import datetime
-import importlib
 import multiprocessing
 import re
 import socket
@@ -23,11 +21,10 @@ import psutil
 import uvloop
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from kio.static.primitive import i16, i32, i32Timedelta
 
 from bench._relays import ProxyProcess
-from kvproxy.protocol.messages import decode_response, encode_request, make_request
-from kvproxy.protocol.records import build_batch
+from kvproxy.protocol.messages import decode_response
+from tests.harness.requests import produce_request
 
 PRODUCE = 0
 
@@ -45,20 +42,9 @@ def produce_payload(
     topic: str, value: bytes, *, key: bytes | None = b"k", correlation_id: int = 0, acks: int = -1
 ) -> bytes:
     """One Produce v9 request (no size prefix) of one batch of one record for partition 0."""
-    schema = importlib.import_module(f"kio.schema.produce.v{PRODUCE_VERSION}.request")
-    batch = build_batch([(key, value, None, None)])
-    body = schema.ProduceRequest(
-        transactional_id=None,
-        acks=i16(acks),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            schema.TopicProduceData(
-                name=topic,
-                partition_data=(schema.PartitionProduceData(index=i32(0), records=batch),),
-            ),
-        ),
+    return produce_request(
+        PRODUCE_VERSION, correlation_id, topic, [(key, value)], acks=acks, client_id=CLIENT_ID
     )
-    return encode_request(make_request(PRODUCE, PRODUCE_VERSION, correlation_id, CLIENT_ID, body))
 
 
 class ProduceTemplate:

@@ -55,12 +55,13 @@ def produce_request(
     version: int,
     correlation_id: int,
     topic: str,
-    records: list[tuple[bytes, bytes]],
+    records: list[tuple[bytes | None, bytes]],
     *,
     acks: int = -1,
     partition: int = 0,
+    client_id: str = CLIENT_ID,
 ) -> bytes:
-    """A Produce request of one magic-2 batch for `topic`/`partition`."""
+    """A Produce request of one magic-2 batch for `topic`/`partition` (keys may be None)."""
     import importlib
 
     from kio.static.primitive import i16, i32, i32Timedelta
@@ -78,7 +79,7 @@ def produce_request(
             ),
         ),
     )
-    return encode_request(make_request(PRODUCE, version, correlation_id, CLIENT_ID, body))
+    return encode_request(make_request(PRODUCE, version, correlation_id, client_id, body))
 
 
 def fetch_request(
