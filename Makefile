@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup compiler system-deps java-deps client-deps localhost-names haproxy valgrind browser lint test demo bench \
+.PHONY: setup compiler fuzzer system-deps java-deps client-deps localhost-names haproxy valgrind browser lint test demo bench \
 	fuzz clean
 
 # The compiled record scan (kvproxy/protocol/records/_skim.c) is built by the install: a change to it
@@ -20,7 +20,9 @@ GO_TOOLCHAIN_VERSION = go1.26.8
 GO_TOOLCHAIN = $(HOME)/.cache/kvproxy/go-toolchain
 GO_ARCH = $(shell uname -m | sed -e 's/x86_64/amd64/' -e 's/aarch64/arm64/')
 
-$(STAMP): pyproject.toml setup.py kvproxy/protocol/records/_skim.c | compiler
+ACCEPT_SOURCES := $(wildcard kvproxy/protocol/fast_accept/*.c kvproxy/protocol/fast_accept/*.h)
+
+$(STAMP): pyproject.toml setup.py kvproxy/protocol/records/_skim.c $(ACCEPT_SOURCES) | compiler
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-venv && \
@@ -38,6 +40,13 @@ compiler:
 	@[ -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || { \
 		echo "Python.h is missing: installing python3-dev with apt-get"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-dev; }
+
+# clang with libFuzzer and the sanitizers' runtimes, for the fast accept's fuzz harness
+# (fuzz/accept_fuzz.c, run by tests/unit/test_fuzz_accept.py; tests only)
+fuzzer:
+	@{ command -v clang && ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a; } >/dev/null 2>&1 || { \
+		echo "clang or libFuzzer is missing: installing clang and libclang-rt-dev with apt-get"; \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends clang libclang-rt-dev; }
 
 system-deps:
 	@command -v kcat >/dev/null 2>&1 || { \
@@ -113,16 +122,18 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint browser java-deps client-deps localhost-names haproxy valgrind
+test: lint browser java-deps client-deps localhost-names haproxy valgrind fuzzer
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
 
 demo: setup
 	$(BIN)/kvproxy demo
 
-# The fuzzer's long run: 100,000 mutated requests through a running proxy (minutes); make test
-# runs a 10,000-input slice of the same test
-fuzz: setup
+# The fuzzers' long runs: 100,000 mutated requests through a running proxy (minutes; make test
+# runs a 10,000-input slice of the same test), and the fast accept's libFuzzer harness for 10
+# minutes (make test: 20 s)
+fuzz: setup fuzzer
 	KVPROXY_FUZZ_INPUTS=100000 $(BIN)/pytest -q tests/integration/test_fuzz_proxy.py
+	KVPROXY_ACCEPT_FUZZ_SECONDS=600 $(BIN)/pytest -q tests/unit/test_fuzz_accept.py
 
 # The eight benchmarks of docs/benchmarks.md (under 20 minutes), against Apache Kafka (Java and
 # Maven for its jars) where they compare with a broker, and with HAProxy in front of it as the

@@ -360,6 +360,10 @@ class RecordsPolicy(Protocol):
       checks at the places its `Stage`s give, rather than where the YAML lists it.
     - `judges_parsing`: bytes that do not parse as record batches are refused in its name.
     - `schema_ids_wanted(topic, produced)`, for `Need.SCHEMAS`: the ids it will ask about.
+    - `accept_form(config)`: the conditions under which its check surely passes on a topic with
+      these settings (`kvproxy.policies.accept_form.AcceptForm`, None: none the compiled fast
+      accept can prove), so that requests to a chain whose every policy has one are accepted in
+      one compiled pass; a refusal is always the Python path's.
     `kvproxy.policies.declaration` reads these once, when the chain is built.
     """
 

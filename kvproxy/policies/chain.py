@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvproxy.policies.accept_form import AcceptForm, merged_forms
 from kvproxy.policies.api import (
     ACCEPT,
     PARSING,
@@ -15,6 +16,7 @@ from kvproxy.policies.api import (
     PolicyViolation,
     ProducedRecords,
     RecordsPolicy,
+    TopicConfig,
     Verdict,
 )
 from kvproxy.policies.declaration import Declaration, declaration_of
@@ -122,6 +124,21 @@ class PolicyChain:
             if verdict.code:
                 return verdict.with_policy(policy.name)
         return ACCEPT
+
+    def accept_form(self, config: TopicConfig) -> AcceptForm | None:
+        """The chain's compiled fast-accept form on a topic with these settings: every policy's
+        form merged, or None when one has none (`kvproxy.policies.accept_form`). A policy whose
+        `accept_form` raises has none: its requests go the Python way."""
+        forms: list[AcceptForm | None] = []
+        for declared in self.declarations:
+            if declared.accept_form is None:
+                return None
+            try:
+                forms.append(declared.accept_form(config))
+            except Exception as exc:
+                self._log_crash(declared.name, exc, "failed to give its accept form", "form")
+                return None
+        return merged_forms(forms)
 
     def wants_answer(self, produced: ProducedRecords) -> bool:
         """Whether an observer wants the broker's answer to `produced`: one with a

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvproxy.policies.api import Need, ProducedRecords, Stage
+from kvproxy.policies.accept_form import AcceptForm
+from kvproxy.policies.api import Need, ProducedRecords, Stage, TopicConfig
 from kvproxy.policies.errors import short_repr
 from kvproxy.policies.topic_settings import FIELD_NAMES
 
@@ -44,6 +45,9 @@ class Declaration:
     always)."""
     schema_ids_wanted: Callable[[str, ProducedRecords], set[int]] | None = None
     """For `Need.SCHEMAS`: the ids it will ask about (None: every id keys and values carry)."""
+    accept_form: Callable[[TopicConfig], AcceptForm | None] | None = None
+    """Its compiled fast-accept form on a topic with these settings (None: it has none, and
+    its chain's requests are decided by the Python path alone)."""
 
 
 def needs_of(declarer: object) -> frozenset[Need]:
@@ -75,6 +79,7 @@ def declaration_of(policy: Any) -> Declaration:
         judges_parsing=bool(getattr(policy, "judges_parsing", False)),
         wants_answer=getattr(policy, "wants_answer", None),
         schema_ids_wanted=getattr(policy, "schema_ids_wanted", None),
+        accept_form=getattr(policy, "accept_form", None),
     )
 
 
@@ -106,7 +111,7 @@ def declaration_problem(policy: Any) -> str:
             return f"stages must hold policies.api.Stage values, not {short_repr(stage)}"
         if not callable(getattr(policy, stage.method, None)):
             return f"stage {stage.order} runs {stage.method}(), which it has not"
-    for optional in ("wants_answer", "schema_ids_wanted"):
+    for optional in ("wants_answer", "schema_ids_wanted", "accept_form"):
         found = getattr(policy, optional, None)
         if found is not None and not callable(found):
             return f"{optional} must be a method, not {short_repr(found)}"

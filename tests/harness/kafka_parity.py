@@ -33,6 +33,7 @@ from kvproxy.protocol.produce import partition_answer, produce_answer, produce_r
 from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.produce.decision import ProduceSettings
 from kvproxy.proxy.produce.engine import ProduceEngine
+from tests.harness.fast_accept import holds_invariant
 from tests.harness.fuzz import produce_request
 
 NOW = 1_700_000_000_000
@@ -136,6 +137,7 @@ def produce(
     """`records` for topic-0 in a Produce request of `version`, decided at `now_ms`; a forwarded
     partition is answered by a broker that accepts it, and that answer feeds the producer state."""
     frame = produce_request(version, 7, [(TOPIC, 0, records)], transactional_id=transactional_id)
+    holds_invariant(engine, frame, now_ms)  # the compiled fast accept passes only what passes
     decision = engine.decide(frame, decode_request(frame), now_ms=now_ms)
     (outcome,) = decision.outcomes
     upstream = None

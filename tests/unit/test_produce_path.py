@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from kvproxy.protocol import messages, produce_shape, request_view
+from kvproxy.protocol import fast_accept, messages, produce_shape, request_view
 from kvproxy.protocol import produce_request as plain_reader
 from kvproxy.protocol.framing import size_prefix
 from kvproxy.proxy.cluster import rewrite
+from kvproxy.proxy.produce import engine as engine_module
 from tests.harness.connection_pair import (
     ConnectionPair,
     connection_pair,
@@ -27,12 +28,18 @@ def pair() -> Iterator[ConnectionPair]:
         yield made
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 @pytest.mark.parametrize("version", [3, 9, 12])
 def test_a_forwarded_produce_request_is_read_once(
-    pair: ConnectionPair, monkeypatch: pytest.MonkeyPatch, version: int
+    pair: ConnectionPair, monkeypatch: pytest.MonkeyPatch, version: int, compiled: bool
 ) -> None:
-    """One view of the request's bytes (`RequestView`): its prefix read on arrival, its header
-    once, its body by one reader; no step reads again what an earlier one read."""
+    """One view of the request's bytes (`RequestView`): its prefix read on arrival, then either
+    the compiled fast accept's one pass (no Python reader), or, on the Python path, its header
+    once and its body by one reader; no step reads again what an earlier one read."""
+    if not compiled:
+        monkeypatch.setattr(engine_module, "accept_produce", fast_accept.python_accept_produce)
+    elif not fast_accept.COMPILED:
+        pytest.fail("the fast accept is not compiled (KVPROXY_NO_EXTENSIONS, or no compiler)")
     reads: list[str] = []
     for module, name in [
         (request_view, "read_request_prefix"),
@@ -55,7 +62,12 @@ def test_a_forwarded_produce_request_is_read_once(
     payload = produce_request(version, 5)
     pair.request(payload)
     assert bytes(pair.to_broker.written) == size_prefix(payload) + payload  # forwarded as sent
-    assert reads == ["read_request_prefix", "read_request_header", "read_produce"]
+    if compiled:
+        assert reads == ["read_request_prefix"]
+        metrics = pair.server.metrics
+        assert metrics.child(metrics.decided, "compiled").pending == 1
+    else:
+        assert reads == ["read_request_prefix", "read_request_header", "read_produce"]
 
 
 @pytest.mark.parametrize("version", [9, 10, 12])

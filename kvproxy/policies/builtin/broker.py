@@ -16,6 +16,7 @@ message format, 50 the record count, 60-80 the records, 90 segment.bytes, 100 th
 
 from __future__ import annotations
 
+from kvproxy.policies.accept_form import ANY_PARTITION, AcceptForm
 from kvproxy.policies.api import (
     ACCEPT,
     INVALID_RECORD_REJECTION,
@@ -25,6 +26,7 @@ from kvproxy.policies.api import (
     RecordError,
     RecordErrorList,
     Stage,
+    TopicConfig,
     Verdict,
     record_errors_verdict,
 )
@@ -146,6 +148,10 @@ class BatchIntegrityPolicy(BuiltinPolicy):
 
     def setup(self) -> None:
         self.count_checked = self._bool_option("check_count")
+
+    def accept_form(self, config: TopicConfig) -> AcceptForm:
+        """The plain shape is its every check but the two sizes the topic sets."""
+        return AcceptForm(config.max_message_bytes, config.segment_bytes)
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for stage in (self.check_request, self.check_batches, self.check_count):
@@ -327,6 +333,9 @@ class CrcPolicy(BuiltinPolicy):
     group = BROKER_CHECKS
     stages = (Stage(20),)
 
+    def accept_form(self, config: TopicConfig) -> AcceptForm:
+        return ANY_PARTITION  # the fast accept checks every batch's CRC32C
+
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for b in batch.batches:
             if not b.crc_valid():
@@ -356,6 +365,9 @@ class OffsetsPolicy(BuiltinPolicy):
     """
 
     name = "offsets"
+
+    def accept_form(self, config: TopicConfig) -> AcceptForm:
+        return ANY_PARTITION  # the fast accept wants the deltas 0, 1, ... exactly
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         if not any(
@@ -401,6 +413,9 @@ class CompactedKeyPolicy(BuiltinPolicy):
     group = BROKER_CHECKS
     stages = (Stage(70, "record_errors", error_codes.INVALID_RECORD, MISSING_KEY),)
 
+    def accept_form(self, config: TopicConfig) -> AcceptForm:
+        return AcceptForm(keys_required=config.compacted is True)
+
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         errors = self.record_errors(batch)
         if not errors:
@@ -445,6 +460,10 @@ class MessageFormatPolicy(BuiltinPolicy):
         self.topic_magic = self._int_option("topic_magic", minimum=0)
         if self.min_magic > 2 or self.topic_magic > 2:
             raise self._error("magic versions are 0, 1 or 2")
+
+    def accept_form(self, config: TopicConfig) -> AcceptForm | None:
+        """Magic 2 passes unless the topic's format is older (then idempotent batches fail)."""
+        return ANY_PARTITION if self.topic_magic == 2 else None
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for b in batch.batches:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvproxy.policies.api import ACCEPT, ProducedRecords, Verdict
+from kvproxy.policies.accept_form import ANY_PARTITION, AcceptForm
+from kvproxy.policies.api import ACCEPT, ProducedRecords, TopicConfig, Verdict
 from kvproxy.policies.builtin.base import BuiltinPolicy
 from kvproxy.policies.errors import short_repr
 from kvproxy.protocol import error_codes
@@ -29,6 +30,10 @@ class CompressionPolicy(BuiltinPolicy):
             allowed.add(codec)
         self.allowed = frozenset(allowed)
         self._allowed_text = ", ".join(c.name.lower() for c in sorted(allowed))
+
+    def accept_form(self, config: TopicConfig) -> AcceptForm | None:
+        """The fast accept takes uncompressed batches only: they pass when `none` is allowed."""
+        return ANY_PARTITION if Codec.NONE in self.allowed else None
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         for b in batch.batches:

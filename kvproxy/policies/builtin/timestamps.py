@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvproxy.policies.accept_form import ANY_PARTITION, AcceptForm
 from kvproxy.policies.api import (
     ACCEPT,
     Need,
@@ -9,6 +10,7 @@ from kvproxy.policies.api import (
     RecordError,
     RecordErrorList,
     Stage,
+    TopicConfig,
     Verdict,
     record_errors_verdict,
 )
@@ -71,7 +73,10 @@ class TimestampsPolicy(BuiltinPolicy):
 
     def settings(self, batch: ProducedRecords) -> tuple[bool, int, int]:
         """(CreateTime?, before max ms, after max ms) in force for `batch`'s topic."""
-        config = batch.topic_config
+        return self.settings_of(batch.topic_config)
+
+    def settings_of(self, config: TopicConfig) -> tuple[bool, int, int]:
+        """(CreateTime?, before max ms, after max ms) on a topic with these settings."""
         explicit = self.explicit
         create_time = self.create_time
         if "type" not in explicit and config.timestamp_type is not None:
@@ -83,6 +88,16 @@ class TimestampsPolicy(BuiltinPolicy):
         if "after_max_ms" not in explicit and config.timestamp_after_max_ms is not None:
             after = config.timestamp_after_max_ms
         return create_time, before, after
+
+    def accept_form(self, config: TopicConfig) -> AcceptForm | None:
+        """CreateTime: every record within the window; LogAppendTime: nothing more (the fast
+        accept takes CreateTime batches only)."""
+        create_time, before, after = self.settings_of(config)
+        if not create_time:
+            return ANY_PARTITION
+        if before < 0 or after < 0:
+            return None
+        return AcceptForm(timestamp_window=(before, after))
 
     def validate(self, topic: str, partition: int, batch: ProducedRecords) -> Verdict:
         errors = self.record_errors(batch)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvproxy.protocol.compiled import extensions_allowed
 from kvproxy.protocol.records.layout import V2_HEADER_SIZE
 from kvproxy.protocol.records.record import RecordScan
 
@@ -171,7 +172,9 @@ def _header_key(view: memoryview, start: int, end: int) -> None:
 
 def _compiled_skim() -> tuple[SkimV2, ValuesV2] | None:
     """The compiled skim and value reader, or None when they were not built (no C compiler
-    where kvproxy was installed)."""
+    where kvproxy was installed, or `KVPROXY_NO_EXTENSIONS` set: `kvproxy.protocol.compiled`)."""
+    if not extensions_allowed():
+        return None
     try:
         from kvproxy.protocol.records import _skim  # noqa: PLC0415
     except ImportError:

@@ -218,6 +218,9 @@ _HEALTH_METRICS: Final = (
                "Times a client connection stopped being read until receive memory was free"),
     _MetricRow("off_loop_decisions", _C, "kvproxy_produce_off_loop",
                "Produce requests decided off the event loop (too much to decode on it)"),
+    _MetricRow("decided", _C, "kvproxy_produce_decided",
+               "Produce requests by the path that decided them (compiled: accepted whole by the "
+               "compiled fast accept; python: the policies' own path)", ("path",)),
     _MetricRow("topic_lookups", _C, "kvproxy_topic_settings_lookups",
                "New topic names described (asked) or not (client_rate, pending)", ("outcome",)),
     _MetricRow("schema_lookups", _C, "kvproxy_schema_lookups",
@@ -264,6 +267,7 @@ class ProxyMetrics:
     receive_memory: Gauge
     receive_waits: Counter
     off_loop_decisions: Counter
+    decided: Counter
     topic_lookups: Counter
     schema_lookups: Counter
     schema_cache_hits: Counter

@@ -282,6 +282,7 @@ class ProduceDecider:
             ),
             self.topic_configs.compacted,
             self.topic_configs.config,
+            self.topic_ids.name_of,
         )
 
 

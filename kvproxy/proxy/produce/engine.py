@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from kvproxy.protocol.errors import DecodeError
+from kvproxy.protocol.fast_accept import Accepted, FormFields, accept_produce
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import Request, encode_request
 from kvproxy.protocol.produce_topics import (
@@ -94,13 +96,40 @@ class ProduceEngine:
         settings: ProduceSettings,
         compacted: Callable[[str], bool | None],
         learned: Callable[[str], TopicConfig] | None = None,
+        topic_named: Callable[[uuid.UUID], str | None] | None = None,
     ) -> None:
         self.routing = routing
+        self._topic_named = topic_named
+        """The name of a Produce v13 topic id, when known (None: no id is)."""
         self.settings = settings
         self.answers = ProduceAnswers(settings)
         """Builds the answers of the requests decided here."""
         self.views = TopicViews(routing, compacted, learned)
         """Each topic's chain and settings now (read on the event loop)."""
+
+    def accept_compiled(self, frame: Frame, now_ms: int | None = None) -> Accepted | None:
+        """The compiled fast accept's answer (`kvproxy.protocol.fast_accept`): the counts of a
+        request every partition of which passes its topic's checks, or None when it is not sure
+        (then `decide` is). `now_ms` as `decide`'s."""
+        settings = self.settings
+        limit = settings.max_records_per_request
+        return accept_produce(
+            frame,
+            self._accept_form,
+            int(time.time() * 1000) if now_ms is None else now_ms,
+            settings.inline_max_partitions,
+            settings.inline_max_records,
+            -1 if limit is None else limit,
+        )
+
+    def _accept_form(self, topic: str | bytes) -> tuple[str, FormFields] | None:
+        """A topic's name and compiled form now (by its v13 id: named if known)."""
+        if isinstance(topic, bytes):
+            name = None if self._topic_named is None else self._topic_named(uuid.UUID(bytes=topic))
+            if name is None:
+                return None
+            topic = name
+        return self.views.view(topic).accept
 
     def decide(
         self,

@@ -175,6 +175,7 @@ class ProduceExchange:
             if decision.unchecked:
                 metrics.decode_budget_refusals.inc(decision.unchecked)
         metrics.child(metrics.requests, "produce", outcome).inc()
+        metrics.child(metrics.decided, "python").inc()
         try:
             self._route(client, decision, header.correlation_id, header.api_version)
         finally:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from kvproxy.policies.api import UNKNOWN_TOPIC_CONFIG, TopicConfig
 from kvproxy.policies.chain import PolicyChain
 from kvproxy.policies.config import TopicRouting, TopicRule
+from kvproxy.protocol.fast_accept import FormFields
 from kvproxy.protocol.messages import Request
 from kvproxy.protocol.produce_topics import is_unknown_id, topic_name
 
@@ -27,6 +28,10 @@ class TopicView:
     chain: PolicyChain
     config: TopicConfig
     """The YAML's settings over those learned from the cluster."""
+    accept: tuple[str, FormFields] | None = None
+    """(name, the chain's compiled form on these settings) for the fast accept; None when the
+    chain has none, or reads settings the cluster has not told yet (the Python path describes
+    the topic first)."""
 
     @property
     def compacted(self) -> bool | None:
@@ -40,6 +45,17 @@ def _yaml_over_cluster(override: TopicConfig, learned: TopicConfig) -> TopicConf
     if learned is UNKNOWN_TOPIC_CONFIG:
         return override
     return override.over(learned)
+
+
+def _accept(
+    topic: str, rule: TopicRule, learned: TopicConfig, config: TopicConfig
+) -> tuple[str, FormFields] | None:
+    if rule.needs and learned is UNKNOWN_TOPIC_CONFIG:
+        return None  # settings to describe first: the Python path does
+    if rule.chain.observers:
+        return None  # the broker's answer is shown to a policy: the exchange's to do
+    form = rule.chain.accept_form(config)
+    return None if form is None else (topic, form.fields())
 
 
 class TopicViews:
@@ -72,9 +88,10 @@ class TopicViews:
             compacted = self._compacted(topic)
             learned = UNKNOWN_TOPIC_CONFIG if compacted is None else TopicConfig(compacted)
         kept = self._views.get(topic)
-        if kept is not None and kept[0] is rule and kept[1] is learned:
+        if kept is not None and kept[0] is rule and (kept[1] is learned or kept[1] == learned):
             return kept[2]
-        view = TopicView(rule.chain, _yaml_over_cluster(rule.config, learned))
+        config = _yaml_over_cluster(rule.config, learned)
+        view = TopicView(rule.chain, config, _accept(topic, rule, learned, config))
         if kept is None and len(self._views) >= _VIEWS_KEPT:
             del self._views[next(iter(self._views))]  # the oldest name
         self._views[topic] = (rule, learned, view)

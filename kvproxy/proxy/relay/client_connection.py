@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,7 +32,7 @@ from kvproxy.proxy.produce.exchange import ProduceExchange
 from kvproxy.proxy.relay.client_reading import ClientReading
 from kvproxy.proxy.relay.close_reasons import CloseReason, PauseReason
 from kvproxy.proxy.relay.connection_state import ConnectionState, arrival, listener_words
-from kvproxy.proxy.relay.produce_side import ProduceSide
+from kvproxy.proxy.relay.produce_side import ProduceSide, forward_accepted
 from kvproxy.proxy.relay.response_slots import Slot
 
 if TYPE_CHECKING:
@@ -168,7 +169,13 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.answer_locally(slot)
             return
         if api_key == PRODUCE:
-            ProduceExchange(self.state.decisions.engine).start(ProduceSide(self), view)
+            engine = self.state.decisions.engine
+            started = time.perf_counter()
+            accepted = engine.accept_compiled(payload)  # None: not sure, the policies decide
+            if accepted is None:
+                ProduceExchange(engine).start(ProduceSide(self), view)
+            else:
+                forward_accepted(self, accepted, payload, started)
             return
         self.metrics.child(self.metrics.requests, api_name(api_key), "forwarded").inc()
         self.forward(Slot(correlation_id, api_key, view.api_version), payload)
