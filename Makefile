@@ -122,8 +122,11 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The whole suite, then the unit tests again on the pure-Python twins of the compiled parts (a
+# machine without a compiler runs them), leaving out the tests of the compiled code itself
 test: lint browser java-deps client-deps localhost-names haproxy valgrind fuzzer
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q
+	KVPROXY_NO_EXTENSIONS=1 $(BIN)/pytest -n $(PYTEST_WORKERS) -q -m "not compiled" tests/unit
 
 demo: setup
 	$(BIN)/kvproxy demo

@@ -35,6 +35,8 @@ from kvproxy.proxy.produce.engine import ProduceEngine
 from tests.harness import fuzz
 from tests.harness.fast_accept import holds_invariant
 
+pytestmark = pytest.mark.compiled
+
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_700_000_000_000
 HOUR = 3_600_000

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import instructions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +52,7 @@ def test_a_case_without_a_committed_figure_fails() -> None:
     assert lines[0].startswith("NO FIGURE: produce_small")
 
 
+@pytest.mark.compiled
 def test_the_committed_figures_hold_for_the_small_cases() -> None:
     """The real check, under valgrind, against bench/instructions.json (about 30 s)."""
     result = subprocess.run(

@@ -28,7 +28,9 @@ def pair() -> Iterator[ConnectionPair]:
         yield made
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+@pytest.mark.parametrize(
+    "compiled", [pytest.param(True, marks=pytest.mark.compiled), False], ids=["compiled", "python"]
+)
 @pytest.mark.parametrize("version", [3, 9, 12])
 def test_a_forwarded_produce_request_is_read_once(
     pair: ConnectionPair, monkeypatch: pytest.MonkeyPatch, version: int, compiled: bool

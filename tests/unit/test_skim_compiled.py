@@ -53,6 +53,7 @@ def compiled_values() -> Callable[..., Any]:
 # ---- the build ----
 
 
+@pytest.mark.compiled
 def test_the_installed_package_has_the_compiled_skim_and_uses_it() -> None:
     """Fails when the install fell back to pure Python (this machine has a C compiler)."""
     from kvproxy.protocol.records import _skim
