@@ -34,6 +34,7 @@ counts differently.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import gc
@@ -56,6 +57,7 @@ from typing import Any
 
 from bench._engine_calls import DEFAULT_POLICIES, make_engine, produce_frame
 from kvproxy.protocol.budget import Allowance, MemoryBudget
+from kvproxy.protocol.framing import size_prefix
 from kvproxy.protocol.messages import (
     PRODUCE,
     decode_request,
@@ -186,6 +188,62 @@ def merge_step() -> Callable[[], bytes]:
     return step
 
 
+def accept_step() -> Callable[[], object]:
+    """The compiled fast accept of a one-record request (`ProduceEngine.accept_compiled`), its
+    topic's form looked up as on the event loop."""
+    engine = make_engine(DEFAULT_POLICIES)
+    frame = produce_request([make_batch(1)])
+
+    def step() -> object:
+        return engine.accept_compiled(frame, now_ms=NOW_MS)
+
+    if step() is None:
+        raise AssertionError("the compiled fast accept did not accept the case's request")
+    return step
+
+
+def relay_step(*, compiled: bool) -> Callable[[], Callable[[], object]]:
+    """A one-record Produce request and its broker answer through a client connection and its
+    upstream side on in-memory transports (tests/harness/connection_pair.py): every Python call
+    the relay makes for it, the compiled fast accept's path or (`compiled` False) the Python
+    path's."""
+
+    def build() -> Callable[[], object]:
+        from tests.harness import connection_pair  # noqa: PLC0415
+
+        pair = _KEPT.enter_context(connection_pair.connection_pair())
+        if not compiled:  # this engine's fast accept is never sure (one small call more)
+            engine = pair.server.connection_state.decisions.engine
+            engine.accept_compiled = lambda _frame, now_ms=None: None  # type: ignore[method-assign]
+        payload = connection_pair.produce_request(9, 5)
+        answered = connection_pair.produce_answer_ok(9, 5)
+        request, answer = size_prefix(payload) + payload, size_prefix(answered) + answered
+        client, upstream = pair.client, pair.upstream
+
+        def feed(side: Any, data: bytes) -> None:
+            buffer = side.get_buffer(len(data))
+            buffer[: len(data)] = data
+            side.buffer_updated(len(data))
+
+        def step() -> object:
+            feed(client, request)
+            feed(upstream, answer)
+            written = bytes(pair.to_client.written)
+            pair.to_client.written.clear()
+            pair.to_broker.written.clear()
+            return written
+
+        if step() != answer:
+            raise AssertionError("the relay case's answer is not the broker's")
+        return step
+
+    return build
+
+
+_KEPT = contextlib.ExitStack()
+"""The relay cases' proxies, kept open while the cases run."""
+
+
 @dataclass(frozen=True)
 class Case:
     description: str
@@ -220,6 +278,23 @@ CASES: dict[str, Case] = {
         "read_unless_many, decide, merged",
         200,
         _request_case(1, DEFAULT_POLICIES),
+    ),
+    "accept_small": Case(
+        "ProduceEngine.accept_compiled (the compiled fast accept) of the produce_small request",
+        400,
+        accept_step,
+    ),
+    "relay_small": Case(
+        "a Produce v9 request of one 100-byte record and its broker answer through a client "
+        "connection and its upstream side (in-memory transports), accepted by the compiled "
+        "fast accept",
+        200,
+        relay_step(compiled=True),
+    ),
+    "relay_small_python": Case(
+        "the same through the Python path (the fast accept's twin: never sure)",
+        200,
+        relay_step(compiled=False),
     ),
     "merge_small": Case(
         "ProduceExchange.merged for a request of two one-record partitions, the second refused "
