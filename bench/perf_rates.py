@@ -82,6 +82,8 @@ class RateRun:
     """kvproxy's counted Produce requests per record (None on the other sides)."""
     relay_system_share: float | None = None
     """The share of the relay's CPU spent in the kernel (system time: its socket calls)."""
+    compiled_share: float | None = None
+    """kvproxy: the share of its Produce requests the compiled fast accept decided."""
 
 
 def _relay(side: str, broker: BrokerUnderTest, proxy: ProxyProcess) -> RelayProcess | None:
@@ -157,6 +159,11 @@ def rate_run(
             counted["kvproxy_requests_total"] / records if side == "proxy" else None
         ),
         relay_system_share=system / cpu if relay is not None and cpu else None,
+        compiled_share=(
+            counted["kvproxy_produce_decided_total"] / counted["kvproxy_requests_total"]
+            if side == "proxy" and counted["kvproxy_requests_total"]
+            else None
+        ),
     )
 
 
@@ -173,6 +180,7 @@ def _cpu_split(relay: RelayProcess | None) -> tuple[float, float]:
 _COUNTED = (
     ("kvproxy_produce_records_total", {"outcome": "accepted"}),
     ("kvproxy_requests_total", {"api": "produce"}),
+    ("kvproxy_produce_decided_total", {"path": "compiled"}),
 )
 
 
@@ -183,6 +191,7 @@ _FIGURES = (
     "relay_cpu_us_per_record",
     "requests_per_record",
     "relay_system_share",
+    "compiled_share",
 )
 
 
@@ -239,6 +248,7 @@ def report(rates: dict[int, dict[str, Any]]) -> list[str]:
     lines = [
         f"{'rate/s':>7} {'side':<8}{'avg ms':>8}{'p50':>6}{'p99':>6}"
         f"{'relay CPU us/record':>21}{'system':>8}{'requests/record':>17}{'CPU us/request':>16}"
+        f"{'compiled':>10}"
     ]
     for rate, figures in rates.items():
         for side, s in figures["sides"].items():
@@ -250,6 +260,7 @@ def report(rates: dict[int, dict[str, Any]]) -> list[str]:
                 f"{_share(s['relay_system_share']):>8}"
                 f"{format(per, '.3f') if per is not None else '-':>17}"
                 f"{format(per_request, '.0f') if per_request is not None else '-':>16}"
+                f"{_share(s['compiled_share']):>10}"
             )
         g = figures["goals"]
         if g:

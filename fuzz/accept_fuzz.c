@@ -5,7 +5,8 @@
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined fuzz/accept_fuzz.c -o accept_fuzz
  *   ./accept_fuzz -max_total_time=60 NEW_INPUTS_DIR fuzz/corpus/accept
  *
- * Each input is one Produce request (the frame without its size). The forms vary with the
+ * Each input is one Produce request (the frame without its size), and is also read as a broker's
+ * Produce answer (kva_answer_plain). The forms vary with the
  * topic's name, so that every condition (sizes, timestamp window, keys, a topic without a form)
  * is met by some input. Besides ASan's and UBSan's reports, the harness aborts when an accepted
  * request's counts do not add up, or when the hardware CRC32C and the table one disagree. */
@@ -58,6 +59,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     else if (accepted != 0)
         abort(); /* only a Python callback fails */
+    (void)kva_answer_plain(copy, size, 9 + (int)(size % 5)); /* the same bytes as an answer */
 #if defined(__x86_64__)
     if (has_hardware_crc() &&
         crc_hardware(0xFFFFFFFFu, copy, size) != crc_software(0xFFFFFFFFu, copy, size))

@@ -19,6 +19,7 @@ from array import array
 from dataclasses import dataclass
 
 from kvproxy.protocol.errors import BufferUnderflow, DecodeError, NegativeSize, ProtocolError
+from kvproxy.protocol.fast_accept import answer_plain
 from kvproxy.protocol.headers import (
     RequestHeader,
     read_request_header,
@@ -149,7 +150,10 @@ def answer_names_nodes(frame: bytes | memoryview, version: int = 12) -> bool:
     """Whether a flexible Produce answer (v9-v13) may name brokers: its top-level tagged fields,
     where v10+ puts `node_endpoints`, are not empty, or its bytes do not read as such an answer
     (then the codec reads it and says what is wrong). False: the answer has nothing the proxy
-    rewrites and reaches the client as the broker wrote it."""
+    rewrites and reaches the client as the broker wrote it. The compiled scan answers first
+    when it is sure (`kvproxy.protocol.fast_accept.answer_plain`)."""
+    if answer_plain(frame, version):
+        return False
     buf = memoryview(frame)
     try:
         offset = skip_tagged_fields(buf, _check(buf, _INT32.size))  # correlation id, header tags

@@ -20,6 +20,7 @@ def run(side: str, rnd: int, *, avg: float, p50: float, p99: float, cpu: float |
         max_ms=80.0,
         relay_cpu_us_per_record=cpu,
         requests_per_record=1.0 if side == "proxy" else None,
+        compiled_share=0.5 + rnd / 4 if side == "proxy" else None,
     )
 
 
@@ -44,6 +45,7 @@ def test_the_medians_keep_a_p50_of_zero_and_a_side_without_a_relay() -> None:
         "relay_cpu_us_per_record": 13.0,
         "requests_per_record": 1.0,
         "relay_system_share": None,
+        "compiled_share": 1.0,  # the median of 0.75, 1.0 and 1.25
     }
 
 

@@ -10,6 +10,7 @@ plain requests real clients send, or it accelerates nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -23,12 +24,15 @@ import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kio.schema.produce.v10.response import NodeEndpoint
+from kio.static.primitive import i32
 
 from kvproxy.policies.config import build_routing
-from kvproxy.protocol import fast_accept
+from kvproxy.protocol import fast_accept, produce_shape
 from kvproxy.protocol.compression import Codec
 from kvproxy.protocol.fast_accept import _accept
-from kvproxy.protocol.messages import PRODUCE, decode_request
+from kvproxy.protocol.messages import PRODUCE, decode_request, encode_response, make_response
+from kvproxy.protocol.produce import partition_answer, produce_answer, produce_response_types
 from kvproxy.protocol.records import build_batch
 from kvproxy.proxy.produce.decision import ProduceSettings
 from kvproxy.proxy.produce.engine import ProduceEngine
@@ -293,3 +297,65 @@ def test_every_seed_decodes() -> None:
     """The seeds are Produce requests Python reads: a mutant differs by its mutation alone."""
     for seed in produce_seeds():
         assert decode_request(seed).header.api_key == PRODUCE
+
+
+# ---- the broker's answer: plainly naming no broker ----------------------------------------------
+
+
+def _python_names_nodes(frame: bytes, version: int, monkeypatch: pytest.MonkeyPatch) -> bool:
+    with monkeypatch.context() as patched:
+        patched.setattr(produce_shape, "answer_plain", fast_accept.python_answer_plain)
+        return produce_shape.answer_names_nodes(frame, version)
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple[bytes, int]:
+    version = draw(st.integers(9, 13))
+    types = produce_response_types(version)
+    partitions = [
+        partition_answer(
+            types,
+            index,
+            draw(st.sampled_from([0, 0, 87, 6])),
+            message=draw(st.sampled_from([None, "bad", "é"])) if version >= 8 else None,
+            record_errors=tuple(
+                draw(st.lists(st.tuples(st.integers(0, 9), st.none()), max_size=2))
+            ),
+        )
+        for index in range(draw(st.integers(0, 3)))
+    ]
+    topic: Any = TOPIC_ID if version >= 13 else "t1"
+    body = produce_answer(types, [(topic, partitions)])
+    if version >= 10 and draw(st.booleans()):
+        node = NodeEndpoint(node_id=i32(4), host="kafka-4", port=i32(9095), rack=None)
+        body = dataclasses.replace(body, node_endpoints=(node,))
+    frame = encode_response(PRODUCE, version, make_response(PRODUCE, version, 8, body))
+    cut = draw(st.sampled_from([None, None, None, 1, 3, 9]))
+    if cut is not None:
+        frame = frame[:-cut] if draw(st.booleans()) else frame + b"\x00" * cut
+    if draw(st.booleans()):
+        at = draw(st.integers(0, len(frame) - 1))
+        frame = frame[:at] + bytes([frame[at] ^ draw(st.integers(1, 255))]) + frame[at + 1 :]
+    return frame, version
+
+
+@settings(
+    max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(answer=answers())
+def test_an_answer_the_compiled_scan_calls_plain_names_no_broker(
+    answer: tuple[bytes, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frame, version = answer
+    if _accept.answer_plain(frame, version):
+        assert not _python_names_nodes(frame, version, monkeypatch)
+
+
+def test_the_compiled_scan_is_sure_of_the_common_answer() -> None:
+    for version in range(9, 14):
+        types = produce_response_types(version)
+        topic: Any = TOPIC_ID if version >= 13 else "t1"
+        body = produce_answer(types, [(topic, [partition_answer(types, 0, 0)])])
+        frame = encode_response(PRODUCE, version, make_response(PRODUCE, version, 8, body))
+        assert _accept.answer_plain(frame, version), version
+        assert not _accept.answer_plain(frame + b"\x00", version)

@@ -13,7 +13,7 @@ import pytest
 from bench import instructions
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_CASES = ("produce_small", "merge_small")
+SMALL_CASES = ("produce_small", "merge_small", "accept_small", "relay_small", "relay_small_python")
 
 
 def test_a_case_grown_beyond_the_tolerance_fails_the_check_by_name() -> None:

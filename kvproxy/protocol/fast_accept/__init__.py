@@ -32,7 +32,9 @@ __all__ = [
     "FormFields",
     "FormOf",
     "accept_produce",
+    "answer_plain",
     "python_accept_produce",
+    "python_answer_plain",
 ]
 
 FormFields = tuple[int, int, int, int, int]
@@ -55,19 +57,26 @@ def python_accept_produce(  # noqa: PLR0917 (the C function's positional signatu
     return None
 
 
-def _compiled() -> AcceptProduce | None:
+def python_answer_plain(frame: Frame, version: int) -> bool:
+    """The twin of the compiled answer scan: never sure (the Python scan decides)."""
+    return False
+
+
+def _compiled() -> tuple[AcceptProduce, Callable[[Frame, int], bool]] | None:
     if not extensions_allowed():
         return None
     try:
         from kvproxy.protocol.fast_accept import _accept  # noqa: PLC0415
     except ImportError:
         return None
-    return _accept.accept_produce
+    return _accept.accept_produce, _accept.answer_plain
 
 
-_accept_produce = _compiled()
-COMPILED: bool = _accept_produce is not None
+_built = _compiled()
+COMPILED: bool = _built is not None
 """Whether `accept_produce` is the compiled one (the proxy says which at start-up)."""
-accept_produce: AcceptProduce = (
-    python_accept_produce if _accept_produce is None else _accept_produce
-)
+accept_produce: AcceptProduce = python_accept_produce if _built is None else _built[0]
+answer_plain: Callable[[Frame, int], bool] = python_answer_plain if _built is None else _built[1]
+"""True when a flexible Produce answer (v9-v13) plainly names no broker: no tagged field
+anywhere, its bytes read to their end (`accept_core.c:kva_answer_plain`); False when not sure,
+and `kvproxy.protocol.produce_shape.answer_names_nodes` scans it in Python."""

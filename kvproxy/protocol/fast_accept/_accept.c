@@ -120,10 +120,24 @@ crc32c(PyObject *module, PyObject *args)
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *
+answer_plain(PyObject *module, PyObject *args)
+{
+    Py_buffer frame;
+    int version;
+    if (!PyArg_ParseTuple(args, "y*i", &frame, &version))
+        return NULL;
+    int plain = kva_answer_plain(frame.buf, (size_t)frame.len, version);
+    PyBuffer_Release(&frame);
+    return PyBool_FromLong(plain);
+}
+
 static PyMethodDef methods[] = {
     {"accept_produce", accept_produce, METH_VARARGS,
      "A Produce request every check of its topics passes: its counts; else None."},
     {"crc32c", crc32c, METH_VARARGS, "The CRC32C of the bytes (the accept's own)."},
+    {"answer_plain", answer_plain, METH_VARARGS,
+     "True when a flexible Produce answer plainly names no broker; False: not sure."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -513,3 +513,63 @@ kva_accept(const uint8_t *data, size_t size, const kva_limits *limits, kva_form_
     result->acks = acks;
     return 1;
 }
+
+/* ---- the broker's answer ---- */
+
+static int
+skip_compact_string(Cursor *c)
+{
+    int64_t n;
+    if (!read_uvarint(c, &n))
+        return 0;
+    if (n == 0)
+        return 1; /* null */
+    if ((uint64_t)(n - 1) > c->size - c->pos)
+        return 0;
+    c->pos += (size_t)(n - 1);
+    return 1;
+}
+
+int
+kva_answer_plain(const uint8_t *data, size_t size, int version)
+{
+    Cursor c = {data, size, 4}; /* after the correlation id */
+    int64_t topics, partitions, errors;
+    if (size < 4 || version < 9 || version > 13 || !no_tags(&c, 1))
+        return 0;
+    if (!read_count(&c, 1, &topics))
+        return 0;
+    for (int64_t t = 0; t < topics; t++) {
+        if (version >= 13) {
+            if (c.size - c.pos < 16)
+                return 0;
+            c.pos += 16;
+        }
+        else if (!skip_compact_string(&c))
+            return 0;
+        if (!read_count(&c, 1, &partitions))
+            return 0;
+        for (int64_t p = 0; p < partitions; p++) {
+            if (c.size - c.pos < 30) /* index, error code, base offset, append time, start */
+                return 0;
+            c.pos += 30;
+            if (!read_count(&c, 1, &errors))
+                return 0;
+            for (int64_t e = 0; e < errors; e++) {
+                if (c.size - c.pos < 4)
+                    return 0;
+                c.pos += 4;
+                if (!skip_compact_string(&c) || !no_tags(&c, 1))
+                    return 0;
+            }
+            if (!skip_compact_string(&c) || !no_tags(&c, 1)) /* message; current_leader */
+                return 0;
+        }
+        if (!no_tags(&c, 1))
+            return 0;
+    }
+    if (c.size - c.pos < 4)
+        return 0;
+    c.pos += 4; /* throttle time */
+    return no_tags(&c, 1) && c.pos == c.size; /* node_endpoints would be a tag here */
+}

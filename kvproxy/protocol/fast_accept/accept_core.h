@@ -54,6 +54,10 @@ typedef int (*kva_form_of)(void *context, const kva_topic *topic, int index, kva
 int kva_accept(const uint8_t *data, size_t size, const kva_limits *limits, kva_form_of form_of,
                void *context, kva_result *result);
 
+/* 1: a flexible Produce answer (v9-v13) plainly names no broker (no tagged field anywhere, its
+ * bytes read to their end); 0: not sure (the Python scan decides). */
+int kva_answer_plain(const uint8_t *data, size_t size, int version);
+
 uint32_t kva_crc32c(const uint8_t *data, size_t size);
 
 #endif

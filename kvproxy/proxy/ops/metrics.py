@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvproxy.protocol.api_table import api_label
+from kvproxy.proxy.ops.accepted_counts import AcceptedCounts
 from kvproxy.proxy.ops.metric_tallies import CounterTally, HistogramTally, TallyFlush
 from kvproxy.proxy.ops.topic_labels import OTHER_TOPICS, UNKNOWN_TOPICS, TopicLabels
 from kvproxy.registry.catalog import CatalogObserver
@@ -286,6 +287,8 @@ class ProxyMetrics:
         )
         self.registry.register(self.repeated_refusals)
         self._create(_HEALTH_METRICS)
+        self.accepted = AcceptedCounts(self)
+        """Requests the compiled fast accept passed whole, counted as the Python path would."""
 
     def _create(self, rows: tuple[_MetricRow, ...]) -> None:
         """Make the rows' metrics in their order: the registry's order is the exposition's."""

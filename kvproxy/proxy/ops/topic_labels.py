@@ -128,6 +128,10 @@ class TopicLabels:
         del self._known[topic]
         return None
 
+    def cell(self, metric: Any, topic: str, rest: tuple[str, ...]) -> Any:
+        """The cell `count` adds to for a topic with a label of its own (None: none yet)."""
+        return self._labelled_cells.get((metric, topic, rest))
+
     def count(self, metric: Any, topic: str, rest: tuple[str, ...], amount: float = 1) -> None:
         """`metric.labels(<topic label>, *rest).inc(amount)`, now or once the cluster answered."""
         cell = self._labelled_cells.get((metric, topic, rest))

@@ -49,25 +49,14 @@ class _Connection(Protocol):
     ) -> None: ...
 
 
-_ACCEPTED = ("accepted",)
-
-
 def forward_accepted(
     connection: _Connection, accepted: Accepted, payload: Frame, started: float
 ) -> None:
     """A request the compiled fast accept passed whole: counted as the Python path counts an
     accepted request, and forwarded as its own bytes (the broker's answer passes through)."""
-    version, correlation_id, _acks, topics = accepted
-    metrics = connection.metrics
-    labels = metrics.topic_labels
-    for topic, partitions, records in topics:
-        labels.count(metrics.batches, topic, _ACCEPTED, partitions)  # one batch a partition
-        labels.count(metrics.records, topic, _ACCEPTED, records)
-    metrics.child(metrics.requests, "produce", "forwarded").inc()
-    metrics.child(metrics.decided, "compiled").inc()
-    slot = Slot(correlation_id, PRODUCE, version)
+    slot = Slot(accepted[1], PRODUCE, accepted[0])
     slot.sent_at = now = time.perf_counter()
-    metrics.proxy_latency.observe(now - started)
+    connection.metrics.accepted.count(accepted[3], now - started)
     connection.forward(slot, payload)
 
 

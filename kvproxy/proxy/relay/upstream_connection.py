@@ -17,7 +17,9 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from kvproxy.protocol.errors import ProtocolError
+from kvproxy.protocol.fast_accept import answer_plain
 from kvproxy.protocol.framing import Frame, FrameDecoder, size_prefix
+from kvproxy.protocol.messages import PRODUCE
 from kvproxy.proxy.cluster.rewrite import (
     needs_rewrite,
     rewrite_inline,
@@ -125,6 +127,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
                 f"upstream answered out of order (expected {slot.correlation_id})",
                 reason=CloseReason.UPSTREAM_ERROR,
             )
+            return
+        if slot.api_key == PRODUCE and answer_plain(payload, slot.api_version):
+            self._fill(slot, payload)  # names no broker: nothing to rewrite (the common answer)
             return
         if needs_rewrite(slot.api_key, slot.api_version):
             if not rewrite_inline(payload, slot.api_key, slot.api_version):  # off the loop
