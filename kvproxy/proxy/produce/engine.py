@@ -106,30 +106,37 @@ class ProduceEngine:
         """Builds the answers of the requests decided here."""
         self.views = TopicViews(routing, compacted, learned)
         """Each topic's chain and settings now (read on the event loop)."""
+        self._view_now = self.views.view
+        limit = settings.max_records_per_request
+        self._accept_limits = (
+            settings.inline_max_partitions,
+            settings.inline_max_records,
+            -1 if limit is None else limit,
+        )
+        """The fast accept's bounds: what `decide` decides on the loop, and the request limit."""
 
     def accept_compiled(self, frame: Frame, now_ms: int | None = None) -> Accepted | None:
         """The compiled fast accept's answer (`kvproxy.protocol.fast_accept`): the counts of a
         request every partition of which passes its topic's checks, or None when it is not sure
         (then `decide` is). `now_ms` as `decide`'s."""
-        settings = self.settings
-        limit = settings.max_records_per_request
+        partitions, records, request_records = self._accept_limits
         return accept_produce(
             frame,
             self._accept_form,
             int(time.time() * 1000) if now_ms is None else now_ms,
-            settings.inline_max_partitions,
-            settings.inline_max_records,
-            -1 if limit is None else limit,
+            partitions,
+            records,
+            request_records,
         )
 
     def _accept_form(self, topic: str | bytes) -> tuple[str, FormFields] | None:
         """A topic's name and compiled form now (by its v13 id: named if known)."""
-        if isinstance(topic, bytes):
+        if type(topic) is bytes:
             name = None if self._topic_named is None else self._topic_named(uuid.UUID(bytes=topic))
             if name is None:
                 return None
             topic = name
-        return self.views.view(topic).accept
+        return self._view_now(topic).accept  # type: ignore[arg-type]
 
     def decide(
         self,

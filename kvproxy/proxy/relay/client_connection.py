@@ -47,6 +47,7 @@ _closing_lines = {
 of clients while the broker is down) does not hide the others."""
 
 _API_VERSIONS_MAX = max(supported_versions(API_VERSIONS))
+_PRODUCE_KEY = PRODUCE.to_bytes(2, "big")
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -125,10 +126,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._decoder.waiting is not None and not self._closing:
             self.pause_reading(PauseReason.MEMORY)  # a large frame waits for receive memory
             self.state.receive.wait(self, self._decoder.waiting)
-        else:
+        elif self._reading.paused_for:
             self._reading.enforce()
         self.state.receive.wake()
-        self.flush()
+        slots = self._slots
+        if slots and slots[0].payload is not None:  # answers ready (most wait for the broker)
+            self.flush()
 
     def retry_receive(self) -> bool:
         """Try again to start the large frame that waited for receive memory; True once it has
@@ -160,6 +163,13 @@ class ClientConnection(asyncio.BufferedProtocol):
     def on_request(self, payload: Frame) -> None:
         """Answer, decide or forward one request (a Produce request: by its exchange, which
         reads it through the view made here)."""
+        if payload[:2] == _PRODUCE_KEY:  # the compiled fast accept first (too short: not sure)
+            engine = self.state.decisions.engine
+            started = time.perf_counter()
+            accepted = engine.accept_compiled(payload)  # None: not sure, the policies decide
+            if accepted is not None:
+                forward_accepted(self, accepted, payload, started)
+                return
         view = RequestView(payload)
         api_key, correlation_id = view.api_key, view.correlation_id
         if api_key == API_VERSIONS and view.api_version > _API_VERSIONS_MAX:
@@ -169,13 +179,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.answer_locally(slot)
             return
         if api_key == PRODUCE:
-            engine = self.state.decisions.engine
-            started = time.perf_counter()
-            accepted = engine.accept_compiled(payload)  # None: not sure, the policies decide
-            if accepted is None:
-                ProduceExchange(engine).start(ProduceSide(self), view)
-            else:
-                forward_accepted(self, accepted, payload, started)
+            ProduceExchange(self.state.decisions.engine).start(ProduceSide(self), view)
             return
         self.metrics.child(self.metrics.requests, api_name(api_key), "forwarded").inc()
         self.forward(Slot(correlation_id, api_key, view.api_version), payload)
@@ -220,7 +224,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 tap(slot.api_key, slot.api_version, bytes(payload))
         transport.writelines(parts)
         self._bytes_out.inc(sent)
-        if len(slots) < self._max_in_flight:
+        if PauseReason.IN_FLIGHT in self._reading.paused_for and len(slots) < self._max_in_flight:
             self.resume_reading(PauseReason.IN_FLIGHT)
 
     # ---- upstream lifecycle ----
