@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections.abc import Callable
 from typing import Final
 
 from kvproxy.protocol.budget import MemoryBudget
@@ -263,6 +264,8 @@ class FrameDecoder:
             return payload
         if self._in_scratch and (cut := self._scratch_frame()) is not None:
             return cut
+        if len(self._buffer) - self._start < SIZE_PREFIX:
+            return None  # no prefix yet: the common end of a read (`pending_frame_size`'s test)
         size = self.pending_frame_size()
         if size is None:
             return None
@@ -418,6 +421,11 @@ def write_frame(out: bytearray, payload: bytes | bytearray | memoryview) -> None
 def size_prefix(payload: bytes | bytearray | memoryview) -> bytes:
     """The 4-byte size prefix of `payload` (to send beside it, without copying the payload)."""
     return _SIZE.pack(len(payload))
+
+
+pack_size: Callable[[int], bytes] = _SIZE.pack
+"""The 4-byte size prefix of a payload of this many bytes (`size_prefix` without its Python
+call, for the relay's per-request writes)."""
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:

@@ -20,7 +20,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from kvproxy.protocol.errors import ProtocolError
-from kvproxy.protocol.framing import Frame, FrameDecoder, size_prefix
+from kvproxy.protocol.framing import Frame, FrameDecoder, pack_size
 from kvproxy.protocol.messages import API_VERSIONS, PRODUCE, supported_versions
 from kvproxy.protocol.request_view import RequestView
 from kvproxy.proxy.cluster.rewrite import unsupported_api_versions_answer
@@ -105,7 +105,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         return self._decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._bytes_in.inc(nbytes)
+        self._bytes_in.pending += nbytes  # a tally (ops/metric_tallies.py): never negative
         self._reading.received += nbytes  # the timeouts' only per-read cost: the sweep reads it
         self._decoder.buffer_updated(nbytes)
         upstream = self.upstream
@@ -218,12 +218,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         sent = 0
         while slots and (payload := slots[0].payload) is not None:
             slot = slots.popleft()
-            parts += (size_prefix(payload), payload)
+            parts += (pack_size(len(payload)), payload)
             sent += len(payload) + 4
             if tap is not None:
                 tap(slot.api_key, slot.api_version, bytes(payload))
         transport.writelines(parts)
-        self._bytes_out.inc(sent)
+        self._bytes_out.pending += sent
         if PauseReason.IN_FLIGHT in self._reading.paused_for and len(slots) < self._max_in_flight:
             self.resume_reading(PauseReason.IN_FLIGHT)
 

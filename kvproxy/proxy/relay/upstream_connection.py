@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.fast_accept import answer_plain
-from kvproxy.protocol.framing import Frame, FrameDecoder, size_prefix
+from kvproxy.protocol.framing import Frame, FrameDecoder, pack_size
 from kvproxy.protocol.messages import PRODUCE
 from kvproxy.proxy.cluster.rewrite import (
     needs_rewrite,
@@ -70,10 +70,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             awaiting.popleft()
         awaiting.append(slot)
         if self._batch is not None:
-            self._batch += (size_prefix(payload), payload)
+            self._batch += (pack_size(len(payload)), payload)
         elif self.transport is not None:
-            self.transport.writelines((size_prefix(payload), payload))
-        self._bytes_out.inc(len(payload) + 4)
+            self.transport.writelines((pack_size(len(payload)), payload))
+        self._bytes_out.pending += len(payload) + 4
 
     def open_batch(self) -> None:
         """Gather what is sent from now on into one write (`write_batch`)."""
@@ -106,7 +106,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         return self._decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._bytes_in.inc(nbytes)
+        self._bytes_in.pending += nbytes  # a tally (ops/metric_tallies.py): never negative
         self._decoder.buffer_updated(nbytes)
         client = self._client
         try:
@@ -129,7 +129,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             )
             return
         if slot.api_key == PRODUCE and answer_plain(payload, slot.api_version):
-            self._fill(slot, payload)  # names no broker: nothing to rewrite (the common answer)
+            if slot.exchange is None:  # accepted whole by the compiled fast accept
+                slot.payload = payload  # names no broker, nothing to merge: as the broker wrote it
+            else:
+                self._fill(slot, payload)  # names no broker: nothing to rewrite
             return
         if needs_rewrite(slot.api_key, slot.api_version):
             if not rewrite_inline(payload, slot.api_key, slot.api_version):  # off the loop
