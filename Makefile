@@ -22,7 +22,8 @@ GO_ARCH = $(shell uname -m | sed -e 's/x86_64/amd64/' -e 's/aarch64/arm64/')
 
 ACCEPT_SOURCES := $(wildcard kvproxy/protocol/fast_accept/*.c kvproxy/protocol/fast_accept/*.h)
 
-$(STAMP): pyproject.toml setup.py kvproxy/protocol/records/_skim.c $(ACCEPT_SOURCES) | compiler
+$(STAMP): pyproject.toml setup.py kvproxy/protocol/records/_skim.c kvproxy/protocol/valid_utf8.h \
+	$(ACCEPT_SOURCES) | compiler
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 		echo "python3 -m venv is unavailable: installing python3-venv"; \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends python3-venv && \

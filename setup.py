@@ -13,6 +13,7 @@ setup(
         Extension(
             "kvproxy.protocol.records._skim",
             sources=["kvproxy/protocol/records/_skim.c"],
+            depends=["kvproxy/protocol/valid_utf8.h"],
             optional=True,
         ),
         Extension(
@@ -21,7 +22,10 @@ setup(
                 "kvproxy/protocol/fast_accept/_accept.c",
                 "kvproxy/protocol/fast_accept/accept_core.c",
             ],
-            depends=["kvproxy/protocol/fast_accept/accept_core.h"],
+            depends=[
+                "kvproxy/protocol/fast_accept/accept_core.h",
+                "kvproxy/protocol/valid_utf8.h",
+            ],
             optional=True,
         ),
     ]

@@ -11,6 +11,7 @@
  * Every read is bounds-checked against the cursor's end; no allocation; no recursion. */
 
 #include "accept_core.h"
+#include "../valid_utf8.h"
 
 #include <string.h>
 
@@ -196,49 +197,6 @@ read_varint(Cursor *c, int max_bytes, int64_t *v)
         }
     }
     return 0;
-}
-
-/* What Python's strict utf-8 decoder accepts: no overlong form, no surrogate, <= U+10FFFF. */
-static int
-valid_utf8(const uint8_t *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int more;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF)
-            more = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            more = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        }
-        else if (c >= 0xF0 && c <= 0xF4) {
-            more = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        }
-        else
-            return 0;
-        if (n - i <= (size_t)more)
-            return 0;
-        if (s[i + 1] < lo || s[i + 1] > hi)
-            return 0;
-        for (int k = 2; k <= more; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return 0;
-        i += (size_t)more + 1;
-    }
-    return 1;
 }
 
 /* ---- the request's own fields ---- */

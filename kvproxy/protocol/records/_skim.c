@@ -9,6 +9,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "../valid_utf8.h"
+
 #define V2_HEADER_SIZE 61
 #define WITHOUT_GIL_FROM_BYTES (64 * 1024)
 
@@ -90,49 +92,6 @@ skip_field(Cursor *cur, int nullable, int *null, Py_ssize_t *start)
     return 1;
 }
 
-/* What Python's strict utf-8 decoder accepts: no overlong form, no surrogate, <= U+10FFFF. */
-static inline int
-valid_utf8(const uint8_t *s, Py_ssize_t n)
-{
-    Py_ssize_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int more;
-        uint8_t lo = 0x80, hi = 0xBF; /* range of the byte after the lead */
-        if (c >= 0xC2 && c <= 0xDF)
-            more = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            more = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        }
-        else if (c >= 0xF0 && c <= 0xF4) {
-            more = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        }
-        else
-            return 0;
-        if (n - i <= more)
-            return 0;
-        if (s[i + 1] < lo || s[i + 1] > hi)
-            return 0;
-        for (int k = 2; k <= more; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return 0;
-        i += more + 1;
-    }
-    return 1;
-}
-
 /* One record at the cursor; 0 when it is not plainly well formed. Its value is the bytes from
  * value[0] to value[1] (null: *null_value). */
 static inline __attribute__((always_inline)) int
@@ -166,7 +125,7 @@ skim_record(Cursor *cur, int64_t first, int64_t max_timestamp, int log_append,
     for (int64_t h = 0; h < headers; h++) {
         if (!skip_field(cur, 0, &null, &field))
             return 0;
-        if (!valid_utf8(cur->data + field, cur->pos - field))
+        if (!valid_utf8(cur->data + field, (size_t)(cur->pos - field)))
             return 0;
         if (!skip_field(cur, 1, &null, &field))
             return 0;
