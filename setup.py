@@ -21,6 +21,7 @@ setup(
             sources=[
                 "kvproxy/protocol/fast_accept/_accept.c",
                 "kvproxy/protocol/fast_accept/accept_core.c",
+                "kvproxy/protocol/fast_accept/crc32c.c",
             ],
             depends=[
                 "kvproxy/protocol/fast_accept/accept_core.h",

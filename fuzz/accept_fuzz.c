@@ -3,6 +3,7 @@
  * tests/unit/test_fuzz_accept.py in `make test` for a bounded time, longer by `make fuzz`:
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined fuzz/accept_fuzz.c -o accept_fuzz
+ *   (the harness includes accept_core.c and crc32c.c: their static functions are compared)
  *   ./accept_fuzz -max_total_time=60 NEW_INPUTS_DIR fuzz/corpus/accept
  *
  * Each input is one Produce request (the frame without its size), and is also read as a broker's
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "../kvproxy/protocol/fast_accept/accept_core.c"
+#include "../kvproxy/protocol/fast_accept/crc32c.c"
 
 static int
 form_of(void *context, const kva_topic *topic, int index, kva_form *form)
