@@ -15,6 +15,7 @@ from kvproxy.commands import topics as topics_cli
 from kvproxy.policies import plugins
 from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.topic_settings import FIELD_NAMES
+from kvproxy.protocol import fast_accept
 from kvproxy.protocol.errors import ProtocolError
 from kvproxy.protocol.records import skim
 from kvproxy.proxy.config.listen_config import ListenConfig
@@ -106,6 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
         if args.worker_index in (None, 0):  # said once, as the open file limit is
             scan = "compiled" if skim.COMPILED else "pure Python (no C compiler at install)"
             logging.getLogger("kvproxy").info("record scan: %s", scan)
+            accept = "compiled" if fast_accept.COMPILED else "off (pure Python: every request"
+            if not fast_accept.COMPILED:
+                accept += " decided by the policies' Python path)"
+            logging.getLogger("kvproxy").info("fast accept: %s", accept)
         run(
             config,
             path.resolve().parent,
