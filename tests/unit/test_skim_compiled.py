@@ -567,3 +567,30 @@ def test_serve_says_which_record_scan_runs(
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("record scan")]
     assert len(lines) == 1
     assert lines[0].startswith(f"record scan: {said}")
+
+
+@pytest.mark.parametrize(("compiled", "said"), [(True, "compiled"), (False, "off (pure Python")])
+def test_serve_says_whether_the_fast_accept_is_compiled(
+    compiled: bool,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kvproxy.cli import main
+    from kvproxy.commands import cli
+    from kvproxy.protocol import fast_accept
+    from kvproxy.proxy.ops import fds, logs
+    from kvproxy.proxy.serve import app
+
+    monkeypatch.setattr(app, "run", lambda config, *args, **kw: None)
+    monkeypatch.setattr(logs, "configure_logging", lambda *args, **kw: None)
+    monkeypatch.setattr(cli, "queue_sighup", lambda: None)
+    monkeypatch.setattr(fds, "raise_open_file_limit", lambda: (4096, 4096, None))
+    monkeypatch.setattr(fast_accept, "COMPILED", compiled)
+    (tmp_path / "kvproxy.yaml").write_text("upstream: {bootstrap_servers: ['127.0.0.1:9092']}\n")
+    with caplog.at_level("INFO", logger="kvproxy"):
+        assert main(["serve", "-c", str(tmp_path / "kvproxy.yaml")]) == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fast accept")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"fast accept: {said}")
