@@ -359,3 +359,15 @@ def test_the_compiled_scan_is_sure_of_the_common_answer() -> None:
         frame = encode_response(PRODUCE, version, make_response(PRODUCE, version, 8, body))
         assert _accept.answer_plain(frame, version), version
         assert not _accept.answer_plain(frame + b"\x00", version)
+
+
+def test_the_topic_ids_it_keeps_are_bounded() -> None:
+    """A client naming ever new v13 topic ids grows no cache past its bound."""
+    from kvproxy.proxy.produce import engine as engine_module
+
+    made = engine()
+    batch = batch_of([(b"k", b"v", None, NOW)])
+    for index in range(engine_module._IDS_KEPT + 50):
+        request = fuzz.produce_request(13, 5, [(uuid.UUID(int=index + 1), 0, batch)])
+        assert made.accept_compiled(request, now_ms=NOW) is None  # unknown ids: not sure
+    assert 0 < len(made._ids) <= engine_module._IDS_KEPT

@@ -58,6 +58,8 @@ from kvproxy.proxy.produce.request_scan import (
 from kvproxy.proxy.produce.topic_views import TopicView, TopicViews
 
 _VALID_ACKS = frozenset({-1, 0, 1})
+_IDS_KEPT = 10_000
+"""Topic ids whose `uuid.UUID` the fast accept keeps (clients choose them: bounded)."""
 
 
 def _refused(
@@ -101,6 +103,8 @@ class ProduceEngine:
         self.routing = routing
         self._topic_named = topic_named
         """The name of a Produce v13 topic id, when known (None: no id is)."""
+        self._ids: dict[bytes, uuid.UUID] = {}
+        """The v13 topic ids the fast accept was given, as `uuid.UUID`s (at most `_IDS_KEPT`)."""
         self.settings = settings
         self.answers = ProduceAnswers(settings)
         """Builds the answers of the requests decided here."""
@@ -132,7 +136,14 @@ class ProduceEngine:
     def _accept_form(self, topic: str | bytes) -> tuple[str, FormFields] | None:
         """A topic's name and compiled form now (by its v13 id: named if known)."""
         if type(topic) is bytes:
-            name = None if self._topic_named is None else self._topic_named(uuid.UUID(bytes=topic))
+            if self._topic_named is None:
+                return None
+            topic_id = self._ids.get(topic)
+            if topic_id is None:  # a UUID costs more to make than the rest of the lookup
+                if len(self._ids) >= _IDS_KEPT:
+                    self._ids.clear()
+                topic_id = self._ids[topic] = uuid.UUID(bytes=topic)
+            name = self._topic_named(topic_id)
             if name is None:
                 return None
             topic = name
