@@ -371,3 +371,17 @@ def test_the_topic_ids_it_keeps_are_bounded() -> None:
         request = fuzz.produce_request(13, 5, [(uuid.UUID(int=index + 1), 0, batch)])
         assert made.accept_compiled(request, now_ms=NOW) is None  # unknown ids: not sure
     assert 0 < len(made._ids) <= engine_module._IDS_KEPT
+
+
+def test_a_failing_form_lookup_is_logged_and_left_to_python(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    made = engine()
+
+    def broken(topic: str) -> object:
+        raise RuntimeError("no view")
+
+    made._view_now = broken  # type: ignore[assignment]
+    with caplog.at_level("ERROR", logger="kvproxy"):
+        assert made.accept_compiled(plain(), now_ms=NOW) is None
+    assert any("the fast accept failed" in r.getMessage() for r in caplog.records)

@@ -14,6 +14,7 @@ only the valid partitions, whose answer is merged with the local errors in reque
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -41,6 +42,7 @@ from kvproxy.protocol.produce_topics import (
     topic_ids_of,
     topic_name,
 )
+from kvproxy.proxy.ops.log_limits import LineLimit
 from kvproxy.proxy.produce.answer import ProduceAnswers
 from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision, ProduceSettings
 from kvproxy.proxy.produce.request_scan import (
@@ -58,6 +60,8 @@ from kvproxy.proxy.produce.request_scan import (
 from kvproxy.proxy.produce.topic_views import TopicView, TopicViews
 
 _VALID_ACKS = frozenset({-1, 0, 1})
+_accept_failures = LineLimit("fast accept failures", logging.getLogger("kvproxy"))
+"""A failing fast accept is logged at most once per interval (the request is decided in Python)."""
 _IDS_KEPT = 10_000
 """Topic ids whose `uuid.UUID` the fast accept keeps (clients choose them: bounded)."""
 
@@ -124,14 +128,20 @@ class ProduceEngine:
         request every partition of which passes its topic's checks, or None when it is not sure
         (then `decide` is). `now_ms` as `decide`'s."""
         partitions, records, request_records = self._accept_limits
-        return accept_produce(
-            frame,
-            self._accept_form,
-            int(time.time() * 1000) if now_ms is None else now_ms,
-            partitions,
-            records,
-            request_records,
-        )
+        try:
+            return accept_produce(
+                frame,
+                self._accept_form,
+                int(time.time() * 1000) if now_ms is None else now_ms,
+                partitions,
+                records,
+                request_records,
+            )
+        except Exception:  # a form that cannot be read: never the client's failure
+            _accept_failures.log(
+                logging.ERROR, "the fast accept failed; deciding in Python", exc_info=True
+            )
+            return None
 
     def _accept_form(self, topic: str | bytes) -> tuple[str, FormFields] | None:
         """A topic's name and compiled form now (by its v13 id: named if known)."""

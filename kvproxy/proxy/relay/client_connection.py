@@ -161,8 +161,9 @@ class ClientConnection(asyncio.BufferedProtocol):
     # ---- requests ----
 
     def on_request(self, payload: Frame) -> None:
-        """Answer, decide or forward one request (a Produce request: by its exchange, which
-        reads it through the view made here)."""
+        """Answer, decide or forward one request. A Produce request goes first to the compiled
+        fast accept (accepted whole: forwarded as it is, nothing read in Python); one it is not
+        sure of to its exchange, which reads it through the view made here."""
         if payload[:2] == _PRODUCE_KEY:  # the compiled fast accept first (too short: not sure)
             engine = self.state.decisions.engine
             started = time.perf_counter()
