@@ -363,14 +363,14 @@ def test_the_compiled_scan_is_sure_of_the_common_answer() -> None:
 
 def test_the_topic_ids_it_keeps_are_bounded() -> None:
     """A client naming ever new v13 topic ids grows no cache past its bound."""
-    from kvproxy.proxy.produce import engine as engine_module
+    from kvproxy.proxy.produce.compiled_accept import IDS_KEPT
 
     made = engine()
     batch = batch_of([(b"k", b"v", None, NOW)])
-    for index in range(engine_module._IDS_KEPT + 50):
+    for index in range(IDS_KEPT + 50):
         request = fuzz.produce_request(13, 5, [(uuid.UUID(int=index + 1), 0, batch)])
         assert made.accept_compiled(request, now_ms=NOW) is None  # unknown ids: not sure
-    assert 0 < len(made._ids) <= engine_module._IDS_KEPT
+    assert 0 < len(made.compiled._ids) <= IDS_KEPT
 
 
 def test_a_failing_form_lookup_is_logged_and_left_to_python(
@@ -381,7 +381,7 @@ def test_a_failing_form_lookup_is_logged_and_left_to_python(
     def broken(topic: str) -> object:
         raise RuntimeError("no view")
 
-    made._view_now = broken  # type: ignore[assignment]
+    made.compiled._view_now = broken  # type: ignore[assignment]
     with caplog.at_level("ERROR", logger="kvproxy"):
         assert made.accept_compiled(plain(), now_ms=NOW) is None
     assert any("the fast accept failed" in r.getMessage() for r in caplog.records)

@@ -13,7 +13,7 @@ from kvproxy.protocol import fast_accept, messages, produce_shape, request_view
 from kvproxy.protocol import produce_request as plain_reader
 from kvproxy.protocol.framing import size_prefix
 from kvproxy.proxy.cluster import rewrite
-from kvproxy.proxy.produce import engine as engine_module
+from kvproxy.proxy.produce import compiled_accept
 from tests.harness.connection_pair import (
     ConnectionPair,
     connection_pair,
@@ -39,7 +39,7 @@ def test_a_forwarded_produce_request_is_read_once(
     of the request's bytes (`RequestView`): its prefix read on arrival, its header once, its body
     by one reader. No step reads again what an earlier one read."""
     if not compiled:
-        monkeypatch.setattr(engine_module, "accept_produce", fast_accept.python_accept_produce)
+        monkeypatch.setattr(compiled_accept, "accept_produce", fast_accept.python_accept_produce)
     elif not fast_accept.COMPILED:
         pytest.fail("the fast accept is not compiled (KVPROXY_NO_EXTENSIONS, or no compiler)")
     reads: list[str] = []

@@ -14,7 +14,6 @@ only the valid partitions, whose answer is merged with the local errors in reque
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,7 +31,6 @@ from kvproxy.policies.config import TopicRouting
 from kvproxy.policies.schemas.model import SchemaCatalog
 from kvproxy.protocol.budget import Allowance, BudgetExhausted, InlineLimitReached
 from kvproxy.protocol.errors import DecodeError
-from kvproxy.protocol.fast_accept import Accepted, FormFields, accept_produce
 from kvproxy.protocol.framing import Frame
 from kvproxy.protocol.messages import Request, encode_request
 from kvproxy.protocol.produce_topics import (
@@ -42,8 +40,8 @@ from kvproxy.protocol.produce_topics import (
     topic_ids_of,
     topic_name,
 )
-from kvproxy.proxy.ops.log_limits import LineLimit
 from kvproxy.proxy.produce.answer import ProduceAnswers
+from kvproxy.proxy.produce.compiled_accept import CompiledAccept
 from kvproxy.proxy.produce.decision import PartitionOutcome, ProduceDecision, ProduceSettings
 from kvproxy.proxy.produce.request_scan import (
     NO_TRANSACTIONAL_ID_VERDICT,
@@ -60,10 +58,6 @@ from kvproxy.proxy.produce.request_scan import (
 from kvproxy.proxy.produce.topic_views import TopicView, TopicViews
 
 _VALID_ACKS = frozenset({-1, 0, 1})
-_accept_failures = LineLimit("fast accept failures", logging.getLogger("kvproxy"))
-"""A failing fast accept is logged at most once per interval (the request is decided in Python)."""
-_IDS_KEPT = 10_000
-"""Topic ids whose `uuid.UUID` the fast accept keeps (clients choose them: bounded)."""
 
 
 def _refused(
@@ -105,59 +99,15 @@ class ProduceEngine:
         topic_named: Callable[[uuid.UUID], str | None] | None = None,
     ) -> None:
         self.routing = routing
-        self._topic_named = topic_named
-        """The name of a Produce v13 topic id, when known (None: no id is)."""
-        self._ids: dict[bytes, uuid.UUID] = {}
-        """The v13 topic ids the fast accept was given, as `uuid.UUID`s (at most `_IDS_KEPT`)."""
         self.settings = settings
         self.answers = ProduceAnswers(settings)
         """Builds the answers of the requests decided here."""
         self.views = TopicViews(routing, compacted, learned)
         """Each topic's chain and settings now (read on the event loop)."""
-        self._view_now = self.views.view
-        limit = settings.max_records_per_request
-        self._accept_limits = (
-            settings.inline_max_partitions,
-            settings.inline_max_records,
-            -1 if limit is None else limit,
-        )
-        """The fast accept's bounds: what `decide` decides on the loop, and the request limit."""
-
-    def accept_compiled(self, frame: Frame, now_ms: int | None = None) -> Accepted | None:
-        """The compiled fast accept's answer (`kvproxy.protocol.fast_accept`): the counts of a
-        request every partition of which passes its topic's checks, or None when it is not sure
-        (then `decide` is). `now_ms` as `decide`'s."""
-        partitions, records, request_records = self._accept_limits
-        try:
-            return accept_produce(
-                frame,
-                self._accept_form,
-                int(time.time() * 1000) if now_ms is None else now_ms,
-                partitions,
-                records,
-                request_records,
-            )
-        except Exception:  # a form that cannot be read: never the client's failure
-            _accept_failures.log(
-                logging.ERROR, "the fast accept failed; deciding in Python", exc_info=True
-            )
-            return None
-
-    def _accept_form(self, topic: str | bytes) -> tuple[str, FormFields] | None:
-        """A topic's name and compiled form now (by its v13 id: named if known)."""
-        if type(topic) is bytes:
-            if self._topic_named is None:
-                return None
-            topic_id = self._ids.get(topic)
-            if topic_id is None:  # a UUID costs more to make than the rest of the lookup
-                if len(self._ids) >= _IDS_KEPT:
-                    self._ids.clear()
-                topic_id = self._ids[topic] = uuid.UUID(bytes=topic)
-            name = self._topic_named(topic_id)
-            if name is None:
-                return None
-            topic = name
-        return self._view_now(topic).accept  # type: ignore[arg-type]
+        self.compiled = CompiledAccept(self.views, settings, topic_named)
+        self.accept_compiled = self.compiled.accept
+        """The compiled fast accept (`kvproxy.proxy.produce.compiled_accept`): the counts of a
+        request every partition of which passes, or None when it is not sure (then `decide`)."""
 
     def decide(
         self,
