@@ -541,14 +541,17 @@ def test_without_the_module_the_pure_python_skim_is_chosen() -> None:
 # ---- said at start-up ----
 
 
-@pytest.mark.parametrize(("compiled", "said"), [(True, "compiled"), (False, "pure Python")])
-def test_serve_says_which_record_scan_runs(
+def _said_at_start_up(
+    part: Any,
     compiled: bool,
-    said: str,
+    prefix: str,
+    *,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-) -> None:
+) -> str:
+    """`kvproxy serve`'s one start-up line beginning with `prefix` (the server itself not run),
+    with `part.COMPILED` set to `compiled`."""
     from kvproxy.cli import main
     from kvproxy.commands import cli
     from kvproxy.proxy.ops import fds, logs
@@ -559,14 +562,28 @@ def test_serve_says_which_record_scan_runs(
     monkeypatch.setattr(logs, "configure_logging", lambda *args, **kw: None)
     monkeypatch.setattr(cli, "queue_sighup", lambda: None)
     monkeypatch.setattr(fds, "raise_open_file_limit", lambda: (4096, 4096, None))
-    monkeypatch.setattr(skim, "COMPILED", compiled)
+    monkeypatch.setattr(part, "COMPILED", compiled)
     (tmp_path / "kvproxy.yaml").write_text("upstream: {bootstrap_servers: ['127.0.0.1:9092']}\n")
     with caplog.at_level("INFO", logger="kvproxy"):
         assert main(["serve", "-c", str(tmp_path / "kvproxy.yaml")]) == 0
     assert served
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("record scan")]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
     assert len(lines) == 1
-    assert lines[0].startswith(f"record scan: {said}")
+    return lines[0]
+
+
+@pytest.mark.parametrize(("compiled", "said"), [(True, "compiled"), (False, "pure Python")])
+def test_serve_says_which_record_scan_runs(
+    compiled: bool,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    line = _said_at_start_up(
+        skim, compiled, "record scan", tmp_path=tmp_path, monkeypatch=monkeypatch, caplog=caplog
+    )
+    assert line.startswith(f"record scan: {said}")
 
 
 @pytest.mark.parametrize(("compiled", "said"), [(True, "compiled"), (False, "off (pure Python")])
@@ -577,20 +594,14 @@ def test_serve_says_whether_the_fast_accept_is_compiled(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from kvproxy.cli import main
-    from kvproxy.commands import cli
     from kvproxy.protocol import fast_accept
-    from kvproxy.proxy.ops import fds, logs
-    from kvproxy.proxy.serve import app
 
-    monkeypatch.setattr(app, "run", lambda config, *args, **kw: None)
-    monkeypatch.setattr(logs, "configure_logging", lambda *args, **kw: None)
-    monkeypatch.setattr(cli, "queue_sighup", lambda: None)
-    monkeypatch.setattr(fds, "raise_open_file_limit", lambda: (4096, 4096, None))
-    monkeypatch.setattr(fast_accept, "COMPILED", compiled)
-    (tmp_path / "kvproxy.yaml").write_text("upstream: {bootstrap_servers: ['127.0.0.1:9092']}\n")
-    with caplog.at_level("INFO", logger="kvproxy"):
-        assert main(["serve", "-c", str(tmp_path / "kvproxy.yaml")]) == 0
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fast accept")]
-    assert len(lines) == 1
-    assert lines[0].startswith(f"fast accept: {said}")
+    line = _said_at_start_up(
+        fast_accept,
+        compiled,
+        "fast accept",
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
+        caplog=caplog,
+    )
+    assert line.startswith(f"fast accept: {said}")
